@@ -1,0 +1,45 @@
+# Every target creates .venv when it is missing and installs what it needs, so a fresh
+# machine needs only Python 3.11+, make and a compiler.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: run test lint typecheck pytest bench docs clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[pipeline,bench]'
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	touch $@
+
+run: $(VENV)/.installed-run
+	$(BIN)/python -m runtime.demo
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	@! grep -rnE "send_pyobj|recv_pyobj" runtime actors || { echo "pickle on the wire is forbidden"; exit 1; }
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed-dev
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python -m benchmarks all --json bench-results/results.json
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,198 @@
+"""``Actor``, the ``@handler`` marker, and the cell that runs one actor's mailbox loop."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import typing
+from types import FunctionType
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._codec import ErrorBody, Header, Kind, MailboxDecoder
+from ._errors import ProtocolError
+from ._mailbox import Mailbox
+from ._message import Message
+from ._node import Node, handling_address
+from ._ref import ActorRef
+
+if TYPE_CHECKING:
+    from ._system import ActorSystem
+
+logger = logging.getLogger("tokenyard.actor")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_marked: set[Callable[..., Any]] = set()
+_tables: dict[type[Actor], dict[type[Message], tuple[str, bool]]] = {}
+
+
+def handler(fn: F) -> F:
+    """Mark a method as the handler of the message type its parameter is annotated with.
+
+    The handler may be ``async def`` or plain ``def``; its return value (a ``Message`` or
+    ``None``) is the reply to an ``ask``.
+
+    Example:
+        >>> class Echo(Actor):
+        ...     @handler
+        ...     async def echo(self, msg: Ping) -> Pong:
+        ...         return Pong(n=msg.n)
+    """
+    _marked.add(fn)
+    return fn
+
+
+def handler_table(cls: type[Actor]) -> dict[type[Message], tuple[str, bool]]:
+    """Map each accepted message type to (method name, is coroutine), built once per class.
+
+    Raises:
+        TypeError: A handler's parameter is not annotated with a Message subclass, or two
+            handlers claim the same type.
+    """
+    table = _tables.get(cls)
+    if table is not None:
+        return table
+    table = {}
+    for klass in reversed(cls.__mro__):
+        for attr, fn in vars(klass).items():
+            if not isinstance(fn, FunctionType) or fn not in _marked:
+                continue
+            msg_type = _message_type(klass, attr, fn)
+            for known, (other, _) in list(table.items()):
+                if known is msg_type and other != attr:
+                    raise TypeError(
+                        f"{cls.__qualname__}: handlers {other!r} and {attr!r} both take "
+                        f"{msg_type.__qualname__}; one message type has one handler"
+                    )
+            table[msg_type] = (attr, inspect.iscoroutinefunction(fn))
+    _tables[cls] = table
+    return table
+
+
+def _message_type(klass: type, attr: str, fn: Callable[..., Any]) -> type[Message]:
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    if len(params) != 1:
+        raise TypeError(f"{klass.__qualname__}.{attr}: a handler takes exactly one message")
+    hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
+    msg_type = hints.get(params[0].name)
+    if not (isinstance(msg_type, type) and issubclass(msg_type, Message)):
+        raise TypeError(
+            f"{klass.__qualname__}.{attr}: annotate the parameter {params[0].name!r} with the "
+            f"Message subclass it handles (got {msg_type!r})"
+        )
+    return msg_type
+
+
+class Actor:
+    """Base class of every actor.
+
+    Subclasses define ``@handler`` methods, one message type each, and may override the
+    async lifecycle hooks ``on_start`` (runs before the actor is reported ready) and
+    ``on_stop`` (runs after the last message was handled). While running, ``self.ref`` is
+    the actor's own ref and ``self.system`` the system it lives in (spawn, watch, stop).
+    """
+
+    ref: ActorRef[Any]
+    system: ActorSystem
+
+    async def on_start(self) -> None:
+        """Called once before the first message; an exception here fails the spawn."""
+
+    async def on_stop(self) -> None:
+        """Called once after the last message, on a graceful stop."""
+
+
+class Cell:
+    """Runs one actor: its mailbox loop, its replies and its counters.
+
+    Args:
+        actor: The actor instance.
+        mailbox: Its bound mailbox.
+        node: The node replies are sent from.
+    """
+
+    def __init__(self, actor: Actor, mailbox: Mailbox, node: Node) -> None:
+        self.actor = actor
+        self.mailbox = mailbox
+        self.node = node
+        self.stopping = False
+        table = handler_table(type(actor))
+        self._handlers: dict[type[Message], tuple[Callable[[Any], Any], bool]] = {
+            t: (getattr(actor, name), is_async) for t, (name, is_async) in table.items()
+        }
+
+    @staticmethod
+    def decoder_for(cls: type[Actor]) -> MailboxDecoder:
+        """Build the mailbox decoder of an actor class."""
+        types = list(handler_table(cls))
+        if not types:
+            raise TypeError(f"{cls.__qualname__} has no @handler methods")
+        return MailboxDecoder(types)
+
+    async def serve(self) -> Header | None:
+        """Handle messages until a stop request; return it (after draining what is queued)."""
+        handling_address.set(self.mailbox.address)
+        mailbox = self.mailbox
+        handlers = self._handlers
+        stop: Header | None = None
+        while stop is None:
+            items = await mailbox.receive()
+            stop = await self._handle_items(items, handlers)
+        # Everything already queued was accepted before the stop: handle it too.
+        while items := mailbox.drain():
+            await self._handle_items(items, handlers)
+        return stop
+
+    async def _handle_items(
+        self,
+        items: list[tuple[Header | None, Message | ErrorBody | None]],
+        handlers: dict[type[Message], tuple[Callable[[Any], Any], bool]],
+    ) -> Header | None:
+        mailbox = self.mailbox
+        stop: Header | None = None
+        for header, msg in items:
+            mailbox.queued -= 1
+            if header is None:
+                fn, is_async = handlers[type(msg)]
+                try:
+                    if is_async:
+                        await fn(msg)
+                    else:
+                        fn(msg)
+                except Exception:
+                    mailbox.failed += 1
+                    logger.exception("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
+                else:
+                    mailbox.handled += 1
+            elif header.kind is Kind.ASK:
+                await self._handle_ask(header, msg)
+            elif header.kind is Kind.STOP:
+                stop = header
+                self.stopping = True
+            elif header.kind is Kind.STATS:
+                await self.node.reply(header, mailbox.statistics())
+            else:
+                mailbox.rejected += 1
+                logger.warning("%s: unexpected control frame %s", mailbox.owner, header.kind)
+        return stop
+
+    async def _handle_ask(self, header: Header, msg: Message | ErrorBody | None) -> None:
+        mailbox = self.mailbox
+        if isinstance(msg, ErrorBody) or msg is None:
+            await self.node.reply_error(header, msg or ErrorBody("runtime.ProtocolError", "", ""))
+            return
+        fn, is_async = self._handlers[type(msg)]
+        try:
+            result = await fn(msg) if is_async else fn(msg)
+        except Exception as err:
+            mailbox.failed += 1
+            logger.debug("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
+            await self.node.reply_error(header, err)
+            return
+        mailbox.handled += 1
+        try:
+            await self.node.reply(header, result)
+        except ProtocolError as err:
+            await self.node.reply_error(header, err)
+

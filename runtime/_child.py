@@ -1,0 +1,174 @@
+"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``)."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import sys
+from types import FrameType, ModuleType
+
+import anyio
+import msgspec
+from setproctitle import setproctitle
+
+from ._codec import ErrorBody, Kind, ReadyBody, body_encoder
+from ._spawn import SpawnSpec, read_spec
+
+logger = logging.getLogger("tokenyard.child")
+
+_PR_SET_PDEATHSIG = 1
+#: ipc socket files this process bound; removed by hand when it dies by a signal.
+_bound: list[str] = []
+_spec: SpawnSpec | None = None
+
+
+def _die_by_signal(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (an escalated stop, or the parent died): clean up our files and go."""
+    for path in _bound:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if _spec is not None and not _alive(_spec.root_pid):
+        # The root cannot clean its directory any more: the tree it owned is going away.
+        shutil.rmtree(_spec.ipc_dir, ignore_errors=True)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _set_parent_death_signal() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def _import_main(main: str) -> None:
+    kind, _, target = main.partition(":")
+    if kind == "module":
+        found = importlib.util.find_spec(target)
+    else:
+        found = importlib.util.spec_from_file_location("__mp_main__", target)
+    if found is None or found.loader is None:
+        raise ImportError(f"cannot re-import the main module {target!r}")
+    module = importlib.util.module_from_spec(found)
+    module.__name__ = "__mp_main__"
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    found.loader.exec_module(module)
+
+
+def resolve_class(path: str, main: str) -> type:
+    """Import ``module:QualName``, re-importing ``__main__`` first when it lives there."""
+    module_name, _, qualname = path.partition(":")
+    if main:
+        _import_main(main)
+    module: ModuleType = (
+        sys.modules["__main__"] if module_name == "__main__" else importlib.import_module(module_name)
+    )
+    obj: object = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise TypeError(f"{path} is not a class")
+    return obj
+
+
+async def _report_failure(system: object, spec: SpawnSpec, err: BaseException) -> None:
+    import traceback
+
+    from ._system import ActorSystem
+
+    assert isinstance(system, ActorSystem)
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    body = ErrorBody(f"{type(err).__module__}.{type(err).__qualname__}", str(err), tb)
+    await system.node.send_control(
+        spec.parent_reply, Kind.FAILED, spec.token, body_encoder.encode(body)
+    )
+
+
+async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
+    from ._system import ActorSystem
+
+    system = ActorSystem._for_child(spec)
+    async with system:
+        _bound.extend(system.bound_paths())
+        try:
+            if isinstance(cls, BaseException):
+                raise cls
+            cell = await system._start_cell(cls, spec.args, spec.kwargs, spec.name, spec.incarnation)
+        except Exception as err:
+            logger.debug("actor %s failed to start", spec.name, exc_info=True)
+            await _report_failure(system, spec, err)
+            return 1
+        _bound.extend(system.bound_paths())
+        ready = ReadyBody(cell.mailbox.address, os.getpid())
+        await system.node.send_control(
+            spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_parent_pipe)
+            stop = await system._serve_cell(cell)
+            tg.cancel_scope.cancel()
+        await system._close_children()
+        if stop is not None:
+            await system.node.reply(stop, None)
+    return 0
+
+
+async def _watch_parent_pipe() -> None:
+    """EOF on stdin means the parent is gone (the portable half of parent-death)."""
+    fd = sys.stdin.fileno()
+    while True:
+        await anyio.wait_readable(fd)
+        if not os.read(fd, 4096):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def main() -> None:
+    """Read the spawn spec, become the actor, serve until stopped."""
+    global _spec
+    _set_parent_death_signal()
+    spec = _spec = read_spec(sys.stdin.buffer)
+    signal.signal(signal.SIGTERM, _die_by_signal)
+    if not _alive(spec.root_pid):
+        sys.exit(1)
+    setproctitle(f"tokenyard::{spec.name}:{os.getpid()}")
+    sys.path[:] = spec.sys_path
+    logging.basicConfig(
+        level=spec.log_level, format=f"%(levelname)s [{spec.name}] %(name)s: %(message)s"
+    )
+    # Import the actor's module (and __main__) before the loop starts, as a script's own
+    # top level would: a script that runs a loop at import time must guard it with
+    # `if __name__ == "__main__":`, exactly as with multiprocessing's spawn.
+    cls: type | BaseException
+    try:
+        cls = resolve_class(spec.actor, spec.main)
+    except Exception as err:
+        cls = err
+    try:
+        code = anyio.run(_run, spec, cls, backend="asyncio")
+    except KeyboardInterrupt:
+        code = 130
+    except msgspec.DecodeError:
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

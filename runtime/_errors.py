@@ -1,0 +1,60 @@
+"""The error tree: one root, each subclass also the builtin a caller would expect."""
+
+from __future__ import annotations
+
+
+class TokenyardError(Exception):
+    """Root of every error tokenyard raises on purpose."""
+
+
+class AskTimeoutError(TokenyardError, TimeoutError):
+    """An ``ask`` got no reply within its timeout."""
+
+
+class MailboxFullError(TokenyardError, TimeoutError):
+    """A ``tell`` could not enqueue: the mailbox stayed at its high-water mark too long."""
+
+
+class ActorDeadError(TokenyardError):
+    """The actor (this incarnation of it) is dead; nothing sent to it will be handled.
+
+    Attributes:
+        reason: Why it died, as the ``Down`` notification said, when known.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RemoteActorError(TokenyardError):
+    """A handler raised: the remote exception, carried back as data (never pickled).
+
+    Attributes:
+        type_name: Qualified name of the remote exception's class.
+        remote_message: ``str()`` of the remote exception.
+        remote_traceback: The formatted remote traceback.
+    """
+
+    def __init__(self, type_name: str, remote_message: str, remote_traceback: str) -> None:
+        super().__init__(f"{type_name}: {remote_message}")
+        self.type_name = type_name
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.remote_message}\n--- remote traceback ---\n" + (
+            self.remote_traceback
+        )
+
+
+class SpawnError(TokenyardError):
+    """An actor could not be started (bad arguments, import failure, ``on_start`` raised)."""
+
+
+class ProtocolError(TokenyardError):
+    """A message broke the wire or batch contract (undecodable, wrong type, bad lengths)."""
+
+
+class MailboxClosedError(TokenyardError):
+    """The mailbox (or the system owning it) is closed."""

@@ -1,0 +1,143 @@
+"""An actor's mailbox: a bound PULL socket, its decoder, and its counters."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import msgspec
+import zmq
+
+from ._codec import ErrorBody, Header, Kind, MailboxDecoder, header_decoder
+from ._message import Message
+from ._transport import ReadinessWaiter
+
+logger = logging.getLogger("tokenyard.mailbox")
+
+#: One received item: the header (``None`` for a plain tell) and the decoded body, or an
+#: ``ErrorBody`` saying why an ask's body was refused (the asker is told, not left waiting).
+Item = tuple[Header | None, Message | ErrorBody | None]
+
+_LOG_EVERY = 5.0
+
+
+class MailboxStatistics(Message, frozen=True):
+    """Counters of one mailbox.
+
+    Attributes:
+        received: Frames read off the socket (control frames included).
+        rejected: Frames refused: undecodable, or of a type this actor does not accept.
+        handled: Messages whose handler returned.
+        failed: Messages whose handler raised.
+        queued: Messages read off the socket and not yet handled.
+    """
+
+    received: int
+    rejected: int
+    handled: int
+    failed: int
+    queued: int
+
+
+class Mailbox:
+    """Receives, decodes and counts what arrives for one actor.
+
+    Args:
+        sock: The bound PULL socket (the mailbox owns and closes it).
+        address: The address it is bound to.
+        decoder: Decoder of the actor's accepted message union.
+        owner: The actor's name, for logs.
+    """
+
+    def __init__(
+        self, sock: zmq.Socket[bytes], address: str, decoder: MailboxDecoder, owner: str
+    ) -> None:
+        self.sock = sock
+        self.address = address
+        self.decoder = decoder
+        self.owner = owner
+        self.received = 0
+        self.rejected = 0
+        self.handled = 0
+        self.failed = 0
+        self.queued = 0
+        self._waiter = ReadinessWaiter(sock)
+        self._unlogged = 0
+        self._last_log = 0.0
+
+    def statistics(self) -> MailboxStatistics:
+        """A snapshot of the counters."""
+        return MailboxStatistics(
+            received=self.received,
+            rejected=self.rejected,
+            handled=self.handled,
+            failed=self.failed,
+            queued=self.queued,
+        )
+
+    def drain(self, limit: int = 1024) -> list[Item]:
+        """Read and decode up to ``limit`` queued messages without waiting."""
+        items: list[Item] = []
+        sock = self.sock
+        decode = self.decoder.decode
+        while len(items) < limit:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.received += 1
+            if sock.rcvmore:
+                item = self._multipart(frame)
+                if item is not None:
+                    items.append(item)
+                continue
+            try:
+                items.append((None, decode(frame)))
+            except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                self._reject(err, frame)
+        self.queued += len(items)
+        return items
+
+    async def receive(self, limit: int = 1024) -> list[Item]:
+        """Wait for at least one message, then drain up to ``limit`` without awaiting."""
+        while True:
+            items = self.drain(limit)
+            if items:
+                return items
+            await self._waiter.wait(zmq.POLLIN)
+
+    def _multipart(self, first: bytes) -> Item | None:
+        rest = self.sock.recv_multipart(zmq.NOBLOCK)
+        try:
+            header = header_decoder.decode(first)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            self._reject(err, first)
+            return None
+        if header.kind is not Kind.ASK:
+            return (header, None)
+        try:
+            return (header, self.decoder.decode(rest[0]))
+        except (msgspec.DecodeError, msgspec.ValidationError, IndexError) as err:
+            self._reject(err, rest[0] if rest else b"")
+            text = f"{self.owner} refused the message: {err}"
+            return (header, ErrorBody("runtime.ProtocolError", text, ""))
+
+    def _reject(self, err: Exception, frame: bytes) -> None:
+        self.rejected += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_EVERY:
+            logger.warning(
+                "%s rejected %d message(s); latest: %s (first bytes %r)",
+                self.owner,
+                self._unlogged,
+                err,
+                frame[:16],
+            )
+            self._unlogged = 0
+            self._last_log = now
+
+    def close(self) -> None:
+        """Close the socket (libzmq removes an ipc socket file when its listener closes)."""
+        self._waiter.close()
+        self.sock.close(0)

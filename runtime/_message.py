@@ -1,0 +1,51 @@
+"""The base class of every message."""
+
+from __future__ import annotations
+
+import msgspec
+
+#: The one tag field every message carries on the wire.
+TAG_FIELD = "type"
+
+
+class Message(msgspec.Struct, tag=True, kw_only=True, tag_field=TAG_FIELD):
+    """Base class of every message an actor accepts.
+
+    Subclasses are ``msgspec.Struct`` types tagged by class name, so a mailbox can decode the
+    union of the types its handlers accept in one pass. Hot-path messages may pass
+    ``array_like=True``; new fields go last with a default so old peers still decode them.
+
+    Example:
+        >>> class Ping(Message):
+        ...     n: int
+    """
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        registry[type_path(cls)] = cls
+
+
+#: Every Message subclass imported in this process, by ``module:QualName``: a reply names
+#: its type by that path and the asker decodes it with the class found here.
+registry: dict[str, type[Message]] = {}
+
+
+def type_path(cls: type) -> str:
+    """Return ``module:QualName``, the import path a class travels by.
+
+    A child process re-imports a script's ``__main__`` as ``__mp_main__``; both spell
+    ``__main__`` so a type keeps one path on both sides.
+    """
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__
+    return f"{module}:{cls.__qualname__}"
+
+
+def publish(package: str, namespace: dict[str, object], names: tuple[str, ...]) -> None:
+    """Report re-exported objects as living in ``package`` (tracebacks read
+    ``runtime.ActorDeadError``), keeping the message registry keyed by the new path."""
+    for name in names:
+        obj = namespace[name]
+        if isinstance(obj, type) and obj.__module__.startswith(package + "."):
+            obj.__module__ = package
+            if issubclass(obj, Message):
+                registry[type_path(obj)] = obj

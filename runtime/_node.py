@@ -1,0 +1,330 @@
+"""The per-process core of an actor system: zmq context, outbox, reply inbox, pending asks.
+
+Every process that runs actors has one ``Node`` per open ``ActorSystem``. Refs find the node
+to send from through a context variable, falling back to the most recently opened node, so
+code running in tasks the system did not start (a web framework's request handlers) works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+import zmq
+
+from ._codec import (
+    ErrorBody,
+    Header,
+    Kind,
+    body_encoder,
+    error_decoder,
+    header_decoder,
+    header_encoder,
+)
+from ._errors import (
+    ActorDeadError,
+    AskTimeoutError,
+    MailboxClosedError,
+    ProtocolError,
+    RemoteActorError,
+    TokenyardError,
+)
+from ._message import Message, type_path
+from ._message import registry as message_registry
+from ._transport import Outbox, TransportOptions, bind_pull
+
+if TYPE_CHECKING:
+    from ._ref import ActorRef
+
+_current: contextvars.ContextVar[Node] = contextvars.ContextVar("tokenyard_node")
+_open_nodes: list[Node] = []
+#: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
+handling_address: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_handling")
+
+
+def current_node() -> Node:
+    """The node that sends on behalf of the running code.
+
+    Raises:
+        MailboxClosedError: No actor system is open in this process.
+    """
+    node = _current.get(None)
+    if node is not None and not node.closed:
+        return node
+    if _open_nodes:
+        return _open_nodes[-1]
+    raise MailboxClosedError("no ActorSystem is open in this process: use `async with ActorSystem()`")
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[Any]
+    target: str
+    timer: asyncio.TimerHandle | None = field(default=None)
+
+
+class Node:
+    """Sockets and bookkeeping shared by everything of one system in one process.
+
+    Args:
+        ipc_dir: The system's private directory for ipc socket files.
+        options: Transport settings.
+        name: Used in socket names and logs.
+    """
+
+    def __init__(self, ipc_dir: str, options: TransportOptions, name: str) -> None:
+        self.ipc_dir = ipc_dir
+        self.options = options
+        self.name = name
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.outbox = Outbox(self.ctx, options)
+        self._stems = itertools.count()
+        self.reply_sock, self.reply_address = bind_pull(
+            self.ctx, ipc_dir, self.new_stem("r"), options
+        )
+        self._corr = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._dead: dict[str, str] = {}
+        self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._token: contextvars.Token[Node] | None = None
+        self.closed = False
+        self.bound_paths: list[str] = []
+
+    def new_stem(self, prefix: str) -> str:
+        """A socket file name unique within the system directory."""
+        return f"{prefix}{os.getpid()}-{id(self) & 0xFFFF:x}-{next(self._stems)}"
+
+    def open(self) -> None:
+        """Start reading replies on the running loop and make this the current node."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.reply_sock.getsockopt(zmq.FD), self._on_replies)
+        self._token = _current.set(self)
+        _open_nodes.append(self)
+        # The fd is edge-triggered: anything that arrived before the reader existed must be
+        # read now or it would wait for the next arrival.
+        self._loop.call_soon(self._on_replies)
+
+    # -- sending --------------------------------------------------------------------------
+
+    def _check_alive(self, ref: ActorRef[Any]) -> None:
+        reason = self._dead.get(ref.address)
+        if reason is not None:
+            raise ActorDeadError(
+                f"actor {ref.name!r} (incarnation {ref.incarnation}) is dead: {reason}",
+                reason=reason,
+            )
+
+    async def tell(self, ref: ActorRef[Any], msg: Message, timeout: float | None) -> None:
+        """Encode and send a one-way message (one frame)."""
+        if self._dead and ref.address in self._dead:
+            self._check_alive(ref)
+        await self.outbox.send(ref.address, body_encoder.encode(msg), timeout)
+
+    def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
+        """Register a pending reply (an ask, a readiness or stop handshake)."""
+        if self.closed or self._loop is None:
+            raise MailboxClosedError("the actor system is closed")
+        corr = next(self._corr)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[corr] = _Pending(future, target)
+        return corr, future
+
+    def drop_request(self, corr: int) -> None:
+        """Forget a pending reply nobody waits for any more."""
+        pending = self._pending.pop(corr, None)
+        if pending is not None and pending.timer is not None:
+            pending.timer.cancel()
+
+    async def ask(self, ref: ActorRef[Any], msg: Message, timeout: float) -> Any:
+        """Send ``msg`` with a correlation id and wait for the matching reply."""
+        self._check_alive(ref)
+        if handling_address.get(None) == ref.address:
+            raise TokenyardError(
+                f"actor {ref.name!r} asked itself from inside a handler: the reply could only "
+                "be handled after the handler returns; use tell, or call the method directly"
+            )
+        corr, future = self.new_request(ref.address)
+        header = Header(Kind.ASK, corr, self.reply_address, self.name)
+        try:
+            await self.outbox.send_multipart(
+                ref.address,
+                (header_encoder.encode(header), body_encoder.encode(msg)),
+                timeout,
+            )
+            assert self._loop is not None
+            pending = self._pending.get(corr)
+            if pending is not None:
+                pending.timer = self._loop.call_later(
+                    timeout, self._expire, corr, ref.name, timeout
+                )
+            return await future
+        finally:
+            self.drop_request(corr)
+
+    async def ask_control(self, ref: ActorRef[Any], kind: Kind, timeout: float) -> Any:
+        """Send a control request (no handler involved) and wait for its reply."""
+        self._check_alive(ref)
+        corr, future = self.new_request(ref.address)
+        try:
+            with anyio.fail_after(timeout):
+                await self.send_control(ref.address, kind, corr, timeout=timeout)
+                return await future
+        except TimeoutError as err:
+            raise AskTimeoutError(f"no {kind.name} reply from {ref.name!r} in {timeout:g} s") from err
+        finally:
+            self.drop_request(corr)
+
+    def _expire(self, corr: int, name: str, timeout: float) -> None:
+        pending = self._pending.pop(corr, None)
+        if pending is not None and not pending.future.done():
+            pending.future.set_exception(
+                AskTimeoutError(
+                    f"no reply from actor {name!r} within {timeout:g} s; pass a longer "
+                    "ask(timeout=...) if the handler is slow"
+                )
+            )
+
+    async def reply(self, header: Header, result: object, timeout: float | None = None) -> None:
+        """Send a handler's return value back to an asker."""
+        if not header.reply_to:
+            return
+        if result is not None and not isinstance(result, Message):
+            err = ProtocolError(
+                f"a handler returned {type(result).__name__}; handlers return a Message or None"
+            )
+            await self.reply_error(header, err)
+            return
+        body_type = "" if result is None else type_path(type(result))
+        out = Header(Kind.REPLY, header.corr, "", self.name, body_type)
+        await self.outbox.send_multipart(
+            header.reply_to, (header_encoder.encode(out), body_encoder.encode(result)), timeout
+        )
+
+    async def reply_error(
+        self, header: Header, err: BaseException | ErrorBody, timeout: float | None = None
+    ) -> None:
+        """Send a failure back to an asker, as data."""
+        if not header.reply_to:
+            return
+        if isinstance(err, ErrorBody):
+            body = err
+        else:
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+            body = ErrorBody(f"{type(err).__module__}.{type(err).__qualname__}", str(err), tb)
+        out = Header(Kind.ERROR, header.corr, "", self.name)
+        await self.outbox.send_multipart(
+            header.reply_to, (header_encoder.encode(out), body_encoder.encode(body)), timeout
+        )
+
+    async def send_control(
+        self, address: str, kind: Kind, corr: int, body: bytes = b"", timeout: float | None = None
+    ) -> None:
+        """Send a control frame (stop, ready, failed) that needs no handler."""
+        header = Header(kind, corr, self.reply_address, self.name)
+        await self.outbox.send_multipart(
+            address, (header_encoder.encode(header), body), timeout
+        )
+
+    # -- receiving replies ----------------------------------------------------------------
+
+    def _on_replies(self) -> None:
+        sock = self.reply_sock
+        if self.closed:
+            return
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                continue
+            self._resolve(frames)
+
+    def _resolve(self, frames: list[bytes]) -> None:
+        pending: _Pending | None = None
+        try:
+            header = header_decoder.decode(frames[0])
+            pending = self._pending.pop(header.corr, None)
+            if pending is None or pending.future.done():
+                return  # the asker gave up (timeout, cancellation): a late reply is dropped
+            if pending.timer is not None:
+                pending.timer.cancel()
+            body = frames[1] if len(frames) > 1 else b"\xc0"
+            if header.kind is Kind.REPLY:
+                pending.future.set_result(self._decode_reply(header.body_type, body))
+            elif header.kind in (Kind.ERROR, Kind.FAILED):
+                err = error_decoder.decode(body)
+                pending.future.set_exception(
+                    RemoteActorError(err.type_name, err.message, err.traceback)
+                )
+            else:
+                pending.future.set_result((header, body))
+        except (msgspec.DecodeError, msgspec.ValidationError, IndexError, ProtocolError) as err:
+            if pending is not None and not pending.future.done():
+                pending.future.set_exception(ProtocolError(f"undecodable reply: {err}"))
+
+    def _decode_reply(self, body_type: str, body: bytes) -> Any:
+        if not body_type:
+            return None
+        decoder = self._reply_decoders.get(body_type)
+        if decoder is None:
+            cls = message_registry.get(body_type)
+            if cls is None:
+                raise ProtocolError(
+                    f"reply of type {body_type} is not a Message class imported in this process"
+                )
+            decoder = self._reply_decoders[body_type] = msgspec.msgpack.Decoder(cls)
+        return decoder.decode(body)
+
+    # -- death and shutdown ---------------------------------------------------------------
+
+    def mark_dead(self, address: str, name: str, reason: str) -> None:
+        """Record that the actor at ``address`` died and fail every request pending on it."""
+        self._dead[address] = reason
+        for corr, pending in list(self._pending.items()):
+            if pending.target == address and not pending.future.done():
+                del self._pending[corr]
+                if pending.timer is not None:
+                    pending.timer.cancel()
+                pending.future.set_exception(
+                    ActorDeadError(f"actor {name!r} died: {reason}", reason=reason)
+                )
+        self.outbox.forget(address)
+
+    def is_dead(self, address: str) -> bool:
+        """Whether the actor at ``address`` is known to be dead."""
+        return address in self._dead
+
+    def close(self) -> None:
+        """Close every socket and the context; fail what is still pending."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._loop is not None:
+            self._loop.remove_reader(self.reply_sock.getsockopt(zmq.FD))
+        for pending in self._pending.values():
+            if pending.timer is not None:
+                pending.timer.cancel()
+            if not pending.future.done():
+                pending.future.set_exception(MailboxClosedError("the actor system closed"))
+        self._pending.clear()
+        self.reply_sock.close(0)
+        self.outbox.close(0)
+        self.ctx.term()
+        if self in _open_nodes:
+            _open_nodes.remove(self)
+        if self._token is not None:
+            # Closing from another context than the opening one cannot reset the variable;
+            # current_node() skips a closed node anyway.
+            with contextlib.suppress(ValueError):
+                _current.reset(self._token)
+            self._token = None

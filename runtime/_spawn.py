@@ -1,0 +1,272 @@
+"""Starting actor processes without pickle, and watching them from the event loop.
+
+A child is a fresh interpreter (``python -m runtime._child``; no fork of a running loop).
+Its spawn spec travels on its stdin as one msgspec message; the pipe then stays open so
+the child sees EOF if its parent dies, on top of the Linux parent-death signal. Death is
+seen through a pidfd in the event loop, not by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ._codec import encode_spawn_value
+from ._errors import SpawnError
+from ._message import type_path
+from ._transport import TransportOptions
+
+_LENGTH = struct.Struct("!I")
+
+
+class SpawnSpec(msgspec.Struct, kw_only=True):
+    """Everything a child process needs to start one actor.
+
+    Attributes:
+        actor: ``module:QualName`` of the actor class.
+        main: How to re-import ``__main__`` when the class lives there: a module name
+            (``-m`` runs) or a script path, else ''.
+        name: The actor's name.
+        incarnation: Which incarnation of that name this is.
+        args: Each positional argument, encoded alone.
+        kwargs: Each keyword argument, encoded alone.
+        ipc_dir: The system's private directory.
+        options: Transport settings.
+        parent_reply: Address the child reports ready (or failed) to.
+        token: Correlation id of that report.
+        root_pid: Pid of the process owning the system directory.
+        sys_path: The parent's ``sys.path``, so the same modules import.
+        cwd: The parent's working directory.
+        log_level: Root logging level to use.
+        spawn_timeout: Default readiness timeout for the child's own spawns.
+        shutdown_timeout: Default graceful-stop timeout for the child's own children.
+    """
+
+    actor: str
+    main: str
+    name: str
+    incarnation: int
+    args: list[msgspec.Raw]
+    kwargs: dict[str, msgspec.Raw]
+    ipc_dir: str
+    options: TransportOptions
+    parent_reply: str
+    token: int
+    root_pid: int
+    sys_path: list[str]
+    cwd: str
+    log_level: int
+    spawn_timeout: float
+    shutdown_timeout: float
+
+
+def encode_arguments(
+    cls: type, args: Sequence[object], kwargs: Mapping[str, object]
+) -> tuple[list[msgspec.Raw], dict[str, msgspec.Raw]]:
+    """Encode spawn arguments one by one, in the caller, so a bad one fails here.
+
+    Raises:
+        SpawnError: An argument is not msgspec-encodable (no pickle fallback, ever).
+    """
+    try:
+        enc_args = [
+            msgspec.Raw(encode_spawn_value(v, f"argument {i} of {cls.__qualname__}"))
+            for i, v in enumerate(args)
+        ]
+        enc_kwargs = {
+            k: msgspec.Raw(encode_spawn_value(v, f"argument {k!r} of {cls.__qualname__}"))
+            for k, v in kwargs.items()
+        }
+    except TypeError as err:
+        raise SpawnError(
+            f"cannot spawn {cls.__qualname__} in a process: {err}. Spawn arguments travel as "
+            "msgspec values (structs, lists, dicts, str, int, ...); pass process=False to keep "
+            "arbitrary objects in this process"
+        ) from err
+    return enc_args, enc_kwargs
+
+
+def decode_arguments(
+    cls: type, args: Sequence[msgspec.Raw], kwargs: Mapping[str, msgspec.Raw]
+) -> tuple[list[Any], dict[str, Any]]:
+    """Decode spawn arguments with the types ``cls.__init__`` annotates, where it does."""
+    init = cls.__init__
+    try:
+        hints = typing.get_type_hints(init)
+    except Exception:  # an unresolvable annotation just means: decode untyped
+        hints = {}
+    params = [
+        p
+        for p in list(inspect.signature(init).parameters.values())[1:]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+
+    def decode(raw: msgspec.Raw, hint: Any) -> Any:
+        if hint is None:
+            return msgspec.msgpack.decode(raw)
+        return msgspec.msgpack.decode(raw, type=hint)
+
+    out_args = [
+        decode(raw, hints.get(params[i].name) if i < len(params) else None)
+        for i, raw in enumerate(args)
+    ]
+    out_kwargs = {k: decode(raw, hints.get(k)) for k, raw in kwargs.items()}
+    return out_args, out_kwargs
+
+
+def main_reference(cls: type) -> str:
+    """How a child re-imports ``__main__`` for a class defined there ('' otherwise).
+
+    Raises:
+        SpawnError: The class lives in an interactive ``__main__`` that has no file.
+    """
+    if cls.__module__ not in ("__main__", "__mp_main__"):
+        return ""
+    main = sys.modules["__main__"]
+    main_spec = getattr(main, "__spec__", None)
+    if main_spec is not None and main_spec.name not in ("__main__", "__mp_main__"):
+        return "module:" + main_spec.name
+    main_file = getattr(main, "__file__", None)
+    if main_file is None:
+        raise SpawnError(
+            f"{cls.__qualname__} is defined in an interactive session; a child process cannot "
+            "import it. Define it in a module or script file, or spawn with process=False"
+        )
+    return "path:" + os.path.abspath(main_file)
+
+
+def actor_path(cls: type) -> str:
+    """The import path of an actor class, checked to be importable from a child."""
+    if "<locals>" in cls.__qualname__:
+        raise SpawnError(
+            f"{cls.__qualname__} is defined inside a function; a child process cannot import "
+            "it. Define it at module level, or spawn with process=False"
+        )
+    return type_path(cls)
+
+
+class ChildProcess:
+    """One actor process: start it, watch it die, signal it.
+
+    Args:
+        popen: The started process; its stdin pipe is kept open for the child's lifetime.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self._pidfd = os.pidfd_open(popen.pid)
+        self._exited = asyncio.Event()
+        self._watching = False
+
+    def _watch(self) -> None:
+        """Start the one watch (pidfd reader, or a waiting thread) that sets ``_exited``."""
+        if self._watching:
+            return
+        self._watching = True
+        loop = asyncio.get_running_loop()
+        pidfd = self._pidfd
+        if pidfd is not None:
+
+            def on_exit() -> None:
+                loop.remove_reader(pidfd)
+                self.popen.wait()
+                self._exited.set()
+
+            loop.add_reader(pidfd, on_exit)
+        else:
+
+            def wait_in_thread() -> None:
+                self.popen.wait()
+                loop.call_soon_threadsafe(self._exited.set)
+
+            threading.Thread(target=wait_in_thread, daemon=True).start()
+
+    @classmethod
+    def start(cls, spec: SpawnSpec) -> ChildProcess:
+        """Start ``python -m runtime._child`` and hand it ``spec`` on stdin."""
+        payload = msgspec.msgpack.encode(spec)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "runtime._child"],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+            cwd=spec.cwd,
+            env=_child_env(),
+        )
+        assert popen.stdin is not None
+        try:
+            popen.stdin.write(_LENGTH.pack(len(payload)) + payload)
+            popen.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died at once; wait() reports how
+        return cls(popen)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status (negative: killed by that signal), or None while running."""
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        """Wait for the process to exit (seen from the process itself), reap it, and return
+        its status. Any number of tasks may wait at once."""
+        if self.popen.returncode is None:
+            self._watch()
+            await self._exited.wait()
+        assert self.popen.returncode is not None
+        return self.popen.returncode
+
+    def signal(self, signum: int) -> None:
+        """Send a signal unless the process was already reaped."""
+        if self.popen.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signum)
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        self.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        self.signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Release the pidfd and the stdin pipe (the child sees EOF if still alive)."""
+        if self._pidfd is not None:
+            if self._watching and self.popen.returncode is None:
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if self.popen.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The child imports `runtime` from wherever this process did.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def read_spec(stream: typing.BinaryIO) -> SpawnSpec:
+    """Read the length-prefixed spawn spec a parent wrote on stdin."""
+    head = stream.read(_LENGTH.size)
+    if len(head) != _LENGTH.size:
+        raise SpawnError("no spawn spec on stdin: runtime._child is started by ActorSystem.spawn")
+    (size,) = _LENGTH.unpack(head)
+    return msgspec.msgpack.decode(stream.read(size), type=SpawnSpec)

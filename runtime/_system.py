@@ -1,0 +1,468 @@
+"""``ActorSystem``: owns the zmq context, the private ipc directory and every child actor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Generator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+import msgspec
+
+from ._actor import Actor, Cell
+from ._codec import Header, Kind, ready_decoder
+from ._errors import ActorDeadError, RemoteActorError, SpawnError, TokenyardError
+from ._mailbox import Mailbox, MailboxStatistics
+from ._node import Node
+from ._ref import ActorRef
+from ._spawn import (
+    ChildProcess,
+    SpawnSpec,
+    actor_path,
+    decode_arguments,
+    encode_arguments,
+    main_reference,
+)
+from ._transport import TransportOptions, bind_pull, ipc_path
+from ._watch import Down, reason_for_status
+
+logger = logging.getLogger("tokenyard.system")
+
+A = TypeVar("A", bound=Actor)
+
+_TERM_GRACE = 2.0
+
+
+@dataclass(eq=False)
+class _Child:
+    ref: ActorRef[Any]
+    shutdown_timeout: float
+    process: ChildProcess | None = None
+    cell: Cell | None = None
+    scope: anyio.CancelScope | None = None
+    down: Down | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Watch(Awaitable[Down]):
+    """A registered interest in one incarnation's death; ``await`` it for the ``Down``."""
+
+    def __init__(self, future: asyncio.Future[Down]) -> None:
+        self._future = future
+
+    def __await__(self) -> Generator[Any, None, Down]:
+        return self._future.__await__()
+
+    def cancel(self) -> None:
+        """Stop watching."""
+        self._future.cancel()
+
+
+class ActorSystem:
+    """Owns a zmq context, a private ipc directory and every actor spawned through it.
+
+    Use it as an async context manager; leaving it stops every child in reverse start order
+    (stop request, bounded wait, SIGTERM, SIGKILL) and removes the directory.
+
+    Args:
+        name: Name used in logs and socket names.
+        transport: ``"ipc"`` (default) or ``"tcp"``.
+        tcp_host: Interface ``tcp`` mailboxes bind to.
+        hwm: High-water mark of every queue, in messages.
+        max_message_size: Largest message accepted, in bytes.
+        send_timeout: Default seconds a ``tell`` waits on a full mailbox.
+        spawn_timeout: Seconds a spawned actor has to become ready.
+        shutdown_timeout: Default seconds a stopping actor has before SIGTERM.
+
+    Example:
+        >>> async with ActorSystem() as system:
+        ...     echo = await system.spawn(Echo, name="echo")
+        ...     reply = await echo.ask(Ping(n=1))
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "system",
+        transport: str = "ipc",
+        tcp_host: str = "127.0.0.1",
+        hwm: int = 10_000,
+        max_message_size: int = 64 * 1024 * 1024,
+        send_timeout: float = 10.0,
+        spawn_timeout: float = 30.0,
+        shutdown_timeout: float = 5.0,
+    ) -> None:
+        self.name = name
+        self.options = TransportOptions(
+            hwm=hwm,
+            max_message_size=max_message_size,
+            send_timeout=send_timeout,
+            transport=transport,
+            tcp_host=tcp_host,
+        )
+        self.spawn_timeout = spawn_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.ipc_dir = ""
+        self.root_pid = os.getpid()
+        self._owns_dir = True
+        self._flush_on_close = False
+        self._node: Node | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._children: dict[str, _Child] = {}
+        self._cells: dict[str, Cell] = {}
+        self._watchers: dict[str, list[asyncio.Future[Down]]] = {}
+        self._incarnations: dict[str, int] = {}
+        self._names = itertools.count(1)
+
+    @classmethod
+    def _for_child(cls, spec: SpawnSpec) -> ActorSystem:
+        """The system of an actor process: it shares its root's directory, never owns it."""
+        system = cls(
+            name=spec.name,
+            spawn_timeout=spec.spawn_timeout,
+            shutdown_timeout=spec.shutdown_timeout,
+        )
+        system.options = spec.options
+        system.ipc_dir = spec.ipc_dir
+        system.root_pid = spec.root_pid
+        system._owns_dir = False
+        system._flush_on_close = True
+        return system
+
+    @property
+    def node(self) -> Node:
+        """The per-process sockets of this system."""
+        if self._node is None:
+            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
+        return self._node
+
+    def bound_paths(self) -> list[str]:
+        """The ipc socket files this process bound for this system."""
+        addresses = [self.node.reply_address, *self._cells]
+        return [p for p in map(ipc_path, addresses) if p is not None]
+
+    async def __aenter__(self) -> ActorSystem:
+        if self._owns_dir:
+            self.ipc_dir = tempfile.mkdtemp(prefix="tokenyard-")  # created 0700
+        self._node = Node(self.ipc_dir, self.options, self.name)
+        self._node.open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._close_children()
+        finally:
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            node = self.node
+            if self._flush_on_close:
+                node.outbox.close()
+            node.close()
+            if self._owns_dir:
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    # -- spawning -------------------------------------------------------------------------
+
+    async def spawn(
+        self,
+        actor: type[A],
+        *args: Any,
+        name: str | None = None,
+        process: bool = True,
+        spawn_timeout: float | None = None,
+        shutdown_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> ActorRef[Any]:
+        """Start an actor and return its ref once its ``on_start`` has finished.
+
+        Args:
+            actor: The Actor subclass.
+            *args: Positional arguments of its constructor (msgspec-encodable if
+                ``process``).
+            name: The actor's name (default: class name and a counter).
+            process: Run it in its own OS process (default) or as a task in this loop.
+            spawn_timeout: Seconds it has to become ready (default: the system's).
+            shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
+            **kwargs: Keyword arguments of its constructor.
+
+        Raises:
+            SpawnError: Arguments not encodable, import failure, ``on_start`` raised, the
+                process died or did not become ready in time.
+        """
+        name = name or f"{actor.__name__}-{next(self._names)}"
+        incarnation = self._incarnations.get(name, 0) + 1
+        self._incarnations[name] = incarnation
+        stop_after = self.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
+        if not process:
+            cell = await self._start_cell(actor, args, kwargs, name, incarnation, encoded=False)
+            child = _Child(cell.actor.ref, stop_after, cell=cell)
+            self._children[child.ref.address] = child
+            self._task_group.start_soon(self._run_local, child)
+            return child.ref
+        return await self._spawn_process(
+            actor, args, kwargs, name, incarnation, stop_after,
+            self.spawn_timeout if spawn_timeout is None else spawn_timeout,
+        )
+
+    @property
+    def _task_group(self) -> anyio.abc.TaskGroup:
+        if self._tg is None:
+            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
+        return self._tg
+
+    async def _spawn_process(
+        self,
+        actor: type[Actor],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str,
+        incarnation: int,
+        stop_after: float,
+        timeout: float,
+    ) -> ActorRef[Any]:
+        Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
+        enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
+        node = self.node
+        token, ready = node.new_request(f"spawn:{name}")
+        spec = SpawnSpec(
+            actor=actor_path(actor),
+            main=main_reference(actor),
+            name=name,
+            incarnation=incarnation,
+            args=enc_args,
+            kwargs=enc_kwargs,
+            ipc_dir=self.ipc_dir,
+            options=self.options,
+            parent_reply=node.reply_address,
+            token=token,
+            root_pid=self.root_pid,
+            sys_path=list(sys.path),
+            cwd=os.getcwd(),
+            log_level=logging.getLogger().getEffectiveLevel(),
+            spawn_timeout=self.spawn_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+        )
+        proc = ChildProcess.start(spec)
+        child = _Child(ActorRef(name, "", incarnation), stop_after, process=proc)
+        exit_waiter = asyncio.ensure_future(proc.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {ready, exit_waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            node.drop_request(token)
+            exit_waiter.cancel()
+        if ready in done:
+            try:
+                header, body = ready.result()
+            except RemoteActorError as err:
+                await self._reap(proc)
+                raise SpawnError(f"actor {name!r} failed to start: {err}") from err
+            assert isinstance(header, Header) and header.kind is Kind.READY
+            child.ref = ActorRef(name, ready_decoder.decode(body).address, incarnation)
+            self._children[child.ref.address] = child
+            self._task_group.start_soon(self._monitor, child)
+            return child.ref
+        if not ready.done():
+            ready.cancel()
+        if exit_waiter in done or proc.returncode is not None:
+            code = await self._reap(proc)
+            raise SpawnError(f"actor process {name!r} exited with status {code} before it was ready")
+        proc.kill()
+        await self._reap(proc)
+        raise SpawnError(
+            f"actor {name!r} did not become ready within {timeout:g} s; a slow on_start needs "
+            "a larger spawn(spawn_timeout=...) or ActorSystem(spawn_timeout=...)"
+        )
+
+    async def _reap(self, proc: ChildProcess) -> int:
+        with anyio.CancelScope(shield=True):
+            code = await proc.wait()
+        proc.close()
+        return code
+
+    async def _start_cell(
+        self,
+        actor: type[Actor],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str,
+        incarnation: int,
+        *,
+        encoded: bool = True,
+    ) -> Cell:
+        """Build an actor in this process, bind its mailbox and run ``on_start``."""
+        decoder = Cell.decoder_for(actor)
+        if encoded:
+            args, kwargs = decode_arguments(actor, args, kwargs)
+        instance = actor(*args, **kwargs)
+        node = self.node
+        sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), self.options)
+        mailbox = Mailbox(sock, address, decoder, name)
+        instance.ref = ActorRef(name, address, incarnation)
+        instance.system = self
+        cell = Cell(instance, mailbox, node)
+        self._cells[address] = cell
+        try:
+            await instance.on_start()
+        except BaseException as err:
+            self._cells.pop(address, None)
+            mailbox.close()
+            if isinstance(err, Exception) and not encoded:
+                raise SpawnError(f"actor {name!r} failed in on_start: {err!r}") from err
+            raise
+        return cell
+
+    async def _serve_cell(self, cell: Cell) -> Header | None:
+        """Serve until stopped, then run ``on_stop`` and close the mailbox."""
+        try:
+            stop = await cell.serve()
+            try:
+                await cell.actor.on_stop()
+            except Exception:
+                logger.exception("%s: on_stop raised", cell.mailbox.owner)
+            return stop
+        finally:
+            self._cells.pop(cell.mailbox.address, None)
+            cell.mailbox.close()
+
+    async def _run_local(self, child: _Child) -> None:
+        assert child.cell is not None
+        reason = "normal"
+        try:
+            with anyio.CancelScope() as child.scope:
+                stop = await self._serve_cell(child.cell)
+                if stop is not None:
+                    await self.node.reply(stop, None)
+            if child.scope.cancelled_caught:
+                reason = "cancelled: it did not stop in time"
+        except Exception as err:
+            reason = f"exception: {err!r}"
+            logger.exception("in-process actor %s crashed", child.ref.name)
+        finally:
+            self._died(child, Down(ref=child.ref, reason=reason))
+
+    async def _monitor(self, child: _Child) -> None:
+        assert child.process is not None
+        code = await child.process.wait()
+        child.process.close()
+        reason, signum = reason_for_status(code)
+        self._died(child, Down(ref=child.ref, reason=reason, exitcode=code, signal=signum))
+
+    def _died(self, child: _Child, down: Down) -> None:
+        child.down = down
+        child.exited.set()
+        self._children.pop(child.ref.address, None)
+        if self._node is not None and not self._node.closed:
+            self._node.mark_dead(child.ref.address, child.ref.name, down.reason)
+        for fut in self._watchers.pop(child.ref.address, []):
+            if not fut.done():
+                fut.set_result(down)
+        if not down.normal:
+            logger.warning("actor %s died: %s", child.ref.name, down.reason)
+
+    # -- watching and stopping ------------------------------------------------------------
+
+    def watch(self, ref: ActorRef[Any]) -> Watch:
+        """Register interest in ``ref``'s death; ``await`` the result for its ``Down``.
+
+        Raises:
+            TokenyardError: ``ref`` is not a child of this system.
+        """
+        fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
+        child = self._children.get(ref.address)
+        if child is None:
+            if self.node.is_dead(ref.address):
+                fut.set_result(Down(ref=ref, reason="already dead"))
+                return Watch(fut)
+            raise TokenyardError(f"actor {ref.name!r} is not a child of this system")
+        self._watchers.setdefault(ref.address, []).append(fut)
+        return Watch(fut)
+
+    async def stop(self, ref: ActorRef[Any], timeout: float | None = None) -> Down:
+        """Stop an actor gracefully, escalating to SIGTERM and SIGKILL if it does not stop.
+
+        Everything this process told the actor before ``stop`` is handled first.
+
+        Returns:
+            The actor's ``Down``.
+
+        Raises:
+            ActorDeadError: It was already dead.
+        """
+        child = self._children.get(ref.address)
+        if child is None:
+            raise ActorDeadError(f"actor {ref.name!r} is not running in this system")
+        return await self._stop_child(child, child.shutdown_timeout if timeout is None else timeout)
+
+    async def _stop_child(self, child: _Child, timeout: float) -> Down:
+        node = self.node
+        deadline = time.monotonic() + timeout
+        corr, acked = node.new_request(child.ref.address)
+        try:
+            with anyio.move_on_after(timeout):
+                await node.send_control(child.ref.address, Kind.STOP, corr, timeout=timeout)
+                await acked
+        except (TokenyardError, msgspec.DecodeError):
+            logger.debug("stop request to %s failed", child.ref.name, exc_info=True)
+        finally:
+            node.drop_request(corr)
+        remaining = max(deadline - time.monotonic(), 0.1)
+        with anyio.move_on_after(remaining):
+            await child.exited.wait()
+        if not child.exited.is_set():
+            self._escalate(child, signal.SIGTERM)
+            with anyio.move_on_after(_TERM_GRACE):
+                await child.exited.wait()
+        if not child.exited.is_set():
+            self._escalate(child, signal.SIGKILL)
+            await child.exited.wait()
+        assert child.down is not None
+        return child.down
+
+    def _escalate(self, child: _Child, signum: int) -> None:
+        logger.warning(
+            "actor %s did not stop in %g s: sending %s",
+            child.ref.name,
+            child.shutdown_timeout,
+            signal.Signals(signum).name,
+        )
+        if child.process is not None:
+            child.process.signal(signum)
+        elif child.scope is not None:
+            child.scope.cancel()
+
+    async def _close_children(self) -> None:
+        for child in reversed(list(self._children.values())):
+            await self._stop_child(child, child.shutdown_timeout)
+
+    # -- introspection --------------------------------------------------------------------
+
+    async def statistics(self, ref: ActorRef[Any], timeout: float = 5.0) -> MailboxStatistics:
+        """The mailbox counters of an actor, in this process or another."""
+        cell = self._cells.get(ref.address)
+        if cell is not None:
+            return cell.mailbox.statistics()
+        result = await self.node.ask_control(ref, Kind.STATS, timeout)
+        assert isinstance(result, MailboxStatistics)
+        return result

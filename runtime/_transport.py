@@ -1,0 +1,220 @@
+"""ZeroMQ plumbing: socket options, readiness waits on the event loop, and the outbox.
+
+Sockets are plain (synchronous) pyzmq sockets used with ``NOBLOCK``; the event loop only
+learns of readiness through the socket's ``FD``. That lets a receiver drain everything queued
+without an await per message, which is where most of an asyncio receiver's cost goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+
+import msgspec
+import zmq
+
+from ._errors import MailboxClosedError, MailboxFullError, ProtocolError
+
+
+class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Socket settings shared by every socket of a system (they travel to child processes).
+
+    Attributes:
+        hwm: High-water mark, in messages, of every send and receive queue (never 0).
+        max_message_size: Largest frame accepted, in bytes; larger ones are refused.
+        linger_ms: How long a closing socket may keep trying to deliver.
+        send_timeout: Default seconds a ``tell`` waits on a full mailbox before failing.
+        transport: ``"ipc"`` (default) or ``"tcp"``.
+        tcp_host: Interface that ``tcp`` mailboxes bind to.
+    """
+
+    hwm: int = 10_000
+    max_message_size: int = 64 * 1024 * 1024
+    linger_ms: int = 1_000
+    send_timeout: float = 10.0
+    transport: str = "ipc"
+    tcp_host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if self.hwm <= 0:
+            raise ValueError(f"hwm={self.hwm}: a high-water mark must be positive (0 is unbounded)")
+        if self.max_message_size <= 0:
+            raise ValueError(f"max_message_size={self.max_message_size} must be positive")
+        if self.transport not in ("ipc", "tcp"):
+            raise ValueError(f"transport={self.transport!r}: choose 'ipc' or 'tcp'")
+
+
+def bind_pull(
+    ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str, stem: str, options: TransportOptions
+) -> tuple[zmq.Socket[bytes], str]:
+    """Bind a PULL socket (a mailbox or reply inbox) and return it with its address."""
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, options.hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_size)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        if options.transport == "ipc":
+            sock.bind(f"ipc://{os.path.join(ipc_dir, stem)}")
+        else:
+            sock.bind(f"tcp://{options.tcp_host}:*")
+    except zmq.ZMQError:
+        sock.close(0)
+        raise
+    address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    return sock, address
+
+
+def ipc_path(address: str) -> str | None:
+    """The socket file behind an ``ipc://`` address, else ``None``."""
+    return address[len("ipc://") :] if address.startswith("ipc://") else None
+
+
+class ReadinessWaiter:
+    """Lets any number of tasks wait until a zmq socket is readable or writable.
+
+    The zmq ``FD`` is edge-triggered: it signals a change, and reading ``EVENTS`` consumes the
+    signal. So a waiter always checks ``EVENTS`` before it sleeps, and one loop reader per
+    socket wakes every waiter, which re-checks.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._sock = sock
+        self._fd: int = sock.getsockopt(zmq.FD)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop = None
+
+    async def wait(self, event: int) -> None:
+        """Return once ``EVENTS`` has ``event`` (``zmq.POLLIN`` or ``zmq.POLLOUT``)."""
+        while not self._sock.getsockopt(zmq.EVENTS) & event:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            if self._loop is None:
+                self._loop = loop
+                loop.add_reader(self._fd, self._wake)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                    self._waiters = [w for w in self._waiters if w is not fut]
+                    if not self._waiters and self._loop is not None:
+                        self._loop.remove_reader(self._fd)
+                        self._loop = None
+
+    def close(self) -> None:
+        """Stop watching the socket; pending waiters are woken."""
+        self._wake()
+
+
+class _Peer:
+    """One PUSH socket connected to one address."""
+
+    __slots__ = ("sock", "waiter")
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self.waiter = ReadinessWaiter(sock)
+
+
+class Outbox:
+    """The PUSH sockets of one process, one per destination address, made on first use.
+
+    One socket per destination keeps every message from this process to that actor in one
+    FIFO pipe: a stop request sent after a run of tells is handled after all of them.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], options: TransportOptions) -> None:
+        self._ctx = ctx
+        self._options = options
+        self._peers: dict[str, _Peer] = {}
+        self._closed = False
+
+    def _peer(self, address: str) -> _Peer:
+        peer = self._peers.get(address)
+        if peer is None:
+            if self._closed:
+                raise MailboxClosedError("the outbox of this actor system is closed")
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, self._options.hwm)
+            sock.setsockopt(zmq.LINGER, self._options.linger_ms)
+            sock.connect(address)
+            peer = self._peers[address] = _Peer(sock)
+        return peer
+
+    def _check_size(self, size: int) -> None:
+        if size > self._options.max_message_size:
+            raise ProtocolError(
+                f"a message of {size} bytes exceeds max_message_size="
+                f"{self._options.max_message_size}; raise it in ActorSystem(max_message_size=...)"
+            )
+
+    async def send(self, address: str, frame: bytes, timeout: float | None = None) -> None:
+        """Send one frame, waiting while the destination's queue is full.
+
+        Raises:
+            MailboxFullError: The queue stayed full for ``timeout`` seconds.
+            ProtocolError: The frame is larger than ``max_message_size``.
+        """
+        if len(frame) > self._options.max_message_size:
+            self._check_size(len(frame))
+        peer = self._peer(address)
+        try:
+            peer.sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            await self._wait_writable(peer, address, timeout)
+            peer.sock.send(frame, zmq.NOBLOCK)
+
+    async def send_multipart(
+        self, address: str, frames: Sequence[bytes | memoryview], timeout: float | None = None
+    ) -> None:
+        """Send a multi-frame message atomically, waiting while the queue is full."""
+        self._check_size(sum(len(f) for f in frames))
+        peer = self._peer(address)
+        try:
+            peer.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            await self._wait_writable(peer, address, timeout)
+            peer.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+
+    async def _wait_writable(self, peer: _Peer, address: str, timeout: float | None) -> None:
+        limit = self._options.send_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise MailboxFullError(
+                    f"the mailbox at {address} stayed full (hwm={self._options.hwm}) for "
+                    f"{limit:g} s; pass a longer tell(timeout=...) or raise ActorSystem(hwm=...)"
+                )
+            try:
+                await asyncio.wait_for(peer.waiter.wait(zmq.POLLOUT), remaining)
+            except TimeoutError:
+                continue
+            return
+
+    def forget(self, address: str) -> None:
+        """Close the socket to an address that will never be served again."""
+        peer = self._peers.pop(address, None)
+        if peer is not None:
+            peer.waiter.close()
+            peer.sock.close(0)
+
+    def close(self, linger_ms: int | None = None) -> None:
+        """Close every socket (``linger_ms`` overrides the configured linger)."""
+        self._closed = True
+        for peer in self._peers.values():
+            peer.waiter.close()
+            peer.sock.close(self._options.linger_ms if linger_ms is None else linger_ms)
+        self._peers.clear()

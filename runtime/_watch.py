@@ -1,0 +1,48 @@
+"""Death notices: ``Down`` and how an exit status becomes a reason."""
+
+from __future__ import annotations
+
+import signal as _signal
+from typing import Any
+
+from ._message import Message
+from ._ref import ActorRef
+
+
+class Down(Message):
+    """Delivered to watchers when an actor incarnation has died.
+
+    Attributes:
+        ref: The dead incarnation.
+        reason: ``"normal"`` for a clean stop, else what happened (exit status, the error
+            text, the signal, or an out-of-memory kill).
+        exitcode: The process exit status (negative: killed by that signal); ``None`` for an
+            in-process actor.
+        signal: The signal number that killed it, if any.
+    """
+
+    ref: ActorRef[Any]
+    reason: str
+    exitcode: int | None = None
+    signal: int | None = None
+
+    @property
+    def normal(self) -> bool:
+        """Whether the actor stopped cleanly (a graceful stop or a zero exit)."""
+        return self.reason == "normal"
+
+
+def reason_for_status(status: int, error: str | None = None) -> tuple[str, int | None]:
+    """Turn a process exit status (and an error the process reported) into a reason."""
+    if status == 0:
+        return "normal", None
+    if status < 0:
+        signum = -status
+        try:
+            name = _signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"killed by {name}", signum
+    if error:
+        return f"exception: {error}", None
+    return f"exited with status {status}", None
