@@ -5,18 +5,18 @@ from __future__ import annotations
 import inspect
 import logging
 import typing
-from types import FunctionType
 from collections.abc import Callable
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._codec import ErrorBody, Header, Kind, MailboxDecoder
 from ._errors import ProtocolError
-from ._mailbox import Mailbox
 from ._message import Message
 from ._node import Node, handling_address
-from ._ref import ActorRef
 
 if TYPE_CHECKING:
+    from ._mailbox import Mailbox
+    from ._ref import ActorRef
     from ._system import ActorSystem
 
 logger = logging.getLogger("tokenyard.actor")
@@ -154,13 +154,13 @@ class Cell:
         for header, msg in items:
             mailbox.queued -= 1
             if header is None:
-                fn, is_async = handlers[type(msg)]
+                fn, is_async = handlers[type(msg)]  # type: ignore[index]  # a tell is a Message
                 try:
                     if is_async:
                         await fn(msg)
                     else:
                         fn(msg)
-                except Exception:
+                except Exception:  # a handler's error fails its message only
                     mailbox.failed += 1
                     logger.exception("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
                 else:
@@ -185,7 +185,7 @@ class Cell:
         fn, is_async = self._handlers[type(msg)]
         try:
             result = await fn(msg) if is_async else fn(msg)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - the asker gets the error as data
             mailbox.failed += 1
             logger.debug("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
             await self.node.reply_error(header, err)
@@ -195,4 +195,3 @@ class Cell:
             await self.node.reply(header, result)
         except ProtocolError as err:
             await self.node.reply_error(header, err)
-

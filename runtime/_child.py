@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import importlib.util
@@ -10,7 +11,7 @@ import os
 import shutil
 import signal
 import sys
-from types import FrameType, ModuleType
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
@@ -18,6 +19,9 @@ from setproctitle import setproctitle
 
 from ._codec import ErrorBody, Kind, ReadyBody, body_encoder
 from ._spawn import SpawnSpec, read_spec
+
+if TYPE_CHECKING:
+    from types import FrameType, ModuleType
 
 logger = logging.getLogger("tokenyard.child")
 
@@ -30,10 +34,8 @@ _spec: SpawnSpec | None = None
 def _die_by_signal(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (an escalated stop, or the parent died): clean up our files and go."""
     for path in _bound:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
     if _spec is not None and not _alive(_spec.root_pid):
         # The root cannot clean its directory any more: the tree it owned is going away.
         shutil.rmtree(_spec.ipc_dir, ignore_errors=True)
@@ -78,7 +80,9 @@ def resolve_class(path: str, main: str) -> type:
     if main:
         _import_main(main)
     module: ModuleType = (
-        sys.modules["__main__"] if module_name == "__main__" else importlib.import_module(module_name)
+        sys.modules["__main__"]
+        if module_name == "__main__"
+        else importlib.import_module(module_name)
     )
     obj: object = module
     for part in qualname.split("."):
@@ -110,7 +114,9 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
         try:
             if isinstance(cls, BaseException):
                 raise cls
-            cell = await system._start_cell(cls, spec.args, spec.kwargs, spec.name, spec.incarnation)
+            cell = await system._start_cell(
+                cls, spec.args, spec.kwargs, spec.name, spec.incarnation
+            )
         except Exception as err:
             logger.debug("actor %s failed to start", spec.name, exc_info=True)
             await _report_failure(system, spec, err)
@@ -159,7 +165,7 @@ def main() -> None:
     cls: type | BaseException
     try:
         cls = resolve_class(spec.actor, spec.main)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - reported to the parent as a SpawnError
         cls = err
     try:
         code = anyio.run(_run, spec, cls, backend="asyncio")

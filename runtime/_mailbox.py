@@ -8,9 +8,9 @@ import time
 import msgspec
 import zmq
 
-from ._codec import ErrorBody, Header, Kind, MailboxDecoder, header_decoder
+from ._codec import HEADER_BYTE, MAX_FRAMES, ErrorBody, Header, Kind, MailboxDecoder, decode_header
 from ._message import Message
-from ._transport import ReadinessWaiter
+from ._transport import ReadinessWaiter, recv_frame
 
 logger = logging.getLogger("tokenyard.mailbox")
 
@@ -21,7 +21,7 @@ Item = tuple[Header | None, Message | ErrorBody | None]
 _LOG_EVERY = 5.0
 
 
-class MailboxStatistics(Message, frozen=True):
+class MailboxStatistics(Message):
     """Counters of one mailbox.
 
     Attributes:
@@ -82,12 +82,12 @@ class Mailbox:
         decode = self.decoder.decode
         while len(items) < limit:
             try:
-                frame = sock.recv(zmq.NOBLOCK)
+                frame = recv_frame(sock, zmq.NOBLOCK)
             except zmq.Again:
                 break
             self.received += 1
-            if sock.rcvmore:
-                item = self._multipart(frame)
+            if frame[:1] == HEADER_BYTE:
+                item = self._framed(frame)
                 if item is not None:
                     items.append(item)
                 continue
@@ -106,19 +106,21 @@ class Mailbox:
                 return items
             await self._waiter.wait(zmq.POLLIN)
 
-    def _multipart(self, first: bytes) -> Item | None:
-        rest = self.sock.recv_multipart(zmq.NOBLOCK)
+    def _framed(self, first: bytes) -> Item | None:
         try:
-            header = header_decoder.decode(first)
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            header = decode_header(first)
+            if not 1 <= header.frames <= MAX_FRAMES:
+                raise msgspec.ValidationError(f"a header announcing {header.frames} frames")
+            rest = [recv_frame(self.sock, zmq.NOBLOCK) for _ in range(header.frames)]
+        except (msgspec.DecodeError, msgspec.ValidationError, zmq.Again) as err:
             self._reject(err, first)
             return None
         if header.kind is not Kind.ASK:
             return (header, None)
         try:
             return (header, self.decoder.decode(rest[0]))
-        except (msgspec.DecodeError, msgspec.ValidationError, IndexError) as err:
-            self._reject(err, rest[0] if rest else b"")
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            self._reject(err, rest[0])
             text = f"{self.owner} refused the message: {err}"
             return (header, ErrorBody("runtime.ProtocolError", text, ""))
 

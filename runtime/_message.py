@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 #: The one tag field every message carries on the wire.
@@ -20,7 +22,7 @@ class Message(msgspec.Struct, tag=True, kw_only=True, tag_field=TAG_FIELD):
         ...     n: int
     """
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         registry[type_path(cls)] = cls
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import logging
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -21,13 +22,14 @@ import msgspec
 import zmq
 
 from ._codec import (
+    HEADER_BYTE,
     ErrorBody,
     Header,
     Kind,
     body_encoder,
+    decode_header,
+    encode_header,
     error_decoder,
-    header_decoder,
-    header_encoder,
 )
 from ._errors import (
     ActorDeadError,
@@ -39,11 +41,13 @@ from ._errors import (
 )
 from ._message import Message, type_path
 from ._message import registry as message_registry
-from ._transport import Outbox, TransportOptions, bind_pull
+from ._transport import Outbox, TransportOptions, bind_pull, recv_frame
 
 if TYPE_CHECKING:
     from ._ref import ActorRef
 
+logger = logging.getLogger("tokenyard.node")
+_encode = body_encoder.encode
 _current: contextvars.ContextVar[Node] = contextvars.ContextVar("tokenyard_node")
 _open_nodes: list[Node] = []
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
@@ -61,7 +65,9 @@ def current_node() -> Node:
         return node
     if _open_nodes:
         return _open_nodes[-1]
-    raise MailboxClosedError("no ActorSystem is open in this process: use `async with ActorSystem()`")
+    raise MailboxClosedError(
+        "no ActorSystem is open in this process: use `async with ActorSystem()`"
+    )
 
 
 @dataclass(slots=True)
@@ -90,6 +96,7 @@ class Node:
         self.reply_sock, self.reply_address = bind_pull(
             self.ctx, ipc_dir, self.new_stem("r"), options
         )
+        self._reply_fd = int(self.reply_sock.getsockopt(zmq.FD))
         self._corr = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._dead: dict[str, str] = {}
@@ -106,7 +113,7 @@ class Node:
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current node."""
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.reply_sock.getsockopt(zmq.FD), self._on_replies)
+        self._loop.add_reader(self._reply_fd, self._on_replies)
         self._token = _current.set(self)
         _open_nodes.append(self)
         # The fd is edge-triggered: anything that arrived before the reader existed must be
@@ -125,9 +132,12 @@ class Node:
 
     async def tell(self, ref: ActorRef[Any], msg: Message, timeout: float | None) -> None:
         """Encode and send a one-way message (one frame)."""
-        if self._dead and ref.address in self._dead:
+        address = ref.address
+        if self._dead and address in self._dead:
             self._check_alive(ref)
-        await self.outbox.send(ref.address, body_encoder.encode(msg), timeout)
+        frame = _encode(msg)
+        if not self.outbox.try_send(address, frame):
+            await self.outbox.send(address, frame, timeout)
 
     def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
         """Register a pending reply (an ask, a readiness or stop handshake)."""
@@ -155,10 +165,8 @@ class Node:
         corr, future = self.new_request(ref.address)
         header = Header(Kind.ASK, corr, self.reply_address, self.name)
         try:
-            await self.outbox.send_multipart(
-                ref.address,
-                (header_encoder.encode(header), body_encoder.encode(msg)),
-                timeout,
+            await self.outbox.send_frames(
+                ref.address, (encode_header(header), _encode(msg)), timeout
             )
             assert self._loop is not None
             pending = self._pending.get(corr)
@@ -179,7 +187,9 @@ class Node:
                 await self.send_control(ref.address, kind, corr, timeout=timeout)
                 return await future
         except TimeoutError as err:
-            raise AskTimeoutError(f"no {kind.name} reply from {ref.name!r} in {timeout:g} s") from err
+            raise AskTimeoutError(
+                f"no {kind.name} reply from {ref.name!r} in {timeout:g} s"
+            ) from err
         finally:
             self.drop_request(corr)
 
@@ -205,8 +215,8 @@ class Node:
             return
         body_type = "" if result is None else type_path(type(result))
         out = Header(Kind.REPLY, header.corr, "", self.name, body_type)
-        await self.outbox.send_multipart(
-            header.reply_to, (header_encoder.encode(out), body_encoder.encode(result)), timeout
+        await self.outbox.send_frames(
+            header.reply_to, (encode_header(out), _encode(result)), timeout
         )
 
     async def reply_error(
@@ -221,44 +231,45 @@ class Node:
             tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
             body = ErrorBody(f"{type(err).__module__}.{type(err).__qualname__}", str(err), tb)
         out = Header(Kind.ERROR, header.corr, "", self.name)
-        await self.outbox.send_multipart(
-            header.reply_to, (header_encoder.encode(out), body_encoder.encode(body)), timeout
-        )
+        await self.outbox.send_frames(header.reply_to, (encode_header(out), _encode(body)), timeout)
 
     async def send_control(
         self, address: str, kind: Kind, corr: int, body: bytes = b"", timeout: float | None = None
     ) -> None:
         """Send a control frame (stop, ready, failed) that needs no handler."""
         header = Header(kind, corr, self.reply_address, self.name)
-        await self.outbox.send_multipart(
-            address, (header_encoder.encode(header), body), timeout
-        )
+        await self.outbox.send_frames(address, (encode_header(header), body), timeout)
 
     # -- receiving replies ----------------------------------------------------------------
 
     def _on_replies(self) -> None:
-        sock = self.reply_sock
         if self.closed:
             return
+        sock = self.reply_sock
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                first = recv_frame(sock, zmq.NOBLOCK)
             except zmq.Again:
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                # Reading EVENTS re-arms the edge-triggered fd; a reply that slipped in
+                # between shows up here and is read now.
+                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     return
                 continue
-            self._resolve(frames)
+            self._resolve(first)
 
-    def _resolve(self, frames: list[bytes]) -> None:
+    def _resolve(self, first: bytes) -> None:
         pending: _Pending | None = None
         try:
-            header = header_decoder.decode(frames[0])
+            if first[:1] != HEADER_BYTE:
+                raise ProtocolError("a reply without a header")
+            header = decode_header(first)
+            frames = [recv_frame(self.reply_sock, zmq.NOBLOCK) for _ in range(header.frames)]
             pending = self._pending.pop(header.corr, None)
             if pending is None or pending.future.done():
                 return  # the asker gave up (timeout, cancellation): a late reply is dropped
             if pending.timer is not None:
                 pending.timer.cancel()
-            body = frames[1] if len(frames) > 1 else b"\xc0"
+            body = frames[0] if frames else b"\xc0"
             if header.kind is Kind.REPLY:
                 pending.future.set_result(self._decode_reply(header.body_type, body))
             elif header.kind in (Kind.ERROR, Kind.FAILED):
@@ -268,7 +279,8 @@ class Node:
                 )
             else:
                 pending.future.set_result((header, body))
-        except (msgspec.DecodeError, msgspec.ValidationError, IndexError, ProtocolError) as err:
+        except (msgspec.DecodeError, msgspec.ValidationError, ProtocolError, zmq.Again) as err:
+            logger.warning("%s: dropped an undecodable reply: %s", self.name, err)
             if pending is not None and not pending.future.done():
                 pending.future.set_exception(ProtocolError(f"undecodable reply: {err}"))
 
@@ -310,7 +322,7 @@ class Node:
             return
         self.closed = True
         if self._loop is not None:
-            self._loop.remove_reader(self.reply_sock.getsockopt(zmq.FD))
+            self._loop.remove_reader(self._reply_fd)
         for pending in self._pending.values():
             if pending.timer is not None:
                 pending.timer.cancel()

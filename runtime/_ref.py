@@ -59,4 +59,3 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             ActorDeadError: The actor died before replying.
         """
         return await current_node().ask(self, msg, timeout)
-

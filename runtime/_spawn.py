@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import typing
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -27,6 +26,9 @@ from ._codec import encode_spawn_value
 from ._errors import SpawnError
 from ._message import type_path
 from ._transport import TransportOptions
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 _LENGTH = struct.Struct("!I")
 
@@ -102,10 +104,10 @@ def decode_arguments(
     cls: type, args: Sequence[msgspec.Raw], kwargs: Mapping[str, msgspec.Raw]
 ) -> tuple[list[Any], dict[str, Any]]:
     """Decode spawn arguments with the types ``cls.__init__`` annotates, where it does."""
-    init = cls.__init__
+    init: Any = cls.__init__  # type: ignore[misc]
     try:
         hints = typing.get_type_hints(init)
-    except Exception:  # an unresolvable annotation just means: decode untyped
+    except Exception:  # noqa: BLE001 - an unresolvable annotation means: decode untyped
         hints = {}
     params = [
         p
@@ -137,14 +139,14 @@ def main_reference(cls: type) -> str:
     main = sys.modules["__main__"]
     main_spec = getattr(main, "__spec__", None)
     if main_spec is not None and main_spec.name not in ("__main__", "__mp_main__"):
-        return "module:" + main_spec.name
+        return f"module:{main_spec.name}"
     main_file = getattr(main, "__file__", None)
     if main_file is None:
         raise SpawnError(
             f"{cls.__qualname__} is defined in an interactive session; a child process cannot "
             "import it. Define it in a module or script file, or spawn with process=False"
         )
-    return "path:" + os.path.abspath(main_file)
+    return f"path:{os.path.abspath(main_file)}"
 
 
 def actor_path(cls: type) -> str:

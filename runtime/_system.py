@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -14,8 +13,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -36,6 +34,9 @@ from ._spawn import (
 )
 from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Down, reason_for_status
+
+if TYPE_CHECKING:
+    from types import TracebackType
 
 logger = logging.getLogger("tokenyard.system")
 
@@ -220,7 +221,12 @@ class ActorSystem:
             self._task_group.start_soon(self._run_local, child)
             return child.ref
         return await self._spawn_process(
-            actor, args, kwargs, name, incarnation, stop_after,
+            actor,
+            args,
+            kwargs,
+            name,
+            incarnation,
+            stop_after,
             self.spawn_timeout if spawn_timeout is None else spawn_timeout,
         )
 
@@ -278,7 +284,8 @@ class ActorSystem:
             except RemoteActorError as err:
                 await self._reap(proc)
                 raise SpawnError(f"actor {name!r} failed to start: {err}") from err
-            assert isinstance(header, Header) and header.kind is Kind.READY
+            assert isinstance(header, Header)
+            assert header.kind is Kind.READY
             child.ref = ActorRef(name, ready_decoder.decode(body).address, incarnation)
             self._children[child.ref.address] = child
             self._task_group.start_soon(self._monitor, child)
@@ -287,7 +294,9 @@ class ActorSystem:
             ready.cancel()
         if exit_waiter in done or proc.returncode is not None:
             code = await self._reap(proc)
-            raise SpawnError(f"actor process {name!r} exited with status {code} before it was ready")
+            raise SpawnError(
+                f"actor process {name!r} exited with status {code} before it was ready"
+            )
         proc.kill()
         await self._reap(proc)
         raise SpawnError(
