@@ -10,7 +10,7 @@ from types import FunctionType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._codec import ErrorBody, Header, Kind, MailboxDecoder
-from ._errors import ProtocolError
+from ._errors import ProtocolError, TokenyardError
 from ._message import Message
 from ._node import Node, handling_address
 
@@ -179,19 +179,25 @@ class Cell:
 
     async def _handle_ask(self, header: Header, msg: Message | ErrorBody | None) -> None:
         mailbox = self.mailbox
-        if isinstance(msg, ErrorBody) or msg is None:
-            await self.node.reply_error(header, msg or ErrorBody("runtime.ProtocolError", "", ""))
-            return
-        fn, is_async = self._handlers[type(msg)]
+        node = self.node
         try:
-            result = await fn(msg) if is_async else fn(msg)
-        except Exception as err:  # noqa: BLE001 - the asker gets the error as data
-            mailbox.failed += 1
-            logger.debug("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
-            await self.node.reply_error(header, err)
-            return
-        mailbox.handled += 1
-        try:
-            await self.node.reply(header, result)
-        except ProtocolError as err:
-            await self.node.reply_error(header, err)
+            if isinstance(msg, ErrorBody) or msg is None:
+                await node.reply_error(header, msg or ErrorBody("runtime.ProtocolError", "", ""))
+                return
+            fn, is_async = self._handlers[type(msg)]
+            try:
+                result = await fn(msg) if is_async else fn(msg)
+            except Exception as err:  # noqa: BLE001 - the asker gets the error as data
+                mailbox.failed += 1
+                logger.debug("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
+                await node.reply_error(header, err)
+                return
+            mailbox.handled += 1
+            try:
+                await node.reply(header, result)
+            except ProtocolError as err:
+                await node.reply_error(header, err)
+        except TokenyardError as err:
+            # The asker is unreachable (gone, or its inbox stayed full): it will time out or
+            # learn of the failure some other way; this actor carries on.
+            logger.warning("%s: could not reply to %s: %s", mailbox.owner, header.sender, err)

@@ -44,13 +44,19 @@ def _die_by_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a killed parent not yet reaped (a zombie) counts as dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
 
 
 def _set_parent_death_signal() -> None:

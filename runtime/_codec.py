@@ -44,6 +44,8 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
         sender: Name of the sending actor or system, for logs.
         body_type: ``module:QualName`` of a reply body ('' for ``None``).
         frames: How many frames follow the header (the body, then extra buffers).
+        cookie: The system's secret; control frames (stop, statistics) without it are
+            refused, so stray bytes can never stop an actor.
     """
 
     kind: Kind
@@ -52,6 +54,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
     sender: str = ""
     body_type: str = ""
     frames: int = 1
+    cookie: bytes = b""
 
 
 #: First byte of every header frame (msgpack never emits it).
@@ -70,6 +73,10 @@ def encode_header(header: Header) -> bytearray:
 def decode_header(frame: bytes) -> Header:
     """Decode a header frame (the caller has checked the mark byte)."""
     return header_decoder.decode(memoryview(frame)[1:])
+
+
+#: Kinds that act on the actor itself: only accepted with the system's cookie.
+CONTROL_KINDS = frozenset({Kind.STOP, Kind.STATS})
 
 
 class ErrorBody(msgspec.Struct, array_like=True, frozen=True):

@@ -8,7 +8,16 @@ import time
 import msgspec
 import zmq
 
-from ._codec import HEADER_BYTE, MAX_FRAMES, ErrorBody, Header, Kind, MailboxDecoder, decode_header
+from ._codec import (
+    CONTROL_KINDS,
+    HEADER_BYTE,
+    MAX_FRAMES,
+    ErrorBody,
+    Header,
+    Kind,
+    MailboxDecoder,
+    decode_header,
+)
 from ._message import Message
 from ._transport import ReadinessWaiter, recv_frame
 
@@ -47,12 +56,19 @@ class Mailbox:
         address: The address it is bound to.
         decoder: Decoder of the actor's accepted message union.
         owner: The actor's name, for logs.
+        cookie: The system's secret, required on control frames.
     """
 
     def __init__(
-        self, sock: zmq.Socket[bytes], address: str, decoder: MailboxDecoder, owner: str
+        self,
+        sock: zmq.Socket[bytes],
+        address: str,
+        decoder: MailboxDecoder,
+        owner: str,
+        cookie: bytes,
     ) -> None:
         self.sock = sock
+        self.cookie = cookie
         self.address = address
         self.decoder = decoder
         self.owner = owner
@@ -115,8 +131,14 @@ class Mailbox:
         except (msgspec.DecodeError, msgspec.ValidationError, zmq.Again) as err:
             self._reject(err, first)
             return None
+        if header.kind in CONTROL_KINDS and header.cookie != self.cookie:
+            self._reject(msgspec.ValidationError("a control frame without the cookie"), first)
+            return None
         if header.kind is not Kind.ASK:
             return (header, None)
+        if not header.reply_to.startswith(("ipc://", "tcp://")):
+            self._reject(msgspec.ValidationError("an ask with no usable reply address"), first)
+            return None
         try:
             return (header, self.decoder.decode(rest[0]))
         except (msgspec.DecodeError, msgspec.ValidationError) as err:

@@ -84,10 +84,12 @@ class Node:
         ipc_dir: The system's private directory for ipc socket files.
         options: Transport settings.
         name: Used in socket names and logs.
+        cookie: The system's secret, sent on control frames.
     """
 
-    def __init__(self, ipc_dir: str, options: TransportOptions, name: str) -> None:
+    def __init__(self, ipc_dir: str, options: TransportOptions, name: str, cookie: bytes) -> None:
         self.ipc_dir = ipc_dir
+        self.cookie = cookie
         self.options = options
         self.name = name
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
@@ -237,7 +239,7 @@ class Node:
         self, address: str, kind: Kind, corr: int, body: bytes = b"", timeout: float | None = None
     ) -> None:
         """Send a control frame (stop, ready, failed) that needs no handler."""
-        header = Header(kind, corr, self.reply_address, self.name)
+        header = Header(kind, corr, self.reply_address, self.name, cookie=self.cookie)
         await self.outbox.send_frames(address, (encode_header(header), body), timeout)
 
     # -- receiving replies ----------------------------------------------------------------

@@ -54,6 +54,7 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
         log_level: Root logging level to use.
         spawn_timeout: Default readiness timeout for the child's own spawns.
         shutdown_timeout: Default graceful-stop timeout for the child's own children.
+        cookie: The system's secret for control frames.
     """
 
     actor: str
@@ -72,6 +73,7 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     log_level: int
     spawn_timeout: float
     shutdown_timeout: float
+    cookie: bytes
 
 
 def encode_arguments(

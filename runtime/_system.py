@@ -117,6 +117,7 @@ class ActorSystem:
         self.ipc_dir = ""
         self.root_pid = os.getpid()
         self._owns_dir = True
+        self._cookie = os.urandom(16)
         self._flush_on_close = False
         self._node: Node | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -138,6 +139,7 @@ class ActorSystem:
         system.ipc_dir = spec.ipc_dir
         system.root_pid = spec.root_pid
         system._owns_dir = False
+        system._cookie = spec.cookie
         system._flush_on_close = True
         return system
 
@@ -156,7 +158,7 @@ class ActorSystem:
     async def __aenter__(self) -> ActorSystem:
         if self._owns_dir:
             self.ipc_dir = tempfile.mkdtemp(prefix="tokenyard-")  # created 0700
-        self._node = Node(self.ipc_dir, self.options, self.name)
+        self._node = Node(self.ipc_dir, self.options, self.name, self._cookie)
         self._node.open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -267,6 +269,7 @@ class ActorSystem:
             log_level=logging.getLogger().getEffectiveLevel(),
             spawn_timeout=self.spawn_timeout,
             shutdown_timeout=self.shutdown_timeout,
+            cookie=node.cookie,
         )
         proc = ChildProcess.start(spec)
         child = _Child(ActorRef(name, "", incarnation), stop_after, process=proc)
@@ -327,7 +330,7 @@ class ActorSystem:
         instance = actor(*args, **kwargs)
         node = self.node
         sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), self.options)
-        mailbox = Mailbox(sock, address, decoder, name)
+        mailbox = Mailbox(sock, address, decoder, name, node.cookie)
         instance.ref = ActorRef(name, address, incarnation)
         instance.system = self
         cell = Cell(instance, mailbox, node)

@@ -160,7 +160,11 @@ class Outbox:
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, self._options.hwm)
             sock.setsockopt(zmq.LINGER, self._options.linger_ms)
-            sock.connect(address)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError as err:
+                sock.close(0)
+                raise ProtocolError(f"cannot connect to {address!r}: {err}") from err
             peer = self._peers[address] = _Peer(sock)
         return peer
 

@@ -1,0 +1,71 @@
+"""Suite-wide fixtures: the anyio backend and the leak guard every test runs under."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> None:
+    """Give every ``async def`` test the task-leak guard (anyio runs them: anyio_mode=auto)."""
+    if collector.istestfunction(obj, name) and inspect.iscoroutinefunction(obj):
+        pytest.mark.usefixtures("no_task_leaks")(obj)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """tokenyard runs on asyncio."""
+    return "asyncio"
+
+
+def child_pids() -> set[int]:
+    """Pids of this process's children (zombies included: an unreaped child is a leak)."""
+    pids: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        text = (task / "children").read_text()
+        pids.update(int(p) for p in text.split())
+    return pids
+
+
+def ipc_dirs() -> set[str]:
+    """The private directories actor systems created in the temp dir."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("tokenyard-*")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail a test that leaves a child process or an ipc directory behind."""
+    procs_before, dirs_before = child_pids(), ipc_dirs()
+    yield
+    left_procs = child_pids() - procs_before
+    left_dirs = ipc_dirs() - dirs_before
+    assert not left_procs, f"child processes left behind: {sorted(left_procs)}"
+    assert not left_dirs, f"ipc directories left behind: {sorted(left_dirs)}"
+
+
+@pytest.fixture
+async def no_task_leaks() -> AsyncIterator[None]:
+    """Fail an async test that leaves a task running in its event loop."""
+    before = asyncio.all_tasks()
+    yield
+    current = asyncio.current_task()
+    left = [
+        t
+        for t in asyncio.all_tasks() - before
+        if t is not current and not t.done() and not _is_test_runner(t)
+    ]
+    assert not left, f"tasks left running: {left}"
+
+
+def _is_test_runner(task: asyncio.Task[object]) -> bool:
+    """anyio's pytest runner keeps a task of its own alive between fixture and test."""
+    return task.get_coro().__qualname__.endswith("_call_in_runner_task")  # type: ignore[union-attr]

@@ -1,0 +1,139 @@
+"""Actors the integration tests spawn in child processes (importable by the children)."""
+
+from __future__ import annotations
+
+import anyio
+
+from runtime import Actor, ActorRef, Message, handler
+
+
+class Ping(Message):
+    n: int
+
+
+class Pong(Message):
+    n: int
+
+
+class Tick(Message, array_like=True):
+    n: int
+
+
+class Fail(Message):
+    text: str
+
+
+class Slow(Message):
+    seconds: float
+
+
+class GetCount(Message):
+    pass
+
+
+class Count(Message):
+    n: int
+    name: str = ""
+
+
+class Forward(Message):
+    """Ask ``target`` for ``n`` from inside a handler and return its answer."""
+
+    target: ActorRef[Ping]
+    n: int
+
+
+class TellTo(Message):
+    """Tell ``target`` a Ping (a ref travelling inside a message)."""
+
+    target: ActorRef[Ping]
+    n: int
+
+
+class Echo(Actor):
+    """Answers pings, counts ticks, fails on demand; reports its count when it stops."""
+
+    def __init__(self, factor: int = 1, report_to: ActorRef[Count] | None = None) -> None:
+        self.factor = factor
+        self.report_to = report_to
+        self.ticks = 0
+
+    @handler
+    async def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n * self.factor)
+
+    @handler
+    def tick(self, msg: Tick) -> None:
+        self.ticks += 1
+
+    @handler
+    def fail(self, msg: Fail) -> None:
+        raise ValueError(msg.text)
+
+    @handler
+    async def slow(self, msg: Slow) -> Pong:
+        await anyio.sleep(msg.seconds)  # sync-ok: a deliberately slow handler under test
+        return Pong(n=0)
+
+    @handler
+    def get_count(self, msg: GetCount) -> Count:
+        return Count(n=self.ticks, name=self.ref.name)
+
+    @handler
+    async def forward(self, msg: Forward) -> Pong:
+        reply: Pong = await msg.target.ask(Ping(n=msg.n))
+        return reply
+
+    @handler
+    async def tell_to(self, msg: TellTo) -> None:
+        await msg.target.tell(Ping(n=msg.n))
+
+    async def on_stop(self) -> None:
+        if self.report_to is not None:
+            await self.report_to.tell(Count(n=self.ticks, name=self.ref.name))
+
+
+class Gathered:
+    """What a Collector received; shared with the test because the Collector runs in-process."""
+
+    def __init__(self) -> None:
+        self.counts: list[Count] = []
+        self.pings: list[int] = []
+        self._changed = anyio.Event()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, n_counts: int = 0, n_pings: int = 0) -> None:
+        """Wait (on the change event, not a timer) until enough arrived."""
+        while len(self.counts) < n_counts or len(self.pings) < n_pings:
+            await self._changed.wait()
+
+
+class Collector(Actor):
+    """Runs in the test process (process=False): gathers Counts and Pings it is told."""
+
+    def __init__(self, gathered: Gathered) -> None:
+        self.gathered = gathered
+
+    @handler
+    def count(self, msg: Count) -> None:
+        self.gathered.counts.append(msg)
+        self.gathered.notify()
+
+    @handler
+    def ping(self, msg: Ping) -> None:
+        self.gathered.pings.append(msg.n)
+        self.gathered.notify()
+
+
+class BadStart(Actor):
+    """Its on_start raises: spawning it must fail with SpawnError."""
+
+    @handler
+    def ping(self, msg: Ping) -> None:
+        return None
+
+    async def on_start(self) -> None:
+        raise RuntimeError("on_start refuses")

@@ -1,0 +1,88 @@
+"""Process lifetimes: parent death, escalating stop, scripts' __main__ classes."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime import ActorSystem
+
+from ._actors import Echo, Ping, Pong, Slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Wait on the process's pidfd (an event, not a timer loop) until it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)
+
+
+def run_script(name: str, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPTS / name), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+class TestParentDeath:
+    def test_killing_the_parent_takes_its_children_within_two_seconds(self) -> None:
+        with run_script("parent.py") as parent:
+            try:
+                assert parent.stdout is not None
+                report = json.loads(parent.stdout.readline())
+            except BaseException:
+                parent.kill()
+                raise
+            pids: list[int] = report["pids"]
+            assert len(pids) == 2
+            parent.send_signal(signal.SIGKILL)
+        for pid in pids:
+            assert wait_gone(pid, 2.0), f"actor process {pid} outlived its parent"
+        # With the root gone, its children removed the system directory on their way out.
+        assert not Path(report["dir"]).exists()
+
+
+class TestEscalation:
+    async def test_an_actor_that_does_not_stop_in_time_is_terminated(self) -> None:
+        async with ActorSystem(shutdown_timeout=0.3) as system:
+            echo = await system.spawn(Echo, name="stubborn")
+            await echo.tell(Slow(seconds=30.0))
+            down = await system.stop(echo)
+            assert down.signal == signal.SIGTERM
+            assert down.reason == "killed by SIGTERM"
+
+
+class TestMainModule:
+    def test_an_actor_class_defined_in_a_scripts_main_runs_in_a_child(self) -> None:
+        script = run_script("main_actor.py")
+        out, _ = script.communicate(timeout=60)
+        assert script.returncode == 0
+        assert out.strip() == "hello, main"
+
+
+class TestInProcessAndProcessAgree:
+    @pytest.mark.parametrize("process", [True, False])
+    async def test_both_modes_answer_the_same(self, process: bool) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, 4, name="echo", process=process)
+            assert await echo.ask(Ping(n=2)) == Pong(n=8)

@@ -1,0 +1,201 @@
+"""Actors in their own OS processes: ask/tell, errors, stop, titles, bad input."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+import zmq
+
+from runtime import (
+    ActorDeadError,
+    ActorSystem,
+    AskTimeoutError,
+    RemoteActorError,
+    SpawnError,
+)
+from tests.conftest import child_pids
+
+from ._actors import (
+    BadStart,
+    Collector,
+    Count,
+    Echo,
+    Fail,
+    Forward,
+    Gathered,
+    GetCount,
+    Ping,
+    Pong,
+    Slow,
+    Tick,
+    TellTo,
+)
+
+
+class TestAskAndTell:
+    async def test_ask_returns_the_handlers_reply_across_processes(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, 3, name="echo")
+            assert await echo.ask(Ping(n=7)) == Pong(n=21)
+
+    async def test_tells_are_handled_in_order_and_counted(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            for i in range(1000):
+                await echo.tell(Tick(n=i))
+            assert await echo.ask(GetCount()) == Count(n=1000, name="echo")
+
+    async def test_an_actor_can_ask_another_from_inside_a_handler(self) -> None:
+        async with ActorSystem() as system:
+            a = await system.spawn(Echo, 1, name="a")
+            b = await system.spawn(Echo, 5, name="b")
+            assert await a.ask(Forward(target=b, n=3)) == Pong(n=15)
+
+    async def test_a_ref_sent_inside_a_message_can_be_used_by_the_receiver(self) -> None:
+        gathered = Gathered()
+        async with ActorSystem() as system:
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            echo = await system.spawn(Echo, name="echo")
+            await echo.tell(TellTo(target=collector, n=42))
+            with anyio.fail_after(10):
+                await gathered.wait_for(n_pings=1)
+        assert gathered.pings == [42]
+
+    async def test_tcp_transport_works_the_same(self) -> None:
+        async with ActorSystem(transport="tcp") as system:
+            echo = await system.spawn(Echo, 2, name="echo")
+            assert echo.address.startswith("tcp://127.0.0.1:")
+            assert await echo.ask(Ping(n=4)) == Pong(n=8)
+
+
+class TestFailures:
+    async def test_a_handler_exception_comes_back_as_remote_actor_error(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            with pytest.raises(RemoteActorError) as info:
+                await echo.ask(Fail(text="broken on purpose"))
+            assert info.value.type_name == "builtins.ValueError"
+            assert info.value.remote_message == "broken on purpose"
+            assert "raise ValueError(msg.text)" in info.value.remote_traceback
+            # The actor lives on.
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    async def test_a_failing_tell_fails_only_that_message(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            await echo.tell(Fail(text="one bad message"))
+            await echo.tell(Tick(n=1))
+            assert await echo.ask(GetCount()) == Count(n=1, name="echo")
+            stats = await system.statistics(echo)
+            assert stats.failed == 1
+            assert stats.handled == 2  # the Tick and the GetCount
+
+    async def test_no_reply_in_time_raises_ask_timeout_error(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            with pytest.raises(AskTimeoutError) as info:
+                await echo.ask(Slow(seconds=2.0), timeout=0.2)
+            assert isinstance(info.value, TimeoutError)
+            assert "within 0.2 s" in str(info.value)
+
+    async def test_unencodable_spawn_arguments_fail_in_the_caller(self) -> None:
+        async with ActorSystem() as system:
+            with pytest.raises(SpawnError, match="not msgspec-encodable"):
+                await system.spawn(Echo, object(), name="echo")
+            assert child_pids() == set()
+
+    async def test_an_on_start_failure_is_a_spawn_error_with_the_remote_text(self) -> None:
+        async with ActorSystem() as system:
+            with pytest.raises(SpawnError, match="on_start refuses"):
+                await system.spawn(BadStart, name="bad")
+
+    async def test_a_stopped_actor_refuses_further_asks(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            down = await system.stop(echo)
+            assert down.reason == "normal"
+            assert down.exitcode == 0
+            with pytest.raises(ActorDeadError):
+                await echo.ask(Ping(n=1))
+
+
+class TestGracefulStop:
+    async def test_every_tell_accepted_before_stop_is_handled(self) -> None:
+        gathered = Gathered()
+        async with ActorSystem() as system:
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            echo = await system.spawn(Echo, 1, collector, name="echo")
+            for i in range(100_000):
+                await echo.tell(Tick(n=i))
+            await system.stop(echo)
+            with anyio.fail_after(10):
+                await gathered.wait_for(n_counts=1)
+        assert gathered.counts == [Count(n=100_000, name="echo")]
+
+    async def test_leaving_the_system_handles_every_accepted_tell(self) -> None:
+        gathered = Gathered()
+        async with ActorSystem() as system:
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            echo = await system.spawn(Echo, 1, collector, name="echo")
+            for i in range(20_000):
+                await echo.tell(Tick(n=i))
+        # The collector was spawned first, so it stopped last: it got the report.
+        assert gathered.counts == [Count(n=20_000, name="echo")]
+
+
+class TestBadInput:
+    async def test_garbage_frames_are_rejected_counted_and_the_actor_keeps_serving(
+        self,
+    ) -> None:
+        rng = random.Random(1234)
+        wrong_type = msgspec.msgpack.encode(Count(n=1))
+        good = msgspec.msgpack.encode(Ping(n=1))
+        frames: list[bytes] = []
+        for i in range(10_000):
+            kind = i % 4
+            if kind == 0:
+                frames.append(rng.randbytes(rng.randint(0, 64)))
+            elif kind == 1:
+                frames.append(good[: rng.randint(0, len(good) - 1)])  # truncated
+            elif kind == 2:
+                frames.append(wrong_type)  # well-formed, but not accepted
+            else:
+                frames.append(b"\xc1" + rng.randbytes(rng.randint(0, 32)))  # fake headers
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUSH)
+            try:
+                sock.connect(echo.address)
+                for frame in frames:
+                    sock.send(frame)
+                await echo.tell(Tick(n=1))
+                assert await echo.ask(Ping(n=5)) == Pong(n=5)
+                stats = await system.statistics(echo)
+            finally:
+                sock.close(linger=0)
+                ctx.term()
+            assert stats.rejected == len(frames)
+            assert stats.handled == 2
+
+
+class TestProcesses:
+    async def test_each_actor_process_is_titled_with_its_name_and_pid(self) -> None:
+        async with ActorSystem() as system:
+            await system.spawn(Echo, name="titled")
+            (pid,) = child_pids()
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            assert title == f"tokenyard::titled:{pid}"
+
+    async def test_the_ipc_directory_is_private_and_removed_at_exit(self) -> None:
+        async with ActorSystem() as system:
+            await system.spawn(Echo, name="echo")
+            mode = os.stat(system.ipc_dir).st_mode & 0o777
+            assert mode == 0o700
+            assert any(Path(system.ipc_dir).iterdir())
+        assert not Path(system.ipc_dir).exists()
