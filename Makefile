@@ -23,7 +23,7 @@ $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
 	touch $@
 
 run: $(VENV)/.installed-run
-	$(BIN)/python -m runtime.demo
+	$(BIN)/python docs/examples/runtime_demo.py
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -17,7 +17,7 @@ from ._errors import SpawnError as SpawnError
 from ._errors import TokenyardError as TokenyardError
 from ._mailbox import MailboxStatistics as MailboxStatistics
 from ._message import Message as Message
-from ._message import publish
+from ._message import publish as _publish
 from ._ref import ActorRef as ActorRef
 from ._system import ActorSystem as ActorSystem
 from ._system import Watch as Watch
@@ -42,4 +42,4 @@ __all__ = (
     "handler",
 )
 
-publish(__name__, globals(), __all__)
+_publish(__name__, globals(), __all__)

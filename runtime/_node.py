@@ -330,6 +330,8 @@ class Node:
                 pending.timer.cancel()
             if not pending.future.done():
                 pending.future.set_exception(MailboxClosedError("the actor system closed"))
+                # Whoever awaits it still gets the error; nobody awaiting is no news.
+                pending.future.exception()
         self._pending.clear()
         self.reply_sock.close(0)
         self.outbox.close(0)

@@ -250,11 +250,12 @@ class ActorSystem:
     ) -> ActorRef[Any]:
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
+        path, main = actor_path(actor), main_reference(actor)
         node = self.node
         token, ready = node.new_request(f"spawn:{name}")
         spec = SpawnSpec(
-            actor=actor_path(actor),
-            main=main_reference(actor),
+            actor=path,
+            main=main,
             name=name,
             incarnation=incarnation,
             args=enc_args,

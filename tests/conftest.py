@@ -6,10 +6,13 @@ import asyncio
 import inspect
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -68,4 +71,5 @@ async def no_task_leaks() -> AsyncIterator[None]:
 
 def _is_test_runner(task: asyncio.Task[object]) -> bool:
     """anyio's pytest runner keeps a task of its own alive between fixture and test."""
-    return task.get_coro().__qualname__.endswith("_call_in_runner_task")  # type: ignore[union-attr]
+    name: str = getattr(task.get_coro(), "__qualname__", "")
+    return name.endswith("_call_in_runner_task")

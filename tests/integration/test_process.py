@@ -32,8 +32,8 @@ from ._actors import (
     Ping,
     Pong,
     Slow,
-    Tick,
     TellTo,
+    Tick,
 )
 
 

@@ -1,0 +1,110 @@
+"""In-process actors: handler discovery, ask/tell semantics, misuse caught early."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime import (
+    Actor,
+    ActorSystem,
+    ProtocolError,
+    RemoteActorError,
+    SpawnError,
+    TokenyardError,
+    handler,
+)
+from runtime._actor import handler_table
+
+from ._messages import AskSelf, BadReturn, Counter, Other, Ping, Point, Pong
+
+
+class TestHandlerDiscovery:
+    def test_handlers_are_found_by_the_annotation_of_their_message(self) -> None:
+        table = handler_table(Counter)
+        assert table[Ping] == ("ping", True)
+        assert table[Point] == ("point", False)
+
+    def test_two_handlers_for_one_type_are_refused(self) -> None:
+        class Twice(Actor):
+            @handler
+            def a(self, msg: Ping) -> None: ...
+
+            @handler
+            def b(self, msg: Ping) -> None: ...
+
+        with pytest.raises(TypeError, match="both take Ping"):
+            handler_table(Twice)
+
+    def test_a_handler_without_a_message_annotation_is_refused(self) -> None:
+        class Untyped(Actor):
+            @handler
+            def a(self, msg: int) -> None: ...
+
+        with pytest.raises(TypeError, match="annotate the parameter"):
+            handler_table(Untyped)
+
+    def test_a_subclass_inherits_and_extends_handlers(self) -> None:
+        class More(Counter):
+            @handler
+            def other(self, msg: Other) -> None: ...
+
+        assert set(handler_table(More)) == {Ping, Point, AskSelf, BadReturn, Other}
+
+
+class TestInProcessActors:
+    async def test_ask_and_tell_work_in_the_callers_loop(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, name="counter", process=False)
+            await ref.tell(Point(x=3, y=0))
+            assert await ref.ask(Ping(n=1)) == Pong(n=2)
+            stats = await system.statistics(ref)
+            assert (stats.received, stats.handled, stats.rejected) == (2, 2, 0)
+
+    async def test_asking_yourself_from_a_handler_fails_instead_of_deadlocking(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, name="counter", process=False)
+            with pytest.raises(RemoteActorError, match="asked itself"):
+                await ref.ask(AskSelf(), timeout=5)
+
+    async def test_a_handler_returning_a_non_message_is_a_protocol_error(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, name="counter", process=False)
+            with pytest.raises(RemoteActorError) as info:
+                await ref.ask(BadReturn())
+            assert info.value.type_name == "runtime.ProtocolError"
+
+    async def test_an_actor_without_handlers_cannot_be_spawned(self) -> None:
+        class Mute(Actor):
+            pass
+
+        async with ActorSystem() as system:
+            with pytest.raises(TypeError, match="no @handler"):
+                await system.spawn(Mute, process=False)
+
+    async def test_a_class_defined_in_a_function_cannot_go_to_a_process(self) -> None:
+        class Local(Counter):
+            pass
+
+        async with ActorSystem() as system:
+            with pytest.raises(SpawnError, match="inside a function"):
+                await system.spawn(Local)
+
+    async def test_an_in_process_on_start_failure_is_a_spawn_error(self) -> None:
+        class Grumpy(Counter):
+            async def on_start(self) -> None:
+                raise RuntimeError("nope")
+
+        async with ActorSystem() as system:
+            with pytest.raises(SpawnError, match="nope"):
+                await system.spawn(Grumpy, process=False)
+
+
+class TestOutsideASystem:
+    async def test_sending_without_an_open_system_says_how_to_open_one(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, process=False)
+        with pytest.raises(TokenyardError, match="async with ActorSystem"):
+            await ref.tell(Ping(n=1))
+
+    def test_protocol_error_is_a_tokenyard_error(self) -> None:
+        assert issubclass(ProtocolError, TokenyardError)
