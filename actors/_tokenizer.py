@@ -1,0 +1,105 @@
+"""Loading a Hugging Face ``tokenizer.json``: the bundled default or one the user names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    import os
+
+__all__ = (
+    "BOS_TOKEN",
+    "DEFAULT_TOKENIZER_PATH",
+    "EOS_TOKEN",
+    "EOS_TOKEN_CANDIDATES",
+    "PAD_TOKEN",
+    "eos_token_id",
+    "load_tokenizer",
+)
+
+# "token" as in vocabulary entry, not credential: hence the S105 (hardcoded password) waivers.
+BOS_TOKEN = "<|bos|>"  # noqa: S105
+"""Beginning-of-sequence token of the bundled tokenizer."""
+
+EOS_TOKEN = "<|eos|>"  # noqa: S105
+"""End-of-sequence token of the bundled tokenizer."""
+
+PAD_TOKEN = "<|pad|>"  # noqa: S105
+"""Padding token of the bundled tokenizer."""
+
+DEFAULT_TOKENIZER_PATH = Path(__file__).parent / "data" / "tokenizer.json"
+"""The byte-level BPE tokenizer shipped in the wheel, built by ``actors.build_tokenizer``."""
+
+EOS_TOKEN_CANDIDATES = (
+    EOS_TOKEN,
+    "</s>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<eos>",
+    "<|im_end|>",
+)
+"""End-of-sequence spellings tried by `eos_token_id`, bundled tokenizer's first."""
+
+_REBUILD_HINT = "rebuild it with `python -m actors.build_tokenizer` or reinstall tokenyard"
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
+    """Load a Hugging Face tokenizer from a ``tokenizer.json``.
+
+    Args:
+        path: A ``tokenizer.json`` file, or a directory holding one (a model directory).
+            ``None`` loads the bundled default, `DEFAULT_TOKENIZER_PATH`.
+
+    Returns:
+        The ``tokenizers.Tokenizer``.
+
+    Raises:
+        FileNotFoundError: Nothing exists at ``path`` (or the directory has no
+            ``tokenizer.json``); the message names the path and what to pass instead.
+        ValueError: The file is not a valid ``tokenizer.json``.
+    """
+    bundled = path is None
+    file = DEFAULT_TOKENIZER_PATH if path is None else Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        if bundled:
+            hint = f"the bundled tokenizer is missing; {_REBUILD_HINT}"
+        else:
+            hint = (
+                "pass the path of a Hugging Face tokenizer.json (or of a directory holding "
+                "one), or None for the bundled default"
+            )
+        raise FileNotFoundError(f"tokenizer file {file} does not exist: {hint}")
+    try:
+        # Read it ourselves so I/O failures surface as the usual OSError subclasses, not
+        # as the bare Exception the Rust loader raises for everything.
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{file} is not a tokenizer.json: it is not UTF-8 text") from err
+    try:
+        return Tokenizer.from_str(text)
+    # The tokenizers extension raises a plain Exception for any parse or schema error.
+    except Exception as err:
+        fix = _REBUILD_HINT if bundled else "pass a tokenizer.json saved by Hugging Face tokenizers"
+        raise ValueError(f"{file} is not a valid tokenizer.json ({err}); {fix}") from err
+
+
+def eos_token_id(tokenizer: Any, candidates: tuple[str, ...] = EOS_TOKEN_CANDIDATES) -> int | None:
+    """Return the id of the tokenizer's end-of-sequence token, if it has a known one.
+
+    Args:
+        tokenizer: A ``tokenizers.Tokenizer``.
+        candidates: Token spellings to try, in order.
+
+    Returns:
+        The id of the first candidate in the vocabulary, or ``None`` if none is.
+    """
+    for token in candidates:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return int(token_id)
+    return None
