@@ -157,7 +157,8 @@ class ActorSystem:
 
     async def __aenter__(self) -> ActorSystem:
         if self._owns_dir:
-            self.ipc_dir = tempfile.mkdtemp(prefix="tokenyard-")  # created 0700
+            # Created 0700; the pid in the name tells whose it is.
+            self.ipc_dir = tempfile.mkdtemp(prefix=f"tokenyard-{os.getpid()}-")
         self._node = Node(self.ipc_dir, self.options, self.name, self._cookie)
         self._node.open()
         self._tg = anyio.create_task_group()

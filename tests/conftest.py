@@ -40,8 +40,8 @@ def child_pids() -> set[int]:
 
 
 def ipc_dirs() -> set[str]:
-    """The private directories actor systems created in the temp dir."""
-    return {p.name for p in Path(tempfile.gettempdir()).glob("tokenyard-*")}
+    """The private directories this process's actor systems created in the temp dir."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"tokenyard-{os.getpid()}-*")}
 
 
 @pytest.fixture(autouse=True)
