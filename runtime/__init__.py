@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ._actor import Actor as Actor
 from ._actor import handler as handler
+from ._batch import Batch as Batch
 from ._errors import ActorDeadError as ActorDeadError
 from ._errors import AskTimeoutError as AskTimeoutError
 from ._errors import MailboxClosedError as MailboxClosedError
@@ -29,6 +30,7 @@ __all__ = (
     "ActorRef",
     "ActorSystem",
     "AskTimeoutError",
+    "Batch",
     "Down",
     "MailboxClosedError",
     "MailboxFullError",

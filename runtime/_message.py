@@ -43,11 +43,17 @@ def type_path(cls: type) -> str:
 
 
 def publish(package: str, namespace: dict[str, object], names: tuple[str, ...]) -> None:
-    """Report re-exported objects as living in ``package`` (tracebacks read
-    ``runtime.ActorDeadError``), keeping the message registry keyed by the new path."""
+    """Report re-exported classes as living in ``package``, so tracebacks read
+    ``runtime.ActorDeadError``.
+
+    msgspec structs keep their defining module: msgspec resolves their annotations in that
+    module's namespace, and their import path is also their name on the wire.
+    """
     for name in names:
         obj = namespace[name]
-        if isinstance(obj, type) and obj.__module__.startswith(package + "."):
+        if (
+            isinstance(obj, type)
+            and obj.__module__.startswith(package + ".")
+            and not issubclass(obj, msgspec.Struct)
+        ):
             obj.__module__ = package
-            if issubclass(obj, Message):
-                registry[type_path(obj)] = obj

@@ -95,8 +95,8 @@ class TestRegistry:
         assert registry[type_path(Pong)] is Pong
         assert type_path(Pong) == "tests.unit._messages:Pong"
 
-    def test_public_runtime_messages_are_registered_under_the_public_path(self) -> None:
+    def test_runtime_messages_are_registered_under_their_defining_module(self) -> None:
         from runtime import Down, MailboxStatistics
 
-        assert registry["runtime:Down"] is Down
-        assert registry["runtime:MailboxStatistics"] is MailboxStatistics
+        assert registry["runtime._watch:Down"] is Down
+        assert registry["runtime._mailbox:MailboxStatistics"] is MailboxStatistics

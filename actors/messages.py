@@ -1,0 +1,324 @@
+"""The pipeline's whole wire vocabulary, on one screen.
+
+Data flow (DESIGN.md §actors)::
+
+    caller --Generate--> TokenizerWorker[k] --TokenizedGenerate(rid, origin)--> Scheduler
+    Scheduler --BatchTokenIDOutput--> Detokenizer --BatchStrOutput (worker k's only)--> worker k
+    worker k --RequestOutput--> caller
+    worker k --ControlRequest(origin)--> Scheduler --ControlReply(origin)--> Router --> worker k
+    PipelineSupervisor: RegisterWorker / RouteUpdate / WorkerDown / AbortOrigin
+
+Identity is typed: every request carries its caller's ``rid`` untouched and its ``origin``
+(worker id and incarnation) as fields, never a prefix parsed out of a string. Batch outputs
+carry rids and origins index-aligned, so the detokenizer can group a batch by origin with the
+generic `runtime.Batch` splitter. Per-request field names follow SGLang 0.5.3's io_struct.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from runtime import ActorRef, Batch, Message
+
+
+class Origin(msgspec.Struct, frozen=True, array_like=True):
+    """Which worker incarnation owns a request.
+
+    Attributes:
+        worker: The worker's index (0..N-1).
+        incarnation: Which start of that worker; output for an old one is dropped.
+    """
+
+    worker: int
+    incarnation: int
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
+    """What to generate; the stand-in engine honours all of it deterministically.
+
+    Attributes:
+        max_new_tokens: Upper bound on generated tokens.
+        stop: Stop strings (trimmed from the text unless ``no_stop_trim``).
+        stop_token_ids: Token ids that finish the request (on top of the tokenizer's eos).
+        temperature: 0 is greedy; above 0 draws from the seeded stand-in distribution.
+        seed: Seed of the stand-in engine's draws (default: derived from the prompt).
+        skip_special_tokens: Leave special tokens out of the text.
+        no_stop_trim: Keep the matched stop string in the text.
+        ignore_eos: Do not finish on the eos token.
+    """
+
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    temperature: float = 0.0
+    seed: int | None = None
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    ignore_eos: bool = False
+
+
+# -- caller <-> worker ----------------------------------------------------------------------
+
+
+class Generate(Message):
+    """A generation request from a caller to a tokenizer worker.
+
+    Attributes:
+        rid: The caller's request id, carried untouched to the end.
+        reply_to: The caller's inbox; every ``RequestOutput`` for this rid goes there.
+        text: The prompt text (or give ``input_ids``).
+        input_ids: An already tokenized prompt.
+        sampling: What to generate.
+        stream: Send each new piece as it is decoded (else one final output).
+    """
+
+    rid: str
+    reply_to: ActorRef[Any]
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling: SamplingParams = SamplingParams()
+    stream: bool = False
+
+
+class AbortRequest(Message):
+    """A caller gives up on a request (cancelled, disconnected)."""
+
+    rid: str
+
+
+class RequestOutput(Message, array_like=True):
+    """Output for one request, from its worker to its caller.
+
+    Attributes:
+        rid: The request.
+        worker: The worker that served it.
+        text: The newly decoded piece (streaming) or the whole text (final, not streaming).
+        output_ids: The newly generated ids (streaming) or all of them.
+        prompt_tokens: Prompt length in tokens.
+        completion_tokens: Tokens generated so far.
+        finish_reason: ``None`` while running; ``"stop"``, ``"length"`` or ``"abort"`` at the end.
+        error: Why the request failed, if it did.
+    """
+
+    rid: str
+    worker: int
+    text: str
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class RequestOutputs(Message, array_like=True):
+    """Several requests' outputs for one caller, sent as one message."""
+
+    outputs: list[RequestOutput]
+
+
+# -- worker -> scheduler --------------------------------------------------------------------
+
+
+class TokenizedGenerate(Message, array_like=True):
+    """A tokenized request, from its worker to the scheduler."""
+
+    rid: str
+    origin: Origin
+    input_ids: list[int]
+    sampling: SamplingParams
+
+
+class Abort(Message):
+    """Abort requests at the scheduler: one rid of an origin, or every request of an origin.
+
+    Attributes:
+        origin: Whose requests.
+        rid: One request; ``None`` aborts all of that origin's requests.
+        reason: Recorded in the aborted requests' finish reason.
+    """
+
+    origin: Origin
+    rid: str | None = None
+    reason: str = "abort"
+
+
+class AbortAll(Message):
+    """Abort every request the scheduler holds (the detokenizer it streams to died)."""
+
+    reason: str = "abort"
+
+
+# -- engine output batches ------------------------------------------------------------------
+
+
+class BatchTokenIDOutput(Batch, array_like=True, gc=False):
+    """One engine step's new token ids for every running request (SGLang's field names).
+
+    ``rids`` and ``origins`` are index-aligned with every other list; ``decode_ids`` holds
+    only ids new since the previous message for that request (incremental sending) and
+    ``read_offsets`` how many of the request's ids had been sent before.
+    """
+
+    shared_fields: ClassVar[tuple[str, ...]] = ("step",)
+
+    rids: list[str]
+    origins: list[Origin]
+    finished_reasons: list[str | None]
+    decode_ids: list[list[int]]
+    read_offsets: list[int]
+    skip_special_tokens: list[bool]
+    spaces_between_special_tokens: list[bool]
+    no_stop_trim: list[bool]
+    stop: list[tuple[str, ...]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    input_token_logprobs_val: list[list[float]] | None = None
+    input_token_logprobs_idx: list[list[int]] | None = None
+    output_token_logprobs_val: list[list[float]] | None = None
+    output_token_logprobs_idx: list[list[int]] | None = None
+    input_top_logprobs_val: list[list[list[float]]] | None = None
+    input_top_logprobs_idx: list[list[list[int]]] | None = None
+    output_top_logprobs_val: list[list[list[float]]] | None = None
+    output_top_logprobs_idx: list[list[list[int]]] | None = None
+    input_token_ids_logprobs_val: list[list[float]] | None = None
+    input_token_ids_logprobs_idx: list[list[int]] | None = None
+    output_token_ids_logprobs_val: list[list[float]] | None = None
+    output_token_ids_logprobs_idx: list[list[int]] | None = None
+    output_hidden_states: list[list[float]] | None = None
+    step: int = 0
+
+
+class BatchStrOutput(Batch, array_like=True, gc=False):
+    """Decoded text pieces for the requests of one worker (one sub-batch per worker)."""
+
+    shared_fields: ClassVar[tuple[str, ...]] = ("step",)
+
+    rids: list[str]
+    origins: list[Origin]
+    finished_reasons: list[str | None]
+    output_strs: list[str]
+    output_ids: list[list[int]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    input_token_logprobs_val: list[list[float]] | None = None
+    input_token_logprobs_idx: list[list[int]] | None = None
+    output_token_logprobs_val: list[list[float]] | None = None
+    output_token_logprobs_idx: list[list[int]] | None = None
+    output_hidden_states: list[list[float]] | None = None
+    step: int = 0
+
+
+class BatchEmbeddingOutput(Batch, array_like=True):
+    """Embeddings for finished embedding requests (kept for the contract; not generated by
+    the stand-in engine)."""
+
+    rids: list[str]
+    origins: list[Origin]
+    finished_reasons: list[str | None]
+    embeddings: list[list[float]]
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
+
+
+class BatchMultimodalOutput(Batch, array_like=True):
+    """Multimodal outputs (kept for the contract; not generated by the stand-in engine)."""
+
+    rids: list[str]
+    origins: list[Origin]
+    finished_reasons: list[str | None]
+    outputs: list[bytes]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+
+
+# -- control requests whose replies go to the asking worker only ----------------------------
+
+
+class GetLoad(Message):
+    """Ask the scheduler how loaded it is; the reply goes to ``origin`` through the router."""
+
+    origin: Origin
+    request_id: int
+
+
+class FlushCache(Message):
+    """Ask the scheduler to flush its (stand-in) cache; the reply goes to ``origin``."""
+
+    origin: Origin
+    request_id: int
+
+
+class LoadReply(Message):
+    """The scheduler's load, for the worker that asked."""
+
+    origin: Origin
+    request_id: int
+    running: int
+    waiting: int
+    step: int
+
+
+class FlushReply(Message):
+    """Whether the flush happened, for the worker that asked."""
+
+    origin: Origin
+    request_id: int
+    success: bool
+
+
+class AbortNotice(Message):
+    """The scheduler aborted a request on its own; the router passes it to its worker."""
+
+    origin: Origin
+    rid: str
+    reason: str
+
+
+# -- registration and routes ----------------------------------------------------------------
+
+
+class RegisterWorker(Message):
+    """A starting worker asks to be routed to; acknowledged once every router holds it."""
+
+    worker_id: int
+    incarnation: int
+    address: ActorRef[Any]
+
+
+class Registered(Message):
+    """The supervisor's acknowledgement: the worker may serve."""
+
+    worker_id: int
+    incarnation: int
+
+
+class RouteUpdate(Message):
+    """Add (``ref`` set) or drop (``ref`` None) the route of one worker incarnation."""
+
+    origin: Origin
+    ref: ActorRef[Any] | None
+
+
+class RouteAck(Message):
+    """A router's acknowledgement of a route update."""
+
+    origin: Origin
+
+
+class WorkerDown(Message):
+    """Told to callers: a pipeline member died; requests on it must be resolved.
+
+    Attributes:
+        member: ``"worker"``, ``"detokenizer"``, ``"scheduler"`` or ``"router"``.
+        origin: The dead worker incarnation (workers only).
+        reason: The death's reason.
+    """
+
+    member: str
+    origin: Origin | None
+    reason: str
