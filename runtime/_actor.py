@@ -5,9 +5,12 @@ from __future__ import annotations
 import inspect
 import logging
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.abc
 
 from ._codec import ErrorBody, Header, Kind, MailboxDecoder
 from ._errors import ProtocolError, TokenyardError
@@ -95,12 +98,28 @@ class Actor:
 
     ref: ActorRef[Any]
     system: ActorSystem
+    _task_group: anyio.abc.TaskGroup | None = None
 
     async def on_start(self) -> None:
         """Called once before the first message; an exception here fails the spawn."""
 
     async def on_stop(self) -> None:
         """Called once after the last message, on a graceful stop."""
+
+    def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run a background task owned by this actor (from ``on_start`` or a handler).
+
+        It is cancelled when the actor stops; if it raises, the actor dies with that error
+        and its supervisor sees the ``Down``.
+
+        Raises:
+            RuntimeError: The actor is not running.
+        """
+        if self._task_group is None:
+            raise RuntimeError(
+                f"{type(self).__qualname__} is not running: start tasks from on_start"
+            )
+        self._task_group.start_soon(fn, *args)
 
 
 class Cell:
@@ -129,6 +148,39 @@ class Cell:
         if not types:
             raise TypeError(f"{cls.__qualname__} has no @handler methods")
         return MailboxDecoder(types)
+
+    async def run(self, on_ready: Callable[[], Awaitable[None]]) -> Header | None:
+        """The actor's whole life: ``on_start``, ready, serve until stopped, ``on_stop``.
+
+        Returns:
+            The stop request, to acknowledge once everything is closed.
+
+        Raises:
+            Exception: ``on_start`` failed (before ``on_ready``), or a background task of
+                the actor failed (the actor crashed).
+        """
+        actor = self.actor
+        try:
+            async with anyio.create_task_group() as tg:
+                actor._task_group = tg
+                try:
+                    await actor.on_start()
+                    await on_ready()
+                    stop = await self.serve()
+                    try:
+                        await actor.on_stop()
+                    except Exception:
+                        logger.exception("%s: on_stop raised", self.mailbox.owner)
+                finally:
+                    actor._task_group = None
+                tg.cancel_scope.cancel()
+        except ExceptionGroup as group:
+            # One failure (on_start, or a background task) is the actor's error: raise it
+            # as itself so reasons and SpawnErrors read plainly.
+            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+                raise group.exceptions[0] from None
+            raise
+        return stop
 
     async def serve(self) -> Header | None:
         """Handle messages until a stop request; return it (after draining what is queued)."""

@@ -120,22 +120,34 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
         try:
             if isinstance(cls, BaseException):
                 raise cls
-            cell = await system._start_cell(
-                cls, spec.args, spec.kwargs, spec.name, spec.incarnation
-            )
-        except Exception as err:
-            logger.debug("actor %s failed to start", spec.name, exc_info=True)
+            cell = system._make_cell(cls, spec.args, spec.kwargs, spec.name, spec.incarnation)
+        except Exception as err:  # noqa: BLE001 - reported to the parent as a SpawnError
             await _report_failure(system, spec, err)
             return 1
         _bound.extend(system.bound_paths())
-        ready = ReadyBody(cell.mailbox.address, os.getpid())
-        await system.node.send_control(
-            spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
-        )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_parent_pipe)
-            stop = await system._serve_cell(cell)
-            tg.cancel_scope.cancel()
+        started = False
+
+        async def on_ready() -> None:
+            nonlocal started
+            started = True
+            ready = ReadyBody(cell.mailbox.address, os.getpid())
+            await system.node.send_control(
+                spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
+            )
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch_parent_pipe)
+                stop = await cell.run(on_ready)
+                tg.cancel_scope.cancel()
+        except Exception as err:  # the actor crashed: say why, then exit 1
+            logger.exception("actor %s %s", spec.name, "crashed" if started else "failed to start")
+            # Before ready, this fails the spawn; after, these are the actor's last words,
+            # which its parent puts in the Down reason.
+            await _report_failure(system, spec, err)
+            return 1
+        finally:
+            system._drop_cell(cell)
         await system._close_children()
         if stop is not None:
             await system.node.reply(stop, None)

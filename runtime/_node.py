@@ -101,6 +101,8 @@ class Node:
         self._reply_fd = int(self.reply_sock.getsockopt(zmq.FD))
         self._corr = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
+        #: Why a child process said it is exiting, by its spawn token.
+        self.last_words: dict[int, str] = {}
         self._dead: dict[str, str] = {}
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -244,6 +246,10 @@ class Node:
 
     # -- receiving replies ----------------------------------------------------------------
 
+    def read_replies(self) -> None:
+        """Read every reply queued now (a monitor does, before it reads last words)."""
+        self._on_replies()
+
     def _on_replies(self) -> None:
         if self.closed:
             return
@@ -267,6 +273,11 @@ class Node:
             header = decode_header(first)
             frames = [recv_frame(self.reply_sock, zmq.NOBLOCK) for _ in range(header.frames)]
             pending = self._pending.pop(header.corr, None)
+            if pending is None and header.kind is Kind.FAILED and frames:
+                # A child's last words: why it is about to exit (read by its monitor).
+                err = error_decoder.decode(frames[0])
+                self.last_words[header.corr] = f"{err.type_name}: {err.message}"
+                return
             if pending is None or pending.future.done():
                 return  # the asker gave up (timeout, cancellation): a late reply is dropped
             if pending.timer is not None:

@@ -50,6 +50,7 @@ class _Child:
     ref: ActorRef[Any]
     shutdown_timeout: float
     process: ChildProcess | None = None
+    token: int = 0
     cell: Cell | None = None
     scope: anyio.CancelScope | None = None
     down: Down | None = None
@@ -218,11 +219,7 @@ class ActorSystem:
         self._incarnations[name] = incarnation
         stop_after = self.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
         if not process:
-            cell = await self._start_cell(actor, args, kwargs, name, incarnation, encoded=False)
-            child = _Child(cell.actor.ref, stop_after, cell=cell)
-            self._children[child.ref.address] = child
-            self._task_group.start_soon(self._run_local, child)
-            return child.ref
+            return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
         return await self._spawn_process(
             actor,
             args,
@@ -274,7 +271,7 @@ class ActorSystem:
             cookie=node.cookie,
         )
         proc = ChildProcess.start(spec)
-        child = _Child(ActorRef(name, "", incarnation), stop_after, process=proc)
+        child = _Child(ActorRef(name, "", incarnation), stop_after, process=proc, token=token)
         exit_waiter = asyncio.ensure_future(proc.wait())
         try:
             done, _ = await asyncio.wait(
@@ -315,7 +312,7 @@ class ActorSystem:
         proc.close()
         return code
 
-    async def _start_cell(
+    def _make_cell(
         self,
         actor: type[Actor],
         args: Sequence[Any],
@@ -325,7 +322,7 @@ class ActorSystem:
         *,
         encoded: bool = True,
     ) -> Cell:
-        """Build an actor in this process, bind its mailbox and run ``on_start``."""
+        """Build an actor in this process and bind its mailbox (``on_start`` not run yet)."""
         decoder = Cell.decoder_for(actor)
         if encoded:
             args, kwargs = decode_arguments(actor, args, kwargs)
@@ -337,50 +334,71 @@ class ActorSystem:
         instance.system = self
         cell = Cell(instance, mailbox, node)
         self._cells[address] = cell
-        try:
-            await instance.on_start()
-        except BaseException as err:
-            self._cells.pop(address, None)
-            mailbox.close()
-            if isinstance(err, Exception) and not encoded:
-                raise SpawnError(f"actor {name!r} failed in on_start: {err!r}") from err
-            raise
         return cell
 
-    async def _serve_cell(self, cell: Cell) -> Header | None:
-        """Serve until stopped, then run ``on_stop`` and close the mailbox."""
-        try:
-            stop = await cell.serve()
-            try:
-                await cell.actor.on_stop()
-            except Exception:
-                logger.exception("%s: on_stop raised", cell.mailbox.owner)
-            return stop
-        finally:
-            self._cells.pop(cell.mailbox.address, None)
-            cell.mailbox.close()
+    def _drop_cell(self, cell: Cell) -> None:
+        self._cells.pop(cell.mailbox.address, None)
+        cell.mailbox.close()
 
-    async def _run_local(self, child: _Child) -> None:
-        assert child.cell is not None
+    async def _spawn_local(
+        self,
+        actor: type[Actor],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str,
+        incarnation: int,
+        stop_after: float,
+    ) -> ActorRef[Any]:
+        cell = self._make_cell(actor, args, kwargs, name, incarnation, encoded=False)
+        child = _Child(cell.actor.ref, stop_after, cell=cell)
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._children[child.ref.address] = child
+        self._task_group.start_soon(self._run_local, child, ready)
+        try:
+            await ready
+        except BaseException:
+            self._children.pop(child.ref.address, None)
+            raise
+        return child.ref
+
+    async def _run_local(self, child: _Child, ready: asyncio.Future[None]) -> None:
+        cell = child.cell
+        assert cell is not None
+
+        async def on_ready() -> None:
+            ready.set_result(None)
+
         reason = "normal"
         try:
             with anyio.CancelScope() as child.scope:
-                stop = await self._serve_cell(child.cell)
+                stop = await cell.run(on_ready)
+                self._drop_cell(cell)
                 if stop is not None:
                     await self.node.reply(stop, None)
             if child.scope.cancelled_caught:
                 reason = "cancelled: it did not stop in time"
         except Exception as err:
+            if not ready.done():
+                ready.set_exception(
+                    SpawnError(f"actor {child.ref.name!r} failed in on_start: {err!r}")
+                )
+                return
             reason = f"exception: {err!r}"
             logger.exception("in-process actor %s crashed", child.ref.name)
         finally:
-            self._died(child, Down(ref=child.ref, reason=reason))
+            self._drop_cell(cell)
+            if not ready.done():
+                ready.cancel()
+            elif ready.exception() is None:
+                self._died(child, Down(ref=child.ref, reason=reason))
 
     async def _monitor(self, child: _Child) -> None:
         assert child.process is not None
         code = await child.process.wait()
         child.process.close()
-        reason, signum = reason_for_status(code)
+        node = self.node
+        node.read_replies()
+        reason, signum = reason_for_status(code, node.last_words.pop(child.token, None))
         self._died(child, Down(ref=child.ref, reason=reason, exitcode=code, signal=signum))
 
     def _died(self, child: _Child, down: Down) -> None:
