@@ -9,6 +9,7 @@ from ._actor import Actor as Actor
 from ._actor import handler as handler
 from ._batch import Batch as Batch
 from ._errors import ActorDeadError as ActorDeadError
+from ._errors import ActorNotFoundError as ActorNotFoundError
 from ._errors import AskTimeoutError as AskTimeoutError
 from ._errors import MailboxClosedError as MailboxClosedError
 from ._errors import MailboxFullError as MailboxFullError
@@ -20,6 +21,15 @@ from ._mailbox import MailboxStatistics as MailboxStatistics
 from ._message import Message as Message
 from ._message import publish as _publish
 from ._ref import ActorRef as ActorRef
+from ._supervisor import Children as Children
+from ._supervisor import ChildSpec as ChildSpec
+from ._supervisor import GetSupervisorStatistics as GetSupervisorStatistics
+from ._supervisor import Restart as Restart
+from ._supervisor import RestartIntensityError as RestartIntensityError
+from ._supervisor import Strategy as Strategy
+from ._supervisor import Supervisor as Supervisor
+from ._supervisor import SupervisorStatistics as SupervisorStatistics
+from ._supervisor import WhichChildren as WhichChildren
 from ._system import ActorSystem as ActorSystem
 from ._system import Watch as Watch
 from ._watch import Down as Down
@@ -27,20 +37,30 @@ from ._watch import Down as Down
 __all__ = (
     "Actor",
     "ActorDeadError",
+    "ActorNotFoundError",
     "ActorRef",
     "ActorSystem",
     "AskTimeoutError",
     "Batch",
+    "ChildSpec",
+    "Children",
     "Down",
+    "GetSupervisorStatistics",
     "MailboxClosedError",
     "MailboxFullError",
     "MailboxStatistics",
     "Message",
     "ProtocolError",
     "RemoteActorError",
+    "Restart",
+    "RestartIntensityError",
     "SpawnError",
+    "Strategy",
+    "Supervisor",
+    "SupervisorStatistics",
     "TokenyardError",
     "Watch",
+    "WhichChildren",
     "handler",
 )
 

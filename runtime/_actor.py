@@ -16,6 +16,7 @@ from ._codec import ErrorBody, Header, Kind, MailboxDecoder
 from ._errors import ProtocolError, TokenyardError
 from ._message import Message
 from ._node import Node, handling_address
+from ._watch import LookupQuery, LookupReply
 
 if TYPE_CHECKING:
     from ._mailbox import Mailbox
@@ -105,6 +106,18 @@ class Actor:
 
     async def on_stop(self) -> None:
         """Called once after the last message, on a graceful stop."""
+
+    def crash(self, error: Exception) -> None:
+        """End this actor with ``error`` (after the running handler returns).
+
+        The actor stops serving without ``on_stop``; whoever watches it (its supervisor)
+        gets a ``Down`` whose reason carries the error. This is how an actor fails upward.
+        """
+
+        async def fail() -> None:
+            raise error
+
+        self.start_soon(fail)
 
     def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Run a background task owned by this actor (from ``on_start`` or a handler).
@@ -224,6 +237,9 @@ class Cell:
                 self.stopping = True
             elif header.kind is Kind.STATS:
                 await self.node.reply(header, mailbox.statistics())
+            elif header.kind is Kind.LOOKUP and isinstance(msg, LookupQuery):
+                found = await self.actor.system.lookup(msg.name, missing_ok=True)
+                await self.node.reply(header, LookupReply(ref=found))
             else:
                 mailbox.rejected += 1
                 logger.warning("%s: unexpected control frame %s", mailbox.owner, header.kind)

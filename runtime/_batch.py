@@ -28,7 +28,7 @@ from typing import (
 import msgspec
 
 from ._errors import ProtocolError
-from ._message import Message
+from ._message import Message, MessageMeta
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -112,7 +112,7 @@ def _strip_annotated(annotation: Any) -> Any:
     return annotation
 
 
-class _BatchMeta(msgspec.StructMeta):
+class _BatchMeta(MessageMeta):
     """Checks a `Batch` subclass once, when it is defined, and caches its field split.
 
     msgspec fills in ``__struct_fields__`` only after ``type.__new__`` has run

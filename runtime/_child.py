@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -18,10 +16,10 @@ import msgspec
 from setproctitle import setproctitle
 
 from ._codec import ErrorBody, Kind, ReadyBody, body_encoder
-from ._spawn import SpawnSpec, read_spec
+from ._spawn import SpawnSpec, read_spec, resolve_class
 
 if TYPE_CHECKING:
-    from types import FrameType, ModuleType
+    from types import FrameType
 
 logger = logging.getLogger("tokenyard.child")
 
@@ -66,38 +64,6 @@ def _set_parent_death_signal() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _import_main(main: str) -> None:
-    kind, _, target = main.partition(":")
-    if kind == "module":
-        found = importlib.util.find_spec(target)
-    else:
-        found = importlib.util.spec_from_file_location("__mp_main__", target)
-    if found is None or found.loader is None:
-        raise ImportError(f"cannot re-import the main module {target!r}")
-    module = importlib.util.module_from_spec(found)
-    module.__name__ = "__mp_main__"
-    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
-    found.loader.exec_module(module)
-
-
-def resolve_class(path: str, main: str) -> type:
-    """Import ``module:QualName``, re-importing ``__main__`` first when it lives there."""
-    module_name, _, qualname = path.partition(":")
-    if main:
-        _import_main(main)
-    module: ModuleType = (
-        sys.modules["__main__"]
-        if module_name == "__main__"
-        else importlib.import_module(module_name)
-    )
-    obj: object = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise TypeError(f"{path} is not a class")
-    return obj
-
-
 async def _report_failure(system: object, spec: SpawnSpec, err: BaseException) -> None:
     import traceback
 
@@ -130,7 +96,7 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
         async def on_ready() -> None:
             nonlocal started
             started = True
-            ready = ReadyBody(cell.mailbox.address, os.getpid())
+            ready = ReadyBody(cell.mailbox.address, os.getpid(), system.node.reply_address)
             await system.node.send_control(
                 spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
             )

@@ -32,6 +32,9 @@ class Kind(enum.IntEnum):
     READY = 5
     FAILED = 6
     STATS = 7
+    WATCH = 8
+    DOWN = 9
+    LOOKUP = 10
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -76,7 +79,7 @@ def decode_header(frame: bytes) -> Header:
 
 
 #: Kinds that act on the actor itself: only accepted with the system's cookie.
-CONTROL_KINDS = frozenset({Kind.STOP, Kind.STATS})
+CONTROL_KINDS = frozenset({Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.WATCH, Kind.DOWN})
 
 
 class ErrorBody(msgspec.Struct, array_like=True, frozen=True):
@@ -92,12 +95,32 @@ class ReadyBody(msgspec.Struct, array_like=True, frozen=True):
 
     address: str
     pid: int
+    node: str = ""
+
+
+class WatchBody(msgspec.Struct, array_like=True, frozen=True):
+    """Asks an actor's owning node to report its death to ``subscriber``."""
+
+    address: str
+    subscriber: str
+
+
+class DownBody(msgspec.Struct, array_like=True, frozen=True):
+    """An owning node's report that the actor at ``address`` died."""
+
+    address: str
+    name: str
+    reason: str
+    exitcode: int | None = None
+    signal: int | None = None
 
 
 header_encoder = msgspec.msgpack.Encoder()
 header_decoder = msgspec.msgpack.Decoder(Header)
 error_decoder = msgspec.msgpack.Decoder(ErrorBody)
 ready_decoder = msgspec.msgpack.Decoder(ReadyBody)
+watch_decoder = msgspec.msgpack.Decoder(WatchBody)
+down_decoder = msgspec.msgpack.Decoder(DownBody)
 body_encoder = msgspec.msgpack.Encoder()
 
 # msgpack's first byte tells an array (fixarray 0x90-0x9f, array16 0xdc, array32 0xdd) from

@@ -48,6 +48,10 @@ class RemoteActorError(TokenyardError):
         )
 
 
+class ActorNotFoundError(TokenyardError, LookupError):
+    """No live actor has the name that was looked up."""
+
+
 class SpawnError(TokenyardError):
     """An actor could not be started (bad arguments, import failure, ``on_start`` raised)."""
 

@@ -20,6 +20,7 @@ from ._codec import (
 )
 from ._message import Message
 from ._transport import ReadinessWaiter, recv_frame
+from ._watch import LookupQuery
 
 logger = logging.getLogger("tokenyard.mailbox")
 
@@ -28,6 +29,7 @@ logger = logging.getLogger("tokenyard.mailbox")
 Item = tuple[Header | None, Message | ErrorBody | None]
 
 _LOG_EVERY = 5.0
+_lookup_decoder = msgspec.msgpack.Decoder(LookupQuery)
 
 
 class MailboxStatistics(Message):
@@ -134,6 +136,12 @@ class Mailbox:
         if header.kind in CONTROL_KINDS and header.cookie != self.cookie:
             self._reject(msgspec.ValidationError("a control frame without the cookie"), first)
             return None
+        if header.kind is Kind.LOOKUP:
+            try:
+                return (header, _lookup_decoder.decode(rest[0]))
+            except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                self._reject(err, rest[0])
+                return None
         if header.kind is not Kind.ASK:
             return (header, None)
         if not header.reply_to.startswith(("ipc://", "tcp://")):

@@ -10,7 +10,22 @@ import msgspec
 TAG_FIELD = "type"
 
 
-class Message(msgspec.Struct, tag=True, kw_only=True, tag_field=TAG_FIELD):
+class MessageMeta(msgspec.StructMeta):
+    """Makes ``kw_only`` the default of every message class, not only of ``Message``.
+
+    msgspec applies ``kw_only`` to the fields of the class that sets it; without this, a
+    subclass declaring a required field after an inherited default would not define.
+    """
+
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> MessageMeta:
+        kwargs.setdefault("kw_only", True)
+        cls: MessageMeta = super().__new__(mcls, name, bases, namespace, **kwargs)
+        return cls
+
+
+class Message(msgspec.Struct, tag=True, kw_only=True, tag_field=TAG_FIELD, metaclass=MessageMeta):
     """Base class of every message an actor accepts.
 
     Subclasses are ``msgspec.Struct`` types tagged by class name, so a mailbox can decode the

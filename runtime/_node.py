@@ -23,13 +23,17 @@ import zmq
 
 from ._codec import (
     HEADER_BYTE,
+    DownBody,
     ErrorBody,
     Header,
     Kind,
+    WatchBody,
     body_encoder,
     decode_header,
+    down_decoder,
     encode_header,
     error_decoder,
+    watch_decoder,
 )
 from ._errors import (
     ActorDeadError,
@@ -44,9 +48,13 @@ from ._message import registry as message_registry
 from ._transport import Outbox, TransportOptions, bind_pull, recv_frame
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._ref import ActorRef
 
 logger = logging.getLogger("tokenyard.node")
+#: How many dead addresses a node remembers (to refuse sends to them).
+_DEAD_KEPT = 100_000
 _encode = body_encoder.encode
 _current: contextvars.ContextVar[Node] = contextvars.ContextVar("tokenyard_node")
 _open_nodes: list[Node] = []
@@ -104,6 +112,12 @@ class Node:
         #: Why a child process said it is exiting, by its spawn token.
         self.last_words: dict[int, str] = {}
         self._dead: dict[str, str] = {}
+        #: Addresses this node asked an owner about, and that owner's reply address.
+        self._watched: dict[str, str] = {}
+        #: Local callbacks waiting for a death, by address.
+        self._listeners: dict[str, list[Callable[[DownBody], None]]] = {}
+        #: Other nodes to tell when an actor this node owns dies, by address.
+        self._subscribers: dict[str, set[str]] = {}
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._token: contextvars.Token[Node] | None = None
@@ -166,6 +180,7 @@ class Node:
                 f"actor {ref.name!r} asked itself from inside a handler: the reply could only "
                 "be handled after the handler returns; use tell, or call the method directly"
             )
+        self.subscribe(ref)
         corr, future = self.new_request(ref.address)
         header = Header(Kind.ASK, corr, self.reply_address, self.name)
         try:
@@ -182,13 +197,16 @@ class Node:
         finally:
             self.drop_request(corr)
 
-    async def ask_control(self, ref: ActorRef[Any], kind: Kind, timeout: float) -> Any:
+    async def ask_control(
+        self, ref: ActorRef[Any], kind: Kind, timeout: float, body: Message | None = None
+    ) -> Any:
         """Send a control request (no handler involved) and wait for its reply."""
         self._check_alive(ref)
         corr, future = self.new_request(ref.address)
         try:
             with anyio.fail_after(timeout):
-                await self.send_control(ref.address, kind, corr, timeout=timeout)
+                payload = b"" if body is None else _encode(body)
+                await self.send_control(ref.address, kind, corr, payload, timeout=timeout)
                 return await future
         except TimeoutError as err:
             raise AskTimeoutError(
@@ -272,6 +290,9 @@ class Node:
                 raise ProtocolError("a reply without a header")
             header = decode_header(first)
             frames = [recv_frame(self.reply_sock, zmq.NOBLOCK) for _ in range(header.frames)]
+            if header.kind in (Kind.WATCH, Kind.DOWN):
+                self._on_watch_frame(header, frames[0])
+                return
             pending = self._pending.pop(header.corr, None)
             if pending is None and header.kind is Kind.FAILED and frames:
                 # A child's last words: why it is about to exit (read by its monitor).
@@ -312,18 +333,76 @@ class Node:
 
     # -- death and shutdown ---------------------------------------------------------------
 
-    def mark_dead(self, address: str, name: str, reason: str) -> None:
-        """Record that the actor at ``address`` died and fail every request pending on it."""
+    def mark_dead(self, address: str, body: DownBody) -> None:
+        """Record a death: fail every request pending on it, tell listeners and subscribers."""
+        if address in self._dead:
+            return
+        reason = body.reason
         self._dead[address] = reason
+        if len(self._dead) > _DEAD_KEPT:
+            del self._dead[next(iter(self._dead))]
         for corr, pending in list(self._pending.items()):
             if pending.target == address and not pending.future.done():
                 del self._pending[corr]
                 if pending.timer is not None:
                     pending.timer.cancel()
                 pending.future.set_exception(
-                    ActorDeadError(f"actor {name!r} died: {reason}", reason=reason)
+                    ActorDeadError(f"actor {body.name!r} died: {reason}", reason=reason)
                 )
         self.outbox.forget(address)
+        self._watched.pop(address, None)
+        for listener in self._listeners.pop(address, []):
+            listener(body)
+        frame = _encode(body)
+        for subscriber in self._subscribers.pop(address, set()):
+            self._notify(subscriber, Kind.DOWN, frame)
+
+    def on_death(self, address: str, listener: Callable[[DownBody], None]) -> None:
+        """Call ``listener`` once when the actor at ``address`` is known dead."""
+        reason = self._dead.get(address)
+        if reason is not None:
+            listener(DownBody(address, "", reason))
+            return
+        self._listeners.setdefault(address, []).append(listener)
+
+    def subscribe(self, ref: ActorRef[Any]) -> None:
+        """Ask the node owning ``ref`` to report its death here (once per address)."""
+        owner = ref.owner
+        if not owner or owner == self.reply_address or ref.address in self._watched:
+            return
+        self._watched[ref.address] = owner
+        self._notify(owner, Kind.WATCH, _encode(WatchBody(ref.address, self.reply_address)))
+
+    def owner_died(self, node_address: str, name: str) -> None:
+        """A child process (whose node is ``node_address``) died: the actors it owned died
+        with it (they follow their parent), and it can no longer report their deaths."""
+        orphans = [a for a, owner in self._watched.items() if owner == node_address]
+        for orphan in orphans:
+            self.mark_dead(orphan, DownBody(orphan, "", f"its owner {name!r} died"))
+
+    def _notify(self, address: str, kind: Kind, body: bytes) -> None:
+        """Best-effort control frame from a loop callback (never blocks)."""
+        header = Header(kind, 0, self.reply_address, self.name, cookie=self.cookie)
+        try:
+            self.outbox.try_send_frames(address, (encode_header(header), body))
+        except TokenyardError as err:
+            logger.debug("%s: could not send %s to %s: %s", self.name, kind.name, address, err)
+
+    def _on_watch_frame(self, header: Header, body: bytes) -> None:
+        if header.cookie != self.cookie:
+            logger.warning("%s: refused a %s frame without the cookie", self.name, header.kind)
+            return
+        if header.kind is Kind.WATCH:
+            watch = watch_decoder.decode(body)
+            reason = self._dead.get(watch.address)
+            if reason is not None:
+                down = DownBody(watch.address, "", reason)
+                self._notify(watch.subscriber, Kind.DOWN, _encode(down))
+            else:
+                self._subscribers.setdefault(watch.address, set()).add(watch.subscriber)
+        else:
+            down = down_decoder.decode(body)
+            self.mark_dead(down.address, down)
 
     def is_dead(self, address: str) -> bool:
         """Whether the actor at ``address`` is known to be dead."""

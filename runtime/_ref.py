@@ -23,11 +23,14 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
         address: Where its mailbox listens (``ipc://`` or ``tcp://``).
         incarnation: Tells restarts of the same name apart; a message sent through a ref
             never reaches another incarnation.
+        owner: Reply address of the node that started it: where its death is known first
+            (an asker elsewhere subscribes there, so a pending ask fails as soon as it dies).
     """
 
     name: str
     address: str
     incarnation: int = 0
+    owner: str = ""
 
     async def tell(self, msg: M, *, timeout: float | None = None) -> None:
         """Send ``msg`` one-way.

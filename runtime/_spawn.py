@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import importlib.util
 import inspect
 import os
 import signal
@@ -18,7 +20,7 @@ import subprocess
 import sys
 import threading
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -26,6 +28,9 @@ from ._codec import encode_spawn_value
 from ._errors import SpawnError
 from ._message import type_path
 from ._transport import TransportOptions
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 if typing.TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -159,6 +164,40 @@ def actor_path(cls: type) -> str:
             "it. Define it at module level, or spawn with process=False"
         )
     return type_path(cls)
+
+
+def _import_main(main: str) -> None:
+    if "__mp_main__" in sys.modules:
+        return  # already re-imported in this process
+    kind, _, target = main.partition(":")
+    if kind == "module":
+        found = importlib.util.find_spec(target)
+    else:
+        found = importlib.util.spec_from_file_location("__mp_main__", target)
+    if found is None or found.loader is None:
+        raise ImportError(f"cannot re-import the main module {target!r}")
+    module = importlib.util.module_from_spec(found)
+    module.__name__ = "__mp_main__"
+    sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+    found.loader.exec_module(module)
+
+
+def resolve_class(path: str, main: str) -> type:
+    """Import ``module:QualName``, re-importing ``__main__`` first when it lives there."""
+    module_name, _, qualname = path.partition(":")
+    if main:
+        _import_main(main)
+    module: ModuleType = (
+        sys.modules["__main__"]
+        if module_name == "__main__"
+        else importlib.import_module(module_name)
+    )
+    obj: object = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise TypeError(f"{path} is not a class")
+    return obj
 
 
 class ChildProcess:

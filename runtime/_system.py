@@ -13,14 +13,20 @@ import tempfile
 import time
 from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import anyio
 import msgspec
 
 from ._actor import Actor, Cell
-from ._codec import Header, Kind, ready_decoder
-from ._errors import ActorDeadError, RemoteActorError, SpawnError, TokenyardError
+from ._codec import DownBody, Header, Kind, ready_decoder
+from ._errors import (
+    ActorDeadError,
+    ActorNotFoundError,
+    RemoteActorError,
+    SpawnError,
+    TokenyardError,
+)
 from ._mailbox import Mailbox, MailboxStatistics
 from ._node import Node
 from ._ref import ActorRef
@@ -33,7 +39,7 @@ from ._spawn import (
     main_reference,
 )
 from ._transport import TransportOptions, bind_pull, ipc_path
-from ._watch import Down, reason_for_status
+from ._watch import Down, LookupQuery, LookupReply, reason_for_status
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -51,6 +57,7 @@ class _Child:
     shutdown_timeout: float
     process: ChildProcess | None = None
     token: int = 0
+    node_address: str = ""
     cell: Cell | None = None
     scope: anyio.CancelScope | None = None
     down: Down | None = None
@@ -124,7 +131,6 @@ class ActorSystem:
         self._tg: anyio.abc.TaskGroup | None = None
         self._children: dict[str, _Child] = {}
         self._cells: dict[str, Cell] = {}
-        self._watchers: dict[str, list[asyncio.Future[Down]]] = {}
         self._incarnations: dict[str, int] = {}
         self._names = itertools.count(1)
 
@@ -288,7 +294,9 @@ class ActorSystem:
                 raise SpawnError(f"actor {name!r} failed to start: {err}") from err
             assert isinstance(header, Header)
             assert header.kind is Kind.READY
-            child.ref = ActorRef(name, ready_decoder.decode(body).address, incarnation)
+            ready_body = ready_decoder.decode(body)
+            child.ref = ActorRef(name, ready_body.address, incarnation, node.reply_address)
+            child.node_address = ready_body.node
             self._children[child.ref.address] = child
             self._task_group.start_soon(self._monitor, child)
             return child.ref
@@ -330,7 +338,7 @@ class ActorSystem:
         node = self.node
         sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), self.options)
         mailbox = Mailbox(sock, address, decoder, name, node.cookie)
-        instance.ref = ActorRef(name, address, incarnation)
+        instance.ref = ActorRef(name, address, incarnation, node.reply_address)
         instance.system = self
         cell = Cell(instance, mailbox, node)
         self._cells[address] = cell
@@ -405,31 +413,59 @@ class ActorSystem:
         child.down = down
         child.exited.set()
         self._children.pop(child.ref.address, None)
-        if self._node is not None and not self._node.closed:
-            self._node.mark_dead(child.ref.address, child.ref.name, down.reason)
-        for fut in self._watchers.pop(child.ref.address, []):
-            if not fut.done():
-                fut.set_result(down)
+        node = self._node
+        if node is not None and not node.closed:
+            body = DownBody(
+                child.ref.address, child.ref.name, down.reason, down.exitcode, down.signal
+            )
+            node.mark_dead(child.ref.address, body)
+            if child.node_address:
+                node.owner_died(child.node_address, child.ref.name)
         if not down.normal:
             logger.warning("actor %s died: %s", child.ref.name, down.reason)
 
     # -- watching and stopping ------------------------------------------------------------
 
-    def watch(self, ref: ActorRef[Any]) -> Watch:
+    def watch(self, ref: ActorRef[Any], *, notify: ActorRef[Any] | None = None) -> Watch:
         """Register interest in ``ref``'s death; ``await`` the result for its ``Down``.
 
+        Works for any actor whose ref names its owner: a child of this system, or one
+        started elsewhere (its owning node reports the death here). Registration happens at
+        once, so a death right after this call is not missed.
+
+        Args:
+            ref: The incarnation to watch.
+            notify: Also tell this actor the ``Down`` as a message (how an actor watches:
+                ``self.system.watch(ref, notify=self.ref)`` plus a ``Down`` handler).
+
         Raises:
-            TokenyardError: ``ref`` is not a child of this system.
+            TokenyardError: ``ref`` names no owner and is not a child of this system.
         """
+        node = self.node
         fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
-        child = self._children.get(ref.address)
-        if child is None:
-            if self.node.is_dead(ref.address):
-                fut.set_result(Down(ref=ref, reason="already dead"))
-                return Watch(fut)
-            raise TokenyardError(f"actor {ref.name!r} is not a child of this system")
-        self._watchers.setdefault(ref.address, []).append(fut)
+        if ref.address not in self._children and not ref.owner and not node.is_dead(ref.address):
+            raise TokenyardError(
+                f"cannot watch actor {ref.name!r}: its ref names no owner and it is not a "
+                "child of this system"
+            )
+
+        def deliver(body: DownBody) -> None:
+            if fut.done():
+                return
+            down = Down(ref=ref, reason=body.reason, exitcode=body.exitcode, signal=body.signal)
+            fut.set_result(down)
+            if notify is not None and self._tg is not None:
+                self._tg.start_soon(self._tell_down, notify, down)
+
+        node.on_death(ref.address, deliver)
+        node.subscribe(ref)
         return Watch(fut)
+
+    async def _tell_down(self, notify: ActorRef[Any], down: Down) -> None:
+        try:
+            await notify.tell(down)
+        except TokenyardError as err:
+            logger.debug("could not tell %s of %s's death: %s", notify.name, down.ref.name, err)
 
     async def stop(self, ref: ActorRef[Any], timeout: float | None = None) -> Down:
         """Stop an actor gracefully, escalating to SIGTERM and SIGKILL if it does not stop.
@@ -489,6 +525,47 @@ class ActorSystem:
             await self._stop_child(child, child.shutdown_timeout)
 
     # -- introspection --------------------------------------------------------------------
+
+    @overload
+    async def lookup(
+        self, name: str, *, timeout: float = ..., missing_ok: Literal[False] = ...
+    ) -> ActorRef[Any]: ...
+
+    @overload
+    async def lookup(
+        self, name: str, *, timeout: float = ..., missing_ok: bool
+    ) -> ActorRef[Any] | None: ...
+
+    async def lookup(
+        self, name: str, *, timeout: float = 5.0, missing_ok: bool = False
+    ) -> ActorRef[Any] | None:
+        """The ref of the live incarnation named ``name``, anywhere under this system.
+
+        Children of this system answer first; then each child process is asked about its
+        own children (a supervisor's), depth first. After a restart the name resolves to the
+        new incarnation.
+
+        Raises:
+            ActorNotFoundError: Nobody live has that name (unless ``missing_ok``).
+        """
+        children = list(self._children.values())
+        for child in reversed(children):  # the newest incarnation of a name wins
+            if child.ref.name == name:
+                return child.ref
+        for child in children:
+            if child.process is None:
+                continue
+            try:
+                reply = await self.node.ask_control(
+                    child.ref, Kind.LOOKUP, timeout, LookupQuery(name=name)
+                )
+            except TokenyardError:
+                continue  # it died or is busy dying: its subtree has no live answer
+            if isinstance(reply, LookupReply) and reply.ref is not None:
+                return reply.ref
+        if missing_ok:
+            return None
+        raise ActorNotFoundError(f"no live actor named {name!r} under system {self.name!r}")
 
     async def statistics(self, ref: ActorRef[Any], timeout: float = 5.0) -> MailboxStatistics:
         """The mailbox counters of an actor, in this process or another."""

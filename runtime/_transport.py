@@ -229,6 +229,17 @@ class Outbox:
             else:
                 _send(peer.sock, frame, flags, copy=False)
 
+    def try_send_frames(self, address: str, frames: Sequence[bytes | bytearray]) -> bool:
+        """Send a small multi-frame message if the queue has room now (never waits)."""
+        peer = self._peers.get(address) or self._peer(address)
+        try:
+            _send(peer.sock, frames[0], zmq.NOBLOCK | zmq.SNDMORE)
+        except zmq.Again:
+            return False
+        for i in range(1, len(frames)):
+            _send(peer.sock, frames[i], 0 if i == len(frames) - 1 else zmq.SNDMORE)
+        return True
+
     async def _wait_writable(self, peer: _Peer, address: str, timeout: float | None) -> None:
         limit = self._options.send_timeout if timeout is None else timeout
         try:

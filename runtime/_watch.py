@@ -46,3 +46,15 @@ def reason_for_status(status: int, error: str | None = None) -> tuple[str, int |
     if error:
         return f"exception: {error}", None
     return f"exited with status {status}", None
+
+
+class LookupQuery(Message):
+    """Which live incarnation answers to ``name`` under this actor's system (control)."""
+
+    name: str
+
+
+class LookupReply(Message):
+    """The answer to a ``LookupQuery``: the ref, or ``None`` when nobody has that name."""
+
+    ref: ActorRef[Any] | None = None

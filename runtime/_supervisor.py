@@ -1,0 +1,341 @@
+"""``Supervisor``: restarts children on death by strategy, within a restart intensity.
+
+A supervisor is an actor like any other. It starts its children in order in ``on_start``,
+watches each one (deaths arrive as ``Down`` messages in its own mailbox, so restarts are
+handled one at a time, in order), restarts according to the child's ``Restart`` type and the
+``Strategy``, backs off exponentially (with jitter) between restarts of the same child, and,
+when more than ``max_restarts`` restarts happen within ``period`` seconds, stops its children
+and fails: its own supervisor sees that ``Down``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ._actor import Actor, handler
+from ._errors import SpawnError, TokenyardError
+from ._message import Message
+from ._ref import ActorRef
+from ._spawn import actor_path, main_reference, resolve_class
+from ._watch import Down  # noqa: TC001 - the Down handler's annotation is resolved at run time
+
+logger = logging.getLogger("tokenyard.supervisor")
+
+
+class Strategy(enum.Enum):
+    """Which children restart when one dies."""
+
+    ONE_FOR_ONE = "one_for_one"
+    """Only the dead child."""
+    ONE_FOR_ALL = "one_for_all"
+    """Every child: the others are stopped (reverse start order), then all start again."""
+    REST_FOR_ONE = "rest_for_one"
+    """The dead child and every child started after it."""
+
+
+class Restart(enum.Enum):
+    """When a dead child is restarted."""
+
+    PERMANENT = "permanent"
+    """Always."""
+    TRANSIENT = "transient"
+    """Only after an abnormal exit (not after a clean stop or a zero exit status)."""
+    TEMPORARY = "temporary"
+    """Never."""
+
+
+class ChildSpec(msgspec.Struct, kw_only=False):
+    """How to start (and restart) one child.
+
+    Args:
+        actor: The Actor class (or its ``module:QualName``).
+        args: Positional constructor arguments (msgspec-encodable).
+        kwargs: Keyword constructor arguments (msgspec-encodable).
+        name: The child's name, unique under its supervisor (default: the class name).
+        restart: When to restart it.
+        process: Run it in its own process (default) or in the supervisor's loop.
+        shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
+
+    Example:
+        >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
+    """
+
+    actor: Any
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    name: str = ""
+    restart: Restart = Restart.PERMANENT
+    process: bool = True
+    shutdown_timeout: float | None = None
+    main: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.actor, type):
+            cls = self.actor
+            self.main = main_reference(cls)
+            self.actor = actor_path(cls)
+            self.name = self.name or cls.__name__
+        elif not isinstance(self.actor, str) or ":" not in self.actor:
+            raise TypeError(f"ChildSpec.actor must be an Actor class, got {self.actor!r}")
+        if not self.name:
+            self.name = self.actor.rpartition(":")[2]
+
+
+class GetSupervisorStatistics(Message):
+    """Ask a supervisor for its counters."""
+
+
+class SupervisorStatistics(Message):
+    """A supervisor's counters.
+
+    Attributes:
+        started: Child starts (first starts and restarts).
+        died: Child deaths seen (deliberate stops for a restart excluded).
+        restarted: Restarts done.
+        intensity_exceeded: Times the restart intensity was exceeded (then it failed).
+        last_restart_ms: How long the last restart took, death seen to child ready.
+        children: Names of the children, in start order.
+    """
+
+    started: int
+    died: int
+    restarted: int
+    intensity_exceeded: int
+    last_restart_ms: float | None
+    children: list[str]
+
+
+class WhichChildren(Message):
+    """Ask a supervisor for the live incarnation of each child."""
+
+
+class Children(Message):
+    """The refs of a supervisor's live children, in start order (None: not running)."""
+
+    refs: dict[str, ActorRef[Any] | None]
+
+
+class RestartIntensityError(TokenyardError):
+    """More restarts than ``max_restarts`` happened within ``period``: the supervisor fails."""
+
+
+@dataclass(eq=False)
+class _Entry:
+    spec: ChildSpec
+    ref: ActorRef[Any] | None = None
+    restarts: deque[float] = field(default_factory=deque)
+
+
+class Supervisor(Actor):
+    """Starts children, watches them, restarts them by strategy within a restart intensity.
+
+    Args:
+        children: The child specs, in start order.
+        strategy: Which children restart when one dies.
+        max_restarts: Restarts allowed within ``period`` before the supervisor fails.
+        period: The intensity window, in seconds.
+        backoff: Base delay before the second and later restarts of one child within the
+            window (doubled each time, with jitter of +/-50%); the first is immediate.
+        backoff_max: Cap of that delay.
+
+    Example:
+        >>> sup = await system.spawn(
+        ...     Supervisor,
+        ...     children=[ChildSpec(Echo, name="echo")],
+        ...     strategy=Strategy.ONE_FOR_ONE, max_restarts=3, period=5.0, name="sup")
+    """
+
+    def __init__(
+        self,
+        children: list[ChildSpec],
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        max_restarts: int = 3,
+        period: float = 5.0,
+        backoff: float = 0.05,
+        backoff_max: float = 2.0,
+    ) -> None:
+        names = [c.name for c in children]
+        if len(set(names)) != len(names):
+            raise ValueError(f"child names must be unique under a supervisor: {names}")
+        if max_restarts < 0 or period <= 0:
+            raise ValueError(f"max_restarts={max_restarts}, period={period}: need >= 0 and > 0")
+        self.entries = [_Entry(spec) for spec in children]
+        self.strategy = strategy
+        self.max_restarts = max_restarts
+        self.period = period
+        self.backoff = backoff
+        self.backoff_max = backoff_max
+        self.intensity: deque[float] = deque()
+        self.stopping = False
+        self.started = 0
+        self.died = 0
+        self.restarted = 0
+        self.intensity_exceeded = 0
+        self.last_restart_ms: float | None = None
+        self._rng = random.Random()
+
+    # -- life ---------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        try:
+            for entry in self.entries:
+                await self._start(entry)
+        except BaseException:
+            await self._stop_children(self.entries)
+            raise
+
+    async def on_stop(self) -> None:
+        self.stopping = True
+        await self._stop_children(self.entries)
+
+    async def _start(self, entry: _Entry) -> None:
+        spec = entry.spec
+        cls = resolve_class(spec.actor, spec.main)
+        if not issubclass(cls, Actor):
+            raise SpawnError(f"{spec.actor} is not an Actor class")
+        ref = await self.system.spawn(
+            cls,
+            *spec.args,
+            name=spec.name,
+            process=spec.process,
+            shutdown_timeout=spec.shutdown_timeout,
+            **spec.kwargs,
+        )
+        entry.ref = ref
+        self.started += 1
+        self.system.watch(ref, notify=self.ref)
+        _event("child_started", self.ref.name, spec.name, incarnation=ref.incarnation)
+
+    async def _stop_children(self, entries: list[_Entry]) -> None:
+        for entry in reversed(entries):
+            ref, entry.ref = entry.ref, None
+            if ref is not None:
+                # It may have died on its own meanwhile: its Down will then be stale.
+                with contextlib.suppress(TokenyardError):
+                    await self.system.stop(ref, entry.spec.shutdown_timeout)
+
+    # -- deaths ---------------------------------------------------------------------------
+
+    @handler
+    async def on_down(self, msg: Down) -> None:
+        """A child died: restart what the strategy says, or fail past the intensity."""
+        index = next(
+            (i for i, e in enumerate(self.entries) if e.ref is not None and e.ref == msg.ref),
+            None,
+        )
+        if index is None or self.stopping:
+            return  # a child stopped on purpose, or an older incarnation
+        seen = time.monotonic()
+        entry = self.entries[index]
+        entry.ref = None
+        self.died += 1
+        _event("child_died", self.ref.name, entry.spec.name, reason=msg.reason)
+        restart = entry.spec.restart
+        if restart is Restart.TEMPORARY or (restart is Restart.TRANSIENT and msg.normal):
+            return
+        if self.strategy is Strategy.ONE_FOR_ONE:
+            group = [entry]
+        elif self.strategy is Strategy.ONE_FOR_ALL:
+            group = list(self.entries)
+        else:
+            group = self.entries[index:]
+        await self._stop_children([e for e in group if e is not entry])
+        try:
+            for member in group:
+                await self._restart(member)
+        except RestartIntensityError as err:
+            # Give up: stop what still runs, then fail so our own supervisor decides.
+            self.stopping = True
+            await self._stop_children(self.entries)
+            self.crash(err)
+            return
+        self.last_restart_ms = (time.monotonic() - seen) * 1000
+        _event("restarted", self.ref.name, entry.spec.name, ms=round(self.last_restart_ms, 1))
+
+    async def _restart(self, entry: _Entry) -> None:
+        while True:
+            self._count_restart()
+            delay = self._backoff(entry)
+            if delay:
+                await _sleep(delay)
+            try:
+                await self._start(entry)
+            except SpawnError as err:
+                _event("restart_failed", self.ref.name, entry.spec.name, error=str(err))
+                continue
+            self.restarted += 1
+            return
+
+    def _count_restart(self) -> None:
+        now = time.monotonic()
+        self.intensity.append(now)
+        while self.intensity and now - self.intensity[0] > self.period:
+            self.intensity.popleft()
+        if len(self.intensity) > self.max_restarts:
+            self.intensity_exceeded += 1
+            text = (
+                f"supervisor {self.ref.name!r}: more than {self.max_restarts} restarts in "
+                f"{self.period:g} s"
+            )
+            _event("intensity_exceeded", self.ref.name, "", error=text)
+            raise RestartIntensityError(text)
+
+    def _backoff(self, entry: _Entry) -> float:
+        now = time.monotonic()
+        entry.restarts.append(now)
+        while entry.restarts and now - entry.restarts[0] > self.period:
+            entry.restarts.popleft()
+        n = len(entry.restarts)
+        if n <= 1:
+            return 0.0
+        base = min(self.backoff * 2.0 ** (n - 2), self.backoff_max)
+        return float(base * self._rng.uniform(0.5, 1.5))
+
+    # -- introspection --------------------------------------------------------------------
+
+    @handler
+    def statistics(self, msg: GetSupervisorStatistics) -> SupervisorStatistics:
+        """The supervisor's counters."""
+        return SupervisorStatistics(
+            started=self.started,
+            died=self.died,
+            restarted=self.restarted,
+            intensity_exceeded=self.intensity_exceeded,
+            last_restart_ms=self.last_restart_ms,
+            children=[e.spec.name for e in self.entries],
+        )
+
+    @handler
+    def which_children(self, msg: WhichChildren) -> Children:
+        """The live incarnation of each child."""
+        return Children(refs={e.spec.name: e.ref for e in self.entries})
+
+
+async def _sleep(seconds: float) -> None:
+    import anyio
+
+    await anyio.sleep(seconds)
+
+
+def _event(event: str, supervisor: str, child: str, **fields: object) -> None:
+    """A structured supervision record: the message for people, ``extra`` for machines."""
+    detail = " ".join(f"{k}={v}" for k, v in fields.items())
+    level = logging.WARNING if event in ("child_died", "intensity_exceeded") else logging.INFO
+    logger.log(
+        level,
+        "%s: %s %s %s",
+        supervisor,
+        event,
+        child,
+        detail,
+        extra={"event": event, "supervisor": supervisor, "child": child, **fields},
+    )
