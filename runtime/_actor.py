@@ -13,7 +13,7 @@ import anyio
 import anyio.abc
 
 from ._codec import ErrorBody, Header, Kind, MailboxDecoder
-from ._errors import ProtocolError, TokenyardError
+from ._errors import ProtocolError, TokenyardError, sole_error
 from ._message import Message
 from ._node import Node, handling_address
 from ._watch import LookupQuery, LookupReply
@@ -107,6 +107,12 @@ class Actor:
     async def on_stop(self) -> None:
         """Called once after the last message, on a graceful stop."""
 
+    async def stop(self) -> None:
+        """Stop this actor gracefully, as if asked to: messages already queued are handled,
+        ``on_stop`` runs, and the exit is normal (a transient child is not restarted)."""
+        node = self.system.node
+        await node.send_control(self.ref.address, Kind.STOP, 0, b"")
+
     def crash(self, error: Exception) -> None:
         """End this actor with ``error`` (after the running handler returns).
 
@@ -190,8 +196,9 @@ class Cell:
         except ExceptionGroup as group:
             # One failure (on_start, or a background task) is the actor's error: raise it
             # as itself so reasons and SpawnErrors read plainly.
-            if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-                raise group.exceptions[0] from None
+            err = sole_error(group)
+            if err is not group and isinstance(err, Exception):
+                raise err from None
             raise
         return stop
 

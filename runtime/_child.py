@@ -16,6 +16,7 @@ import msgspec
 from setproctitle import setproctitle
 
 from ._codec import ErrorBody, Kind, ReadyBody, body_encoder
+from ._errors import sole_error
 from ._spawn import SpawnSpec, read_spec, resolve_class
 
 if TYPE_CHECKING:
@@ -106,11 +107,17 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
                 tg.start_soon(_watch_parent_pipe)
                 stop = await cell.run(on_ready)
                 tg.cancel_scope.cancel()
-        except Exception as err:  # the actor crashed: say why, then exit 1
-            logger.exception("actor %s %s", spec.name, "crashed" if started else "failed to start")
+        except Exception as group:  # the actor crashed: say why, then exit 1
+            cause = sole_error(group)
+            logger.error(
+                "actor %s %s",
+                spec.name,
+                "crashed" if started else "failed to start",
+                exc_info=cause,
+            )
             # Before ready, this fails the spawn; after, these are the actor's last words,
             # which its parent puts in the Down reason.
-            await _report_failure(system, spec, err)
+            await _report_failure(system, spec, cause)
             return 1
         finally:
             system._drop_cell(cell)

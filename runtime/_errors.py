@@ -62,3 +62,11 @@ class ProtocolError(TokenyardError):
 
 class MailboxClosedError(TokenyardError):
     """The mailbox (or the system owning it) is closed."""
+
+
+def sole_error(err: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (task groups wrap what
+    they raise), or ``err`` itself: what a reason or a SpawnError should name."""
+    while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        err = err.exceptions[0]
+    return err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import anyio
 
 from runtime import Actor, ActorRef, Message, handler
@@ -137,3 +139,101 @@ class BadStart(Actor):
 
     async def on_start(self) -> None:
         raise RuntimeError("on_start refuses")
+
+
+class GetPid(Message):
+    pass
+
+
+class Pid(Message):
+    pid: int
+
+
+class Quit(Message):
+    """Stop yourself normally (a clean exit)."""
+
+
+class Crash(Message):
+    """Fail the whole actor (not just this message)."""
+
+    text: str = "crashed on purpose"
+
+
+class Started(Message):
+    """Reported by a Worker when it starts (or stops, with ``stopped=True``)."""
+
+    name: str
+    incarnation: int
+    stopped: bool = False
+
+
+class Worker(Actor):
+    """A supervised child: reports its starts and stops, quits or crashes on demand."""
+
+    def __init__(self, report_to: ActorRef[Started] | None = None) -> None:
+        self.report_to = report_to
+        self.ticks = 0
+
+    async def on_start(self) -> None:
+        if self.report_to is not None:
+            await self.report_to.tell(Started(name=self.ref.name, incarnation=self.ref.incarnation))
+
+    async def on_stop(self) -> None:
+        if self.report_to is not None:
+            await self.report_to.tell(
+                Started(name=self.ref.name, incarnation=self.ref.incarnation, stopped=True)
+            )
+
+    @handler
+    def pid(self, msg: GetPid) -> Pid:
+        return Pid(pid=os.getpid())
+
+    @handler
+    async def quit(self, msg: Quit) -> None:
+        await self.stop()
+
+    @handler
+    def crash_now(self, msg: Crash) -> None:
+        self.crash(RuntimeError(msg.text))
+
+    @handler
+    def tick(self, msg: Tick) -> None:
+        self.ticks += 1
+
+    @handler
+    def get_count(self, msg: GetCount) -> Count:
+        return Count(n=self.ticks, name=self.ref.name)
+
+    @handler
+    async def slow(self, msg: Slow) -> Pong:
+        await anyio.sleep(msg.seconds)  # sync-ok: a deliberately slow handler under test
+        return Pong(n=0)
+
+
+class Journal:
+    """What a Recorder saw, in order; shared with the test (the Recorder runs in-process)."""
+
+    def __init__(self) -> None:
+        self.events: list[Started] = []
+        self._changed = anyio.Event()
+
+    def add(self, event: Started) -> None:
+        self.events.append(event)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, count: int) -> list[Started]:
+        while len(self.events) < count:
+            await self._changed.wait()
+        return self.events
+
+
+class Recorder(Actor):
+    """Collects Started reports into a Journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    @handler
+    def started(self, msg: Started) -> None:
+        self.journal.add(msg)

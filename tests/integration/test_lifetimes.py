@@ -45,8 +45,11 @@ def run_script(name: str, *args: str) -> subprocess.Popen[str]:
 
 
 class TestParentDeath:
-    def test_killing_the_parent_takes_its_children_within_two_seconds(self) -> None:
-        with run_script("parent.py") as parent:
+    @pytest.mark.parametrize(("shape", "expected"), [("flat", 2), ("tree", 3)])
+    def test_killing_the_root_leaves_no_descendant_within_two_seconds(
+        self, shape: str, expected: int
+    ) -> None:
+        with run_script("parent.py", shape) as parent:
             try:
                 assert parent.stdout is not None
                 report = json.loads(parent.stdout.readline())
@@ -54,10 +57,10 @@ class TestParentDeath:
                 parent.kill()
                 raise
             pids: list[int] = report["pids"]
-            assert len(pids) == 2
+            assert len(pids) == expected
             parent.send_signal(signal.SIGKILL)
         for pid in pids:
-            assert wait_gone(pid, 2.0), f"actor process {pid} outlived its parent"
+            assert wait_gone(pid, 2.0), f"actor process {pid} outlived the root"
         # With the root gone, its children removed the system directory on their way out.
         assert not Path(report["dir"]).exists()
 
