@@ -1,6 +1,37 @@
 """tokenyard's LLM front-end pipeline, built on ``runtime``: tokenizer workers, a scheduler
-stand-in, a detokenizer, a router and their supervisor."""
+stand-in, a detokenizer, a router and their supervisor.
+
+Import from here: ``from actors import Pipeline, WorkerDiedError``.
+"""
 
 from __future__ import annotations
 
-__all__: tuple[str, ...] = ()
+from runtime._message import publish as _publish
+
+from ._errors import PipelineClosedError as PipelineClosedError
+from ._errors import WorkerDiedError as WorkerDiedError
+from .detokenizer import Detokenizer as Detokenizer
+from .pipeline import GenerateResult as GenerateResult
+from .pipeline import Pipeline as Pipeline
+from .pipeline import PipelineInbox as PipelineInbox
+from .pipeline_supervisor import PipelineConfig as PipelineConfig
+from .pipeline_supervisor import PipelineSupervisor as PipelineSupervisor
+from .router import Router as Router
+from .scheduler import Scheduler as Scheduler
+from .tokenizer_worker import TokenizerWorker as TokenizerWorker
+
+__all__ = (
+    "Detokenizer",
+    "GenerateResult",
+    "Pipeline",
+    "PipelineClosedError",
+    "PipelineConfig",
+    "PipelineInbox",
+    "PipelineSupervisor",
+    "Router",
+    "Scheduler",
+    "TokenizerWorker",
+    "WorkerDiedError",
+)
+
+_publish(__name__, globals(), __all__)

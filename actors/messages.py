@@ -210,6 +210,9 @@ class BatchStrOutput(Batch, array_like=True, gc=False):
     output_token_logprobs_idx: list[list[int]] | None = None
     output_hidden_states: list[list[float]] | None = None
     step: int = 0
+    # Why a request failed at the detokenizer (e.g. the cap on live states), per request;
+    # None when no request of the batch failed, which is every healthy step.
+    errors: list[str | None] | None = None
 
 
 class BatchEmbeddingOutput(Batch, array_like=True):
@@ -322,3 +325,115 @@ class WorkerDown(Message):
     member: str
     origin: Origin | None
     reason: str
+
+
+class WorkerUp(Message):
+    """Told to callers: a worker incarnation is registered and serves."""
+
+    worker_id: int
+    ref: ActorRef[Any]
+
+
+class Topology(Message):
+    """Told by the supervisor to every member: the live refs of the shared members (None
+    while one restarts). Members address each other only through the latest topology."""
+
+    scheduler: ActorRef[Any] | None
+    detokenizer: ActorRef[Any] | None
+    router: ActorRef[Any] | None
+
+
+class CheckLoad(Message):
+    """Ask a worker to ask the scheduler for its load; the ``LoadReply`` comes back to this
+    worker through the router and is passed on to ``reply_to``."""
+
+    reply_to: ActorRef[Any]
+
+
+class CheckFlush(Message):
+    """Ask a worker to ask the scheduler to flush its cache; the ``FlushReply`` comes back to
+    this worker through the router and is passed on to ``reply_to``."""
+
+    reply_to: ActorRef[Any]
+
+
+class RouterStats(Message):
+    """A router's counters."""
+
+    forwarded: int
+    dropped_unknown_origin: int
+    routes: int
+
+
+class GetRouterStats(Message):
+    """Ask a router for its counters."""
+
+
+# -- detokenizer statistics -----------------------------------------------------------------
+
+
+class GetDetokenizerStats(Message):
+    """Ask the detokenizer for its counters; the reply is a `DetokenizerStats`."""
+
+
+class DetokenizerStats(Message):
+    """The detokenizer's counters since it started.
+
+    Attributes:
+        batches: ``BatchTokenIDOutput`` messages handled.
+        requests: Per-request entries in them, whatever became of each.
+        dropped_unknown_origin: Entries dropped because their origin had no route (an
+            unknown or dead worker incarnation).
+        live_states: Requests with a live incremental detokenizer state right now.
+        stopped_by_string: Requests finished by a stop string found in their text.
+        rejected_over_cap: Requests aborted because the cap on live states was reached.
+        undeliverable: Sub-batches that could not be told to their worker (it died, or
+            its mailbox stayed full).
+    """
+
+    batches: int
+    requests: int
+    dropped_unknown_origin: int
+    live_states: int
+    stopped_by_string: int
+    rejected_over_cap: int
+    undeliverable: int = 0
+
+
+# -- scheduler statistics -------------------------------------------------------------------
+
+
+class GetSchedulerStats(Message):
+    """Ask the scheduler for its counters; the reply is a `SchedulerStats`."""
+
+
+class SchedulerStats(Message):
+    """The scheduler's counters since it started.
+
+    Every request received ends up in exactly one of ``finished``, ``aborted``,
+    ``dropped_for_dead_origin``, ``dropped_for_abort_all``, ``rejected``, ``running`` or
+    ``waiting``: they add up to ``received``.
+
+    Attributes:
+        received: ``TokenizedGenerate`` messages handled.
+        finished: Requests finished by the engine (``"stop"`` or ``"length"``).
+        aborted: Requests ended by an ``Abort`` of their rid (each reported once more).
+        dropped_for_dead_origin: Requests dropped silently by an ``Abort`` of their origin.
+        dropped_for_abort_all: Requests dropped silently by an ``AbortAll``.
+        rejected: Requests refused on arrival (queue full, malformed, duplicate rid).
+        steps: Engine steps run (one ``BatchTokenIDOutput`` each).
+        running: Requests in the running batch right now.
+        waiting: Requests waiting to be admitted right now.
+        generated_tokens: Token ids generated, over all requests.
+    """
+
+    received: int = 0
+    finished: int = 0
+    aborted: int = 0
+    dropped_for_dead_origin: int = 0
+    dropped_for_abort_all: int = 0
+    rejected: int = 0
+    steps: int = 0
+    running: int = 0
+    waiting: int = 0
+    generated_tokens: int = 0

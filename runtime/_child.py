@@ -121,6 +121,7 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
             return 1
         finally:
             system._drop_cell(cell)
+        system.closing = True
         await system._close_children()
         if stop is not None:
             await system.node.reply(stop, None)

@@ -198,7 +198,7 @@ class Supervisor(Actor):
         await self._stop_children(self.entries)
 
     async def _start(self, entry: _Entry) -> None:
-        spec = entry.spec
+        spec = self.spec_for(entry.spec)
         cls = resolve_class(spec.actor, spec.main)
         if not issubclass(cls, Actor):
             raise SpawnError(f"{spec.actor} is not an Actor class")
@@ -214,6 +214,7 @@ class Supervisor(Actor):
         self.started += 1
         self.system.watch(ref, notify=self.ref)
         _event("child_started", self.ref.name, spec.name, incarnation=ref.incarnation)
+        await self.on_child_started(spec.name, ref)
 
     async def _stop_children(self, entries: list[_Entry]) -> None:
         for entry in reversed(entries):
@@ -222,6 +223,26 @@ class Supervisor(Actor):
                 # It may have died on its own meanwhile: its Down will then be stale.
                 with contextlib.suppress(TokenyardError):
                     await self.system.stop(ref, entry.spec.shutdown_timeout)
+
+    # -- hooks for subclasses -------------------------------------------------------------
+
+    def spec_for(self, spec: ChildSpec) -> ChildSpec:
+        """The spec to start a child with now (override to fill in arguments known only at
+        start time, such as the refs of siblings started before it)."""
+        return spec
+
+    async def on_child_started(self, name: str, ref: ActorRef[Any]) -> None:
+        """Called after each start or restart of a child (override to publish its ref)."""
+
+    async def on_child_died(self, name: str, down: Down) -> None:
+        """Called when a child died, before any restart (override to clean up after it)."""
+
+    def child(self, name: str) -> ActorRef[Any] | None:
+        """The live incarnation of the child ``name`` (None while it is down)."""
+        for entry in self.entries:
+            if entry.spec.name == name:
+                return entry.ref
+        raise KeyError(f"supervisor {self.ref.name!r} has no child named {name!r}")
 
     # -- deaths ---------------------------------------------------------------------------
 
@@ -232,13 +253,14 @@ class Supervisor(Actor):
             (i for i, e in enumerate(self.entries) if e.ref is not None and e.ref == msg.ref),
             None,
         )
-        if index is None or self.stopping:
-            return  # a child stopped on purpose, or an older incarnation
+        if index is None or self.stopping or self.system.closing:
+            return  # a child stopped on purpose, an older incarnation, or the end of it all
         seen = time.monotonic()
         entry = self.entries[index]
         entry.ref = None
         self.died += 1
         _event("child_died", self.ref.name, entry.spec.name, reason=msg.reason)
+        await self.on_child_died(entry.spec.name, msg)
         restart = entry.spec.restart
         if restart is Restart.TEMPORARY or (restart is Restart.TRANSIENT and msg.normal):
             return

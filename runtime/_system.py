@@ -133,6 +133,7 @@ class ActorSystem:
         self._cells: dict[str, Cell] = {}
         self._incarnations: dict[str, int] = {}
         self._names = itertools.count(1)
+        self.closing = False
 
     @classmethod
     def _for_child(cls, spec: SpawnSpec) -> ActorSystem:
@@ -178,6 +179,7 @@ class ActorSystem:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.closing = True
         try:
             with anyio.CancelScope(shield=True):
                 await self._close_children()
@@ -566,6 +568,13 @@ class ActorSystem:
         if missing_ok:
             return None
         raise ActorNotFoundError(f"no live actor named {name!r} under system {self.name!r}")
+
+    def pid_of(self, ref: ActorRef[Any]) -> int | None:
+        """The process id of a child of this system (None if it runs in-process or died)."""
+        child = self._children.get(ref.address)
+        if child is None or child.process is None:
+            return None
+        return child.process.pid
 
     async def statistics(self, ref: ActorRef[Any], timeout: float = 5.0) -> MailboxStatistics:
         """The mailbox counters of an actor, in this process or another."""

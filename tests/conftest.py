@@ -34,7 +34,10 @@ def child_pids() -> set[int]:
     """Pids of this process's children (zombies included: an unreaped child is a leak)."""
     pids: set[int] = set()
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        text = (task / "children").read_text()
+        try:
+            text = (task / "children").read_text()
+        except FileNotFoundError:
+            continue  # a thread that ended during the scan
         pids.update(int(p) for p in text.split())
     return pids
 

@@ -1,0 +1,306 @@
+"""The detokenizer actor: engine token ids in, one text sub-batch per worker out.
+
+Every engine step the scheduler tells the detokenizer one `BatchTokenIDOutput` covering all
+running requests of all workers. The detokenizer advances each request's incremental
+detokenizer (`actors._detokenize`), builds ONE `BatchStrOutput` for the step, splits it by
+origin with the generic `runtime.Batch.group` and tells each worker its own sub-batch: one
+message per worker per step, whatever the number of requests (DESIGN §Per-rid dispatch).
+
+Routes come from the pipeline supervisor as `RouteUpdate` asks; output for an origin with no
+route (unknown, or an incarnation that died) is dropped and counted, never queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from runtime import Actor, ActorRef, TokenyardError, handler
+
+from ._detokenize import DetokenizerStates, TooManyRequestsError
+from ._tokenizer import load_tokenizer
+from .messages import (
+    Abort,
+    BatchStrOutput,
+    BatchTokenIDOutput,
+    DetokenizerStats,
+    GetDetokenizerStats,
+    Origin,
+    RouteAck,
+    RouteUpdate,
+    Topology,
+)
+
+if TYPE_CHECKING:
+    from ._detokenize import IncrementalDetokenizer
+
+__all__ = ("Detokenizer",)
+
+logger = logging.getLogger("tokenyard.detokenizer")
+
+# Per-request fields that pass from the engine's batch to the text batch unchanged, found by
+# name so a field added to both batch types is carried with no edit here. The rest of
+# BatchStrOutput (text, ids, finish reasons, errors) is what the detokenizer computes.
+_COMPUTED = frozenset({"finished_reasons", "output_strs", "output_ids", "errors"})
+_CARRIED = tuple(
+    field.name
+    for field in msgspec.structs.fields(BatchStrOutput)
+    if field.name not in _COMPUTED
+    and field.name in {f.name for f in msgspec.structs.fields(BatchTokenIDOutput)}
+)
+
+STOP = "stop"
+ABORT = "abort"
+
+
+class Detokenizer(Actor):
+    """Turns each engine step's token ids into text and sends each worker its own part.
+
+    Handles `RouteUpdate` (ask; answered with `RouteAck` once the route table changed),
+    `BatchTokenIDOutput` (tell, from the scheduler), `Topology` (tell, from the pipeline
+    supervisor: the scheduler's live ref) and `GetDetokenizerStats` (ask).
+
+    A request's state lives from its first output until its last (a finish reason from the
+    scheduler, or a stop string found by the detokenizer). A request ended here rather than
+    by the scheduler (stop string, or rejected over the cap) is remembered, in a bounded
+    record, so the output the scheduler still sends for it is dropped; the scheduler, when
+    given, is told to ``Abort`` it so it stops generating.
+
+    Adding a route for incarnation ``n`` of worker ``k`` drops the routes of ``k``'s older
+    incarnations, and their states: a worker index has one live incarnation at a time.
+
+    Args:
+        tokenizer: Path of a ``tokenizer.json`` (or a directory holding one); ``None`` is
+            the bundled default. Loaded in `on_start`, in the actor's own process.
+        max_states: Cap on live detokenizer states; a request beyond it is aborted with an
+            error in ``BatchStrOutput.errors``.
+        scheduler: Where to send ``Abort(origin, rid, reason)`` for requests the
+            detokenizer ended itself; ``None`` relies on the record alone. Replaced by
+            each `Topology`.
+        max_ended: How many requests ended here are remembered (oldest forgotten first).
+
+    Raises:
+        ValueError: ``max_states`` or ``max_ended`` is not positive.
+    """
+
+    def __init__(
+        self,
+        *,
+        tokenizer: str | None = None,
+        max_states: int = 65536,
+        scheduler: ActorRef[Any] | None = None,
+        max_ended: int = 65536,
+    ) -> None:
+        if max_states < 1:
+            raise ValueError(f"max_states must be at least 1, got {max_states}")
+        if max_ended < 1:
+            raise ValueError(f"max_ended must be at least 1, got {max_ended}")
+        self._tokenizer_path = tokenizer
+        self._max_states = max_states
+        self._scheduler = scheduler
+        self._max_ended = max_ended
+        self._states: DetokenizerStates[Origin] | None = None
+        self._routes: dict[Origin, ActorRef[Any]] = {}
+        # (origin, rid) of requests ended here whose last scheduler output has not arrived;
+        # a dict keeps insertion order, so the oldest is evicted first.
+        self._ended: dict[tuple[Origin, str], None] = {}
+        self._batches = 0
+        self._requests = 0
+        self._dropped_unknown_origin = 0
+        self._stopped_by_string = 0
+        self._rejected_over_cap = 0
+        self._undeliverable = 0
+
+    async def on_start(self) -> None:
+        """Load the tokenizer.
+
+        Loaded on the event loop: in the actor's own process nothing else waits for it, and
+        a worker thread would outlive the load by anyio's idle timeout.
+        """
+        tokenizer = load_tokenizer(self._tokenizer_path)
+        self._states = DetokenizerStates(tokenizer, max_states=self._max_states)
+
+    @property
+    def states(self) -> DetokenizerStates[Origin]:
+        """The live per-request states.
+
+        Raises:
+            RuntimeError: The actor has not started (the tokenizer is not loaded).
+        """
+        if self._states is None:
+            raise RuntimeError("the detokenizer has not started: its tokenizer is not loaded")
+        return self._states
+
+    @handler
+    def on_route_update(self, msg: RouteUpdate) -> RouteAck:
+        """Add or drop a worker incarnation's route; reply once the table has changed."""
+        origin = msg.origin
+        if msg.ref is None:
+            self._drop_route(origin)
+        else:
+            older = [
+                o
+                for o in self._routes
+                if o.worker == origin.worker and o.incarnation < origin.incarnation
+            ]
+            for stale in older:
+                self._drop_route(stale)
+            self._routes[origin] = msg.ref
+        return RouteAck(origin=origin)
+
+    def _drop_route(self, origin: Origin) -> None:
+        self._routes.pop(origin, None)
+        dropped = self.states.drop_origin(origin)
+        if dropped:
+            logger.info("dropped %d detokenizer states of %s", len(dropped), origin)
+
+    @handler
+    async def on_batch(self, msg: BatchTokenIDOutput) -> None:
+        """Detokenize one engine step and tell each worker its own sub-batch."""
+        self._batches += 1
+        self._requests += len(msg.rids)
+        kept, pieces, reasons, errors, aborts = self._detokenize(msg)
+        if kept:
+            await self._send(msg, kept, pieces, reasons, errors)
+        # After the output: the workers' latency matters more than a step of wasted work.
+        if aborts and self._scheduler is not None:
+            await self._abort(self._scheduler, aborts)
+
+    async def _send(
+        self,
+        msg: BatchTokenIDOutput,
+        kept: list[int],
+        pieces: list[str],
+        reasons: list[str | None],
+        errors: list[str | None],
+    ) -> None:
+        """Build the step's one text batch and tell each worker its own sub-batch."""
+        part = msg if len(kept) == len(msg.rids) else msg.select(kept)
+        out = BatchStrOutput(
+            finished_reasons=reasons,
+            output_strs=pieces,
+            output_ids=part.decode_ids,
+            errors=errors if any(e is not None for e in errors) else None,
+            **{name: getattr(part, name) for name in _CARRIED},
+        )
+        for origin, sub in out.group(out.origins).items():
+            await self._deliver(origin, sub)
+
+    def _detokenize(
+        self, msg: BatchTokenIDOutput
+    ) -> tuple[list[int], list[str], list[str | None], list[str | None], list[Abort]]:
+        """Advance every routed request's state.
+
+        Returns:
+            The indices of the entries to send, and for each its text piece, finish reason
+            and error; and the aborts to send to the scheduler.
+        """
+        states = self.states
+        routes = self._routes
+        ended = self._ended
+        kept: list[int] = []
+        pieces: list[str] = []
+        reasons: list[str | None] = []
+        errors: list[str | None] = []
+        aborts: list[Abort] = []
+        for i, (origin, rid, reason) in enumerate(
+            zip(msg.origins, msg.rids, msg.finished_reasons, strict=True)
+        ):
+            if origin not in routes:
+                self._dropped_unknown_origin += 1
+                continue
+            key = (origin, rid)
+            if key in ended:
+                # Ended here already; the scheduler's final output closes the record.
+                if reason is not None:
+                    del ended[key]
+                continue
+            finished = reason is not None
+            state = states.get(origin, rid)
+            error: str | None = None
+            if state is None:
+                state, error = self._create(msg, i, origin, rid)
+            if state is None:
+                piece, reason = "", ABORT
+                if not finished:
+                    self._end(key)
+                    aborts.append(Abort(origin=origin, rid=rid, reason=ABORT))
+            else:
+                piece = state.push(msg.decode_ids[i], finished=finished)
+                if state.stopped:
+                    self._stopped_by_string += 1
+                    if not finished:
+                        self._end(key)
+                        aborts.append(Abort(origin=origin, rid=rid, reason=STOP))
+                    reason = STOP
+                if reason is not None:
+                    states.pop(origin, rid)
+            kept.append(i)
+            pieces.append(piece)
+            reasons.append(reason)
+            errors.append(error)
+        return kept, pieces, reasons, errors, aborts
+
+    def _create(
+        self, msg: BatchTokenIDOutput, i: int, origin: Origin, rid: str
+    ) -> tuple[IncrementalDetokenizer | None, str | None]:
+        """Create the state of entry ``i``; on failure return the error text instead."""
+        try:
+            state = self.states.create(
+                origin,
+                rid,
+                stop=msg.stop[i],
+                no_stop_trim=msg.no_stop_trim[i],
+                skip_special_tokens=msg.skip_special_tokens[i],
+            )
+        except TooManyRequestsError as err:
+            self._rejected_over_cap += 1
+            logger.warning("request %r from %s rejected: %s", rid, origin, err)
+            return None, str(err)
+        except ValueError as err:  # an empty stop string: the request is malformed
+            return None, f"request {rid!r} rejected by the detokenizer: {err}"
+        return state, None
+
+    def _end(self, key: tuple[Origin, str]) -> None:
+        ended = self._ended
+        ended[key] = None
+        if len(ended) > self._max_ended:
+            del ended[next(iter(ended))]
+
+    async def _abort(self, scheduler: ActorRef[Any], aborts: list[Abort]) -> None:
+        for abort in aborts:
+            try:
+                await scheduler.tell(abort)
+            except TokenyardError as err:
+                # The record still drops its output; a dead scheduler is its supervisor's.
+                logger.warning("could not tell the scheduler %r: %s", abort, err)
+                return
+
+    async def _deliver(self, origin: Origin, sub: BatchStrOutput) -> None:
+        try:
+            await self._routes[origin].tell(sub)
+        except TokenyardError as err:
+            # A dead or stuck worker must not hold up the others; its supervisor drops the
+            # route and resolves its requests.
+            self._undeliverable += 1
+            logger.warning("output for %s dropped: %s", origin, err)
+
+    @handler
+    def on_topology(self, msg: Topology) -> None:
+        """Follow the scheduler's restarts: aborts go to its live incarnation (or nowhere)."""
+        self._scheduler = msg.scheduler
+
+    @handler
+    def on_get_stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:
+        """Reply with the counters."""
+        return DetokenizerStats(
+            batches=self._batches,
+            requests=self._requests,
+            dropped_unknown_origin=self._dropped_unknown_origin,
+            live_states=len(self.states),
+            stopped_by_string=self._stopped_by_string,
+            rejected_over_cap=self._rejected_over_cap,
+            undeliverable=self._undeliverable,
+        )

@@ -1,0 +1,538 @@
+"""The scheduler: a stand-in for the model engine, with the real engine's message contract.
+
+- **Continuous batching.** ``TokenizedGenerate`` requests wait in a FIFO. Each step admits
+  waiting requests up to ``max_batch_size`` running, generates one token for every running
+  request and tells the detokenizer ONE ``BatchTokenIDOutput`` for the whole step; requests
+  join and leave the running batch at every step.
+- **Deterministic tokens.** A request's ids are a seeded function of its prompt ids, its
+  sampling seed (only when ``temperature > 0``) and the position, drawn from the tokenizer's
+  ordinary (non-special) vocabulary and biased towards non-ASCII text, including characters
+  spelled over several tokens, so the detokenizer's multi-byte handling is exercised. The
+  seed is a BLAKE2 digest, never ``hash()`` (salted per process): a prompt gives the same
+  ids on every run and in every process.
+- **Finishing.** ``"length"`` at ``max_new_tokens``; ``"stop"`` on a ``stop_token_ids`` id
+  or on eos, which the stand-in draws now and then after a few tokens (unless
+  ``ignore_eos``). Stop strings are the detokenizer's business: they only travel along.
+- **Aborts, control and bounds.** ``Abort`` by rid reports the request once more with the
+  abort's reason; ``Abort`` of an origin and ``AbortAll`` drop silently (nobody is
+  listening). Load and flush replies, and notices of requests refused on arrival (queue
+  full, malformed), go to the router, which passes them to the worker that owns them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from runtime import Actor, ActorRef, handler
+
+from ._tokenizer import eos_token_id, load_tokenizer
+from .messages import (
+    Abort,
+    AbortAll,
+    AbortNotice,
+    BatchTokenIDOutput,
+    FlushCache,
+    FlushReply,
+    GetLoad,
+    GetSchedulerStats,
+    LoadReply,
+    Origin,
+    SamplingParams,
+    SchedulerStats,
+    TokenizedGenerate,
+    Topology,
+)
+
+__all__ = ("Scheduler",)
+
+logger = logging.getLogger("tokenyard.scheduler")
+
+_Key = tuple[Origin, str]
+
+# Shares of the draws that pick a non-ASCII token, and a character spelled over several
+# tokens: enough that most outputs of a dozen tokens hold multi-byte text.
+_WIDE_SHARE = 0.3
+_SPLIT_SHARE = 0.1
+# eos is never drawn before this many tokens, so every output has some text.
+_MIN_TOKENS_BEFORE_EOS = 4
+# Texts whose encodings spell a character over several ids, where the vocabulary has them.
+_SPLIT_SAMPLES = ("語", "😀", "€", "→", "🎉", "…", "✓", "👍🏽", "中文", "日本語", "😀👍")
+# The prefix cache stand-in: hashed prompt prefixes in blocks of this many ids, LRU-bounded.
+_CACHE_BLOCK = 16
+_CACHE_CAPACITY = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Vocabulary:
+    """What the stand-in draws from, sorted into pools once per tokenizer.
+
+    Attributes:
+        size: Ids ``0..size-1`` are the vocabulary; prompt ids outside are refused.
+        eos: The end-of-sequence id, if the tokenizer has a known one.
+        plain: Ids that decode alone to printable ASCII text.
+        wide: Ids that decode alone to whole printable non-ASCII characters.
+        split: Id sequences spelling non-ASCII characters whose bytes span several ids.
+    """
+
+    size: int
+    eos: int | None
+    plain: tuple[int, ...]
+    wide: tuple[int, ...]
+    split: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> _Vocabulary:
+        """Sort a ``tokenizers.Tokenizer``'s ordinary ids into the pools.
+
+        Raises:
+            ValueError: No ordinary id decodes to printable text on its own.
+        """
+        special = {i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
+        eos = eos_token_id(tokenizer)
+        if eos is not None:
+            special.add(eos)
+        ids = sorted(set(tokenizer.get_vocab(with_added_tokens=True).values()) - special)
+        plain: list[int] = []
+        wide: list[int] = []
+        texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        for token_id, text in zip(ids, texts, strict=True):
+            # U+FFFD: a fragment of a character, only drawn as part of a `split` sequence.
+            if not text or "\ufffd" in text or not _printable(text):
+                continue
+            (plain if text.isascii() else wide).append(token_id)
+        split: list[tuple[int, ...]] = []
+        for sample in _SPLIT_SAMPLES:
+            seq = tuple(tokenizer.encode(sample, add_special_tokens=False).ids)
+            text = tokenizer.decode(list(seq), skip_special_tokens=False)
+            fragments = any("\ufffd" in tokenizer.decode([i]) for i in seq)
+            if fragments and "\ufffd" not in text and not special.intersection(seq):
+                split.append(seq)
+        if not plain and not wide:
+            raise ValueError(
+                "the tokenizer has no ordinary token that decodes to printable text on its "
+                "own, so the stand-in engine has nothing to generate; pass a tokenizer.json "
+                "with a real vocabulary (or None for the bundled default)"
+            )
+        size = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        return cls(size, eos, tuple(plain or wide), tuple(wide), tuple(split))
+
+
+def _printable(text: str) -> bool:
+    return all(c.isprintable() or c in "\n\t" for c in text)
+
+
+class _PrefixCache:
+    """Which prompt prefixes were seen, in whole blocks: a bounded stand-in radix cache."""
+
+    def __init__(self, block: int = _CACHE_BLOCK, capacity: int = _CACHE_CAPACITY) -> None:
+        self._block = block
+        self._capacity = capacity
+        # Chained digests of prefixes ending on a block boundary; the oldest are evicted.
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+
+    def match(self, ids: list[int]) -> int:
+        """Return how many leading ids were cached (whole blocks), then cache ``ids``'s blocks.
+
+        The last id never counts: an engine computes at least one position of a prompt.
+        """
+        blocks, block = self._blocks, self._block
+        data = array("q", ids).tobytes()
+        width = block * 8
+        digest = hashlib.blake2b(digest_size=16)
+        cached, hit = 0, True
+        for k in range((len(ids) - 1) // block):
+            digest.update(data[k * width : (k + 1) * width])
+            key = digest.digest()
+            if hit and key in blocks:
+                cached += block
+            else:
+                hit = False
+            blocks[key] = None
+            blocks.move_to_end(key)
+        while len(blocks) > self._capacity:
+            blocks.popitem(last=False)
+        return cached
+
+    def clear(self) -> None:
+        """Forget every prefix."""
+        self._blocks.clear()
+
+
+class _Request:
+    """One request's progress in the engine."""
+
+    __slots__ = ("abort_reason", "cached", "completion", "msg", "pending", "rng", "stop_ids")
+
+    def __init__(self, msg: TokenizedGenerate, rng: random.Random, stop_ids: frozenset[int]):
+        self.msg = msg
+        self.rng = rng
+        self.stop_ids = stop_ids
+        self.completion = 0  # ids generated, all of them sent: one per step
+        self.cached = 0
+        self.pending: list[int] = []  # the rest of a character being spelled, reversed
+        self.abort_reason = ""
+
+
+class _Columns:
+    """The per-request lists of one step's `BatchTokenIDOutput`, filled request by request."""
+
+    def __init__(self) -> None:
+        self.rids: list[str] = []
+        self.origins: list[Origin] = []
+        self.reasons: list[str | None] = []
+        self.ids: list[list[int]] = []
+        self.offsets: list[int] = []
+        self.skip_special: list[bool] = []
+        self.no_stop_trim: list[bool] = []
+        self.stop: list[tuple[str, ...]] = []
+        self.prompt: list[int] = []
+        self.completion: list[int] = []
+        self.cached: list[int] = []
+
+    def add(self, req: _Request, ids: list[int], reason: str | None) -> None:
+        """Add ``req``'s entry: ``ids`` are new since its previous entry (counted already)."""
+        msg, sampling = req.msg, req.msg.sampling
+        self.rids.append(msg.rid)
+        self.origins.append(msg.origin)
+        self.reasons.append(reason)
+        self.ids.append(ids)
+        self.offsets.append(req.completion - len(ids))
+        self.skip_special.append(sampling.skip_special_tokens)
+        self.no_stop_trim.append(sampling.no_stop_trim)
+        self.stop.append(sampling.stop)
+        self.prompt.append(len(msg.input_ids))
+        self.completion.append(req.completion)
+        self.cached.append(req.cached)
+
+    def batch(self, step: int) -> BatchTokenIDOutput:
+        """The step's message."""
+        return BatchTokenIDOutput(
+            rids=self.rids,
+            origins=self.origins,
+            finished_reasons=self.reasons,
+            decode_ids=self.ids,
+            read_offsets=self.offsets,
+            skip_special_tokens=self.skip_special,
+            spaces_between_special_tokens=[True] * len(self.rids),
+            no_stop_trim=self.no_stop_trim,
+            stop=self.stop,
+            prompt_tokens=self.prompt,
+            completion_tokens=self.completion,
+            cached_tokens=self.cached,
+            step=step,
+        )
+
+
+class Scheduler(Actor):
+    """The stand-in model engine: continuous batching of deterministic fake tokens.
+
+    Handles `TokenizedGenerate`, `Abort`, `AbortAll`, `GetLoad` and `FlushCache` (tells) and
+    `GetSchedulerStats` (ask, answered with `SchedulerStats`). Tells the detokenizer one
+    `BatchTokenIDOutput` per step, and the router `LoadReply`, `FlushReply` and
+    `AbortNotice`, for the worker named by their origin.
+
+    A request ends in exactly one way: finished (``"stop"``/``"length"``, in a batch),
+    aborted by rid (reported once more in the next batch, finish reason the abort's
+    ``reason``, no new ids, waiting or running alike), dropped silently with its origin or
+    by ``AbortAll``, or refused on arrival with an `AbortNotice` (queue full, a rid its
+    origin already has scheduled, a prompt id outside the vocabulary).
+
+    A step whose batch cannot be told to the detokenizer (dead, or its mailbox full past
+    the send timeout) fails the scheduler, for its supervisor to restart it.
+
+    Args:
+        detokenizer: Where each step's batch goes.
+        router: Where control replies and abort notices go.
+        tokenizer: Path of a ``tokenizer.json`` (or a directory holding one) giving the
+            vocabulary and eos; ``None`` is the bundled default. Loaded in `on_start`.
+        step_time: Seconds between two steps; with 0 the loop still yields once per step,
+            so handlers run between steps.
+        max_batch_size: Most requests running at once; the rest wait, first in first out.
+        max_waiting: Most requests waiting; one more is refused.
+        seed: Mixed into every request's draws (same seed, same outputs).
+        eos_probability: Chance per token, after a few tokens, that eos is drawn (0: never).
+
+    Raises:
+        ValueError: A setting is out of range; the message names it.
+    """
+
+    def __init__(
+        self,
+        detokenizer: ActorRef[Any],
+        router: ActorRef[Any],
+        *,
+        tokenizer: str | None = None,
+        step_time: float = 0.0,
+        max_batch_size: int = 256,
+        max_waiting: int = 100_000,
+        seed: int = 0,
+        eos_probability: float = 0.02,
+    ) -> None:
+        if step_time < 0:
+            raise ValueError(f"step_time must be at least 0 seconds, got {step_time}")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
+        if not 0 <= eos_probability <= 1:
+            raise ValueError(f"eos_probability must be within [0, 1], got {eos_probability}")
+        self._detokenizer = detokenizer
+        self._router = router
+        self._tokenizer_path = tokenizer
+        self._step_time = step_time
+        self._max_batch_size = max_batch_size
+        self._max_waiting = max_waiting
+        self._seed = seed
+        self._eos_probability = eos_probability
+        # Empty until on_start loads the tokenizer: refuses every prompt id meanwhile.
+        self._vocab = _Vocabulary(0, None, (), (), ())
+        self._cache = _PrefixCache()
+        self._waiting: OrderedDict[_Key, _Request] = OrderedDict()
+        self._running: dict[_Key, _Request] = {}
+        # Requests aborted by rid, to report once in the next batch.
+        self._reports: list[_Request] = []
+        # Set when work arrives; the loop waits on it when idle instead of polling.
+        self._wake = anyio.Event()
+        self._received = 0
+        self._finished = 0
+        self._aborted = 0
+        self._dropped_for_dead_origin = 0
+        self._dropped_for_abort_all = 0
+        self._rejected = 0
+        self._steps = 0
+        self._generated = 0
+
+    async def on_start(self) -> None:
+        """Load the tokenizer, sort its vocabulary, and start the step loop.
+
+        Loaded on the event loop: in its own process the scheduler has nothing else to do
+        until it is ready.
+        """
+        self._vocab = _Vocabulary.from_tokenizer(load_tokenizer(self._tokenizer_path))
+        vocab = self._vocab
+        logger.debug(
+            "vocabulary of %d ids: %d plain, %d non-ASCII, %d split characters, eos %s",
+            vocab.size,
+            len(vocab.plain),
+            len(vocab.wide),
+            len(vocab.split),
+            vocab.eos,
+        )
+        self.start_soon(self._run)
+
+    # -- handlers -------------------------------------------------------------------------
+
+    @handler
+    async def on_tokenized(self, msg: TokenizedGenerate) -> None:
+        """Queue a request, or refuse it with an `AbortNotice` to the router."""
+        self._received += 1
+        key = (msg.origin, msg.rid)
+        refusal = self._refusal(msg, key)
+        if refusal is not None:
+            self._rejected += 1
+            logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
+            await self._router.tell(AbortNotice(origin=msg.origin, rid=msg.rid, reason=refusal))
+            return
+        self._waiting[key] = _Request(msg, self._rng(msg), self._stop_ids(msg.sampling))
+        self._wake.set()
+
+    @handler
+    def on_abort(self, msg: Abort) -> None:
+        """Abort one request (reported once more) or every request of an origin (silently)."""
+        if msg.rid is None:
+            self._drop_origin(msg.origin)
+            return
+        key = (msg.origin, msg.rid)
+        req = self._waiting.pop(key, None) or self._running.pop(key, None)
+        if req is None:
+            return  # finished already (its last output is on its way), or never seen
+        req.abort_reason = msg.reason
+        self._reports.append(req)
+        self._aborted += 1
+        self._wake.set()
+
+    @handler
+    def on_topology(self, msg: Topology) -> None:
+        """Follow a restarted detokenizer or router (the supervisor publishes their refs)."""
+        if msg.detokenizer is not None:
+            self._detokenizer = msg.detokenizer
+        if msg.router is not None:
+            self._router = msg.router
+
+    @handler
+    def on_abort_all(self, msg: AbortAll) -> None:
+        """Drop every request silently: the detokenizer they streamed to is gone."""
+        self._dropped_for_abort_all += len(self._waiting) + len(self._running)
+        self._waiting.clear()
+        self._running.clear()
+        self._reports.clear()
+
+    @handler
+    async def on_get_load(self, msg: GetLoad) -> None:
+        """Tell the router the load, for the worker that asked."""
+        reply = LoadReply(
+            origin=msg.origin,
+            request_id=msg.request_id,
+            running=len(self._running),
+            waiting=len(self._waiting),
+            step=self._steps,
+        )
+        await self._router.tell(reply)
+
+    @handler
+    async def on_flush_cache(self, msg: FlushCache) -> None:
+        """Forget the cached prefixes if nothing is running; tell the router whether it did."""
+        success = not self._running
+        if success:
+            self._cache.clear()
+        reply = FlushReply(origin=msg.origin, request_id=msg.request_id, success=success)
+        await self._router.tell(reply)
+
+    @handler
+    def on_get_stats(self, msg: GetSchedulerStats) -> SchedulerStats:
+        """Reply with the counters."""
+        return SchedulerStats(
+            received=self._received,
+            finished=self._finished,
+            aborted=self._aborted,
+            dropped_for_dead_origin=self._dropped_for_dead_origin,
+            dropped_for_abort_all=self._dropped_for_abort_all,
+            rejected=self._rejected,
+            steps=self._steps,
+            running=len(self._running),
+            waiting=len(self._waiting),
+            generated_tokens=self._generated,
+        )
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _refusal(self, msg: TokenizedGenerate, key: _Key) -> str | None:
+        """Why ``msg`` cannot be queued, or ``None``."""
+        if len(self._waiting) >= self._max_waiting:
+            return f"scheduler queue full (max_waiting={self._max_waiting})"
+        if key in self._waiting or key in self._running:
+            return (
+                f"duplicate rid {msg.rid!r}: {msg.origin} already has a request with that rid "
+                "at the scheduler; give each request of a worker its own rid"
+            )
+        size = self._vocab.size
+        outside = [i for i in msg.input_ids if not 0 <= i < size]
+        if outside:
+            return (
+                f"prompt id {outside[0]} is outside the scheduler's vocabulary (0..{size - 1}); "
+                "tokenize with the tokenizer the scheduler was given"
+            )
+        return None
+
+    def _rng(self, msg: TokenizedGenerate) -> random.Random:
+        """The request's draws: a function of the prompt, and of its seed when sampling."""
+        sampling = msg.sampling
+        seed = sampling.seed if sampling.temperature > 0 else None
+        digest = hashlib.blake2b(repr((self._seed, seed)).encode(), digest_size=16)
+        digest.update(array("q", msg.input_ids).tobytes())
+        return random.Random(int.from_bytes(digest.digest(), "little"))
+
+    def _stop_ids(self, sampling: SamplingParams) -> frozenset[int]:
+        eos = self._vocab.eos
+        if eos is None or sampling.ignore_eos:
+            return frozenset(sampling.stop_token_ids)
+        return frozenset((*sampling.stop_token_ids, eos))
+
+    def _drop_origin(self, origin: Origin) -> None:
+        """Drop every request of a dead worker incarnation: nobody would read their output."""
+        for queue in (self._waiting, self._running):
+            keys = [key for key in queue if key[0] == origin]
+            for key in keys:
+                del queue[key]
+            self._dropped_for_dead_origin += len(keys)
+        self._reports = [req for req in self._reports if req.msg.origin != origin]
+
+    # -- the engine -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Run steps while there is work; wait for work otherwise."""
+        while True:
+            if not (self._waiting or self._running or self._reports):
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                continue  # the work may have been dropped again before this task resumed
+            # A detokenizer that is dead (ActorDeadError) or stuck past the send timeout
+            # fails this actor: its refs are fixed at spawn, so only a restart, which its
+            # supervisor gives the live detokenizer's ref, can make the output go anywhere.
+            await self._detokenizer.tell(self._step())
+            # New requests and aborts are handled here, between steps.
+            await anyio.sleep(self._step_time)
+
+    def _step(self) -> BatchTokenIDOutput:
+        """Admit, generate one token per running request, and build the step's batch.
+
+        Runs without awaiting: the handlers see the state before or after a step, never
+        in between.
+        """
+        while self._waiting and len(self._running) < self._max_batch_size:
+            key, req = self._waiting.popitem(last=False)
+            req.cached = self._cache.match(req.msg.input_ids)
+            self._running[key] = req
+        self._steps += 1
+        out = _Columns()
+        for req in self._reports:
+            out.add(req, [], req.abort_reason)
+        self._reports.clear()
+        done: list[_Key] = []
+        generated = 0
+        for key, req in self._running.items():
+            max_new_tokens = req.msg.sampling.max_new_tokens
+            if req.completion >= max_new_tokens:  # asked for no tokens at all
+                out.add(req, [], "length")
+                done.append(key)
+                continue
+            token = self._draw(req)
+            req.completion += 1
+            generated += 1
+            reason: str | None = None
+            if token in req.stop_ids:
+                reason = "stop"
+            elif req.completion >= max_new_tokens:
+                reason = "length"
+            out.add(req, [token], reason)
+            if reason is not None:
+                done.append(key)
+        for key in done:
+            del self._running[key]
+        self._finished += len(done)
+        self._generated += generated
+        return out.batch(self._steps)
+
+    def _draw(self, req: _Request) -> int:
+        """The request's next id: a function of its draws so far, so of its position."""
+        rng = req.rng
+        # One eos roll at every position, whatever follows: requests that differ only in
+        # ignore_eos, stop_token_ids or max_new_tokens draw the same ids until they end.
+        eos_roll = rng.random()
+        if req.pending:
+            return req.pending.pop()  # finish spelling the character; eos never splits one
+        vocab = self._vocab
+        pick = rng.random()
+        if pick < _WIDE_SHARE and vocab.wide:
+            token = rng.choice(vocab.wide)
+        elif pick < _WIDE_SHARE + _SPLIT_SHARE and vocab.split:
+            token, *rest = rng.choice(vocab.split)
+            req.pending = rest[::-1]
+        else:
+            token = rng.choice(vocab.plain)
+        if (
+            eos_roll < self._eos_probability
+            and req.completion >= _MIN_TOKENS_BEFORE_EOS
+            and vocab.eos is not None
+            and not req.msg.sampling.ignore_eos
+        ):
+            return vocab.eos
+        return token
