@@ -25,21 +25,25 @@ $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	$(BIN)/python docs/examples/runtime_demo.py
 
-lint: $(VENV)/.installed-dev
+lint: $(VENV)/.installed-docs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@! grep -rnE "send_pyobj|recv_pyobj" runtime actors || { echo "pickle on the wire is forbidden"; exit 1; }
 
-typecheck: $(VENV)/.installed-dev
+typecheck: $(VENV)/.installed-docs
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-dev
+pytest: $(VENV)/.installed-docs
 	$(BIN)/pytest
 
 test: lint typecheck pytest
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m benchmarks all --json bench-results/results.json
+	$(BIN)/python -m benchmarks plot bench-results/results.json --out docs/img
+
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

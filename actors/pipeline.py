@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from runtime import Actor, ActorRef, ActorSystem, TokenyardError, handler
+from runtime import Actor, ActorRef, ActorSystem, Down, TokenyardError, handler
 
 from ._errors import PipelineClosedError, WorkerDiedError
 from .messages import (
@@ -187,6 +187,20 @@ class PipelineInbox(Actor):
             if state.resolve(req, msg.member, msg.reason):
                 self.start_soon(self._resubmit, req)
 
+    @handler
+    def supervisor_down(self, msg: Down) -> None:
+        """The pipeline supervisor failed (restart intensity exceeded): nothing will be
+        served any more, so every waiting request fails now rather than hang."""
+        state = self.state
+        state.closed = True
+        for req in list(state.requests.values()):
+            req.error = WorkerDiedError(req.request.rid, "pipeline-supervisor", msg.reason)
+            req.done.set()
+            req.notify()
+        state.requests.clear()
+        state.workers.clear()
+        state.workers_notify()
+
     async def _resubmit(self, req: _Request) -> None:
         try:
             await self.state.submit(req)
@@ -257,6 +271,7 @@ class Pipeline:
                 process=False,
                 spawn_timeout=self.ready_timeout,
             )
+            self.system.watch(self._supervisor, notify=inbox)
             with anyio.fail_after(self.ready_timeout):
                 while len(self._state.workers) < self.config.workers:
                     await self._state.workers_changed.wait()

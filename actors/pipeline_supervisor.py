@@ -88,6 +88,9 @@ class PipelineSupervisor(Supervisor):
         self.client = client
         self.routes: dict[Origin, ActorRef[Any]] = {}
         self.duplicate_registrations = 0
+        #: Shared members that died, told to the callers once their successor is up (so a
+        #: resubmitted request never reaches a pipeline still missing them).
+        self.pending_downs: dict[str, str] = {}
 
     # -- starting -------------------------------------------------------------------------
 
@@ -129,6 +132,9 @@ class PipelineSupervisor(Supervisor):
                 for origin, worker in self.routes.items():
                     await self._route(ref, origin, worker)
             await self._broadcast(self.topology())
+            reason = self.pending_downs.pop(name, None)
+            if reason is not None:
+                await self._tell(self.client, WorkerDown(member=name, origin=None, reason=reason))
         else:
             await self._tell(ref, self.topology())
 
@@ -195,7 +201,7 @@ class PipelineSupervisor(Supervisor):
             if detokenizer is not None:
                 await self._tell(detokenizer, AbortAll(reason=down.reason))
         if name in ("detokenizer", "scheduler"):
-            await self._tell(self.client, WorkerDown(member=name, origin=None, reason=down.reason))
+            self.pending_downs[name] = down.reason
 
     async def _tell(self, ref: ActorRef[Any], msg: Any) -> None:
         try:

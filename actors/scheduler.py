@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-from runtime import Actor, ActorRef, handler
+from runtime import Actor, ActorRef, TokenyardError, handler
 
 from ._tokenizer import eos_token_id, load_tokenizer
 from .messages import (
@@ -285,6 +285,9 @@ class Scheduler(Actor):
         if not 0 <= eos_probability <= 1:
             raise ValueError(f"eos_probability must be within [0, 1], got {eos_probability}")
         self._detokenizer = detokenizer
+        self._undelivered = 0
+        #: A step's batch the detokenizer could not take; steps pause until it is sent.
+        self._held: BatchTokenIDOutput | None = None
         self._router = router
         self._tokenizer_path = tokenizer
         self._step_time = step_time
@@ -362,10 +365,22 @@ class Scheduler(Actor):
     @handler
     def on_topology(self, msg: Topology) -> None:
         """Follow a restarted detokenizer or router (the supervisor publishes their refs)."""
-        if msg.detokenizer is not None:
+        if msg.detokenizer is not None and msg.detokenizer != self._detokenizer:
             self._detokenizer = msg.detokenizer
+            if self._held is not None:
+                self.start_soon(self._resend_held)
         if msg.router is not None:
             self._router = msg.router
+
+    async def _resend_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            try:
+                await self._detokenizer.tell(held)
+            except TokenyardError:
+                self._held = held
+                return
+        self._wake.set()
 
     @handler
     def on_abort_all(self, msg: AbortAll) -> None:
@@ -374,6 +389,8 @@ class Scheduler(Actor):
         self._waiting.clear()
         self._running.clear()
         self._reports.clear()
+        self._held = None
+        self._wake.set()
 
     @handler
     async def on_get_load(self, msg: GetLoad) -> None:
@@ -460,14 +477,21 @@ class Scheduler(Actor):
     async def _run(self) -> None:
         """Run steps while there is work; wait for work otherwise."""
         while True:
-            if not (self._waiting or self._running or self._reports):
+            idle = not (self._waiting or self._running or self._reports)
+            if idle or self._held is not None:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue  # the work may have been dropped again before this task resumed
-            # A detokenizer that is dead (ActorDeadError) or stuck past the send timeout
-            # fails this actor: its refs are fixed at spawn, so only a restart, which its
-            # supervisor gives the live detokenizer's ref, can make the output go anywhere.
-            await self._detokenizer.tell(self._step())
+            batch = self._step()
+            try:
+                await self._detokenizer.tell(batch)
+            except TokenyardError as err:
+                # The detokenizer died (or is stuck). Its supervisor tells this scheduler to
+                # drop what it had streamed (AbortAll) and publishes the new detokenizer
+                # (Topology); meanwhile nothing runs, so no output goes nowhere.
+                self._held = batch
+                self._undelivered += 1
+                logger.warning("step %d held: the detokenizer is unreachable: %s", batch.step, err)
             # New requests and aborts are handled here, between steps.
             await anyio.sleep(self._step_time)
 

@@ -77,6 +77,8 @@ class TokenizerWorker(Actor):
         self.scheduler: ActorRef[Any] | None = None
         self.requests: dict[str, _Request] = {}
         self.registered = anyio.Event()
+        #: Requests waiting for a (re)started scheduler, by rid.
+        self.backlog: dict[str, TokenizedGenerate] = {}
         self.control: dict[int, ActorRef[Any]] = {}
         self._control_ids = itertools.count(1)
 
@@ -94,9 +96,13 @@ class TokenizerWorker(Actor):
         self.registered.set()
 
     @handler
-    def topology(self, msg: Topology) -> None:
-        """The supervisor says where the scheduler is now."""
+    async def topology(self, msg: Topology) -> None:
+        """The supervisor says where the scheduler is now: send what waited for it."""
         self.scheduler = msg.scheduler
+        if self.scheduler is not None and self.backlog:
+            backlog, self.backlog = self.backlog, {}
+            for request in backlog.values():
+                await self._forward(request)
 
     # -- requests from callers ------------------------------------------------------------
 
@@ -116,22 +122,21 @@ class TokenizerWorker(Actor):
         if not ids:
             await self._fail(msg.reply_to, msg.rid, 0, "the prompt tokenizes to nothing")
             return
-        scheduler = self.scheduler
-        if scheduler is None:
-            await self._fail(msg.reply_to, msg.rid, len(ids), "the scheduler is restarting")
-            return
         self.requests[msg.rid] = _Request(msg.reply_to, msg.stream, len(ids))
-        try:
-            await scheduler.tell(
-                TokenizedGenerate(
-                    rid=msg.rid, origin=self.origin, input_ids=ids, sampling=msg.sampling
-                )
-            )
-        except TokenyardError as err:
-            self.requests.pop(msg.rid, None)
-            await self._fail(
-                msg.reply_to, msg.rid, len(ids), f"the scheduler is unreachable: {err}"
-            )
+        await self._forward(
+            TokenizedGenerate(rid=msg.rid, origin=self.origin, input_ids=ids, sampling=msg.sampling)
+        )
+
+    async def _forward(self, request: TokenizedGenerate) -> None:
+        """Send to the scheduler; while it is down, keep the request for its successor."""
+        if self.scheduler is not None:
+            try:
+                await self.scheduler.tell(request)
+                return
+            except TokenyardError as err:
+                logger.info("%s: scheduler unreachable, holding requests: %s", self.ref.name, err)
+                self.scheduler = None
+        self.backlog[request.rid] = request
 
     @handler
     async def abort_request(self, msg: AbortRequest) -> None:

@@ -19,7 +19,7 @@ from ._node import Node, handling_address
 from ._watch import LookupQuery, LookupReply
 
 if TYPE_CHECKING:
-    from ._mailbox import Mailbox
+    from ._mailbox import Item, Mailbox
     from ._ref import ActorRef
     from ._system import ActorSystem
 
@@ -100,6 +100,7 @@ class Actor:
     ref: ActorRef[Any]
     system: ActorSystem
     _task_group: anyio.abc.TaskGroup | None = None
+    _failure: Exception | None = None
 
     async def on_start(self) -> None:
         """Called once before the first message; an exception here fails the spawn."""
@@ -114,7 +115,7 @@ class Actor:
         await node.send_control(self.ref.address, Kind.STOP, 0, b"")
 
     def crash(self, error: Exception) -> None:
-        """End this actor with ``error`` (after the running handler returns).
+        """End this actor with ``error`` as soon as the running handler returns.
 
         The actor stops serving without ``on_stop``; whoever watches it (its supervisor)
         gets a ``Down`` whose reason carries the error. This is how an actor fails upward.
@@ -123,6 +124,7 @@ class Actor:
         async def fail() -> None:
             raise error
 
+        self._failure = error
         self.start_soon(fail)
 
     def start_soon(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
@@ -218,15 +220,19 @@ class Cell:
 
     async def _handle_items(
         self,
-        items: list[tuple[Header | None, Message | ErrorBody | None]],
+        items: list[Item],
         handlers: dict[type[Message], tuple[Callable[[Any], Any], bool]],
     ) -> Header | None:
         mailbox = self.mailbox
+        decode_tell = mailbox.decode_tell
         stop: Header | None = None
-        for header, msg in items:
-            mailbox.queued -= 1
+        for header, body in items:
             if header is None:
-                fn, is_async = handlers[type(msg)]  # type: ignore[index]  # a tell is a Message
+                msg = decode_tell(body)  # type: ignore[arg-type]  # a tell's body is its frame
+                if msg is None:
+                    continue
+                mailbox.queued -= 1
+                fn, is_async = handlers[type(msg)]
                 try:
                     if is_async:
                         await fn(msg)
@@ -237,15 +243,22 @@ class Cell:
                     logger.exception("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
                 else:
                     mailbox.handled += 1
-            elif header.kind is Kind.ASK:
-                await self._handle_ask(header, msg)
+                if self.actor._failure is not None:
+                    raise self.actor._failure  # crash() was called: nothing more is handled
+                continue
+            mailbox.queued -= 1
+            decoded = body if not isinstance(body, bytes) else None
+            if header.kind is Kind.ASK:
+                await self._handle_ask(header, decoded)
+                if self.actor._failure is not None:
+                    raise self.actor._failure
             elif header.kind is Kind.STOP:
                 stop = header
                 self.stopping = True
             elif header.kind is Kind.STATS:
                 await self.node.reply(header, mailbox.statistics())
-            elif header.kind is Kind.LOOKUP and isinstance(msg, LookupQuery):
-                found = await self.actor.system.lookup(msg.name, missing_ok=True)
+            elif header.kind is Kind.LOOKUP and isinstance(decoded, LookupQuery):
+                found = await self.actor.system.lookup(decoded.name, missing_ok=True)
                 await self.node.reply(header, LookupReply(ref=found))
             else:
                 mailbox.rejected += 1

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from ._message import Message
 
@@ -61,7 +61,8 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 #: First byte of every header frame (msgpack never emits it).
-HEADER_BYTE = b"\xc1"
+HEADER_MARK = 0xC1
+HEADER_BYTE = bytes([HEADER_MARK])
 #: Most frames a header may announce (body plus extra buffers).
 MAX_FRAMES = 64
 
@@ -153,16 +154,22 @@ class MailboxDecoder:
         self._array = msgspec.msgpack.Decoder(_union(arrays)) if arrays else None
         self._map = msgspec.msgpack.Decoder(_union(maps)) if maps else None
 
-    def decode(self, buf: bytes | memoryview) -> Message:
-        """Decode one body.
+        # One shape accepted (the common case): decode is the msgspec decoder's own method,
+        # with no dispatch on the first byte (a wrong-shape frame still fails validation).
+        only = self._map if self._array is None else self._array if self._map is None else None
+        self.decode: Callable[[bytes | memoryview], Message] = (
+            only.decode if only is not None else self._decode_either
+        )
+
+    def _decode_either(self, buf: bytes | memoryview) -> Message:
+        """Decode one body, picking the array or map decoder by its first byte.
 
         Raises:
             msgspec.DecodeError: Undecodable bytes.
             msgspec.ValidationError: A well-formed message of a type this mailbox refuses.
         """
         decoder = self._array if buf[:1] and buf[0] in _ARRAY_FIRST_BYTES else self._map
-        if decoder is None:
-            raise msgspec.ValidationError("this mailbox accepts no message of that shape")
+        assert decoder is not None
         result: Message = decoder.decode(buf)
         return result
 

@@ -67,6 +67,9 @@ class MailboxClosedError(TokenyardError):
 def sole_error(err: BaseException) -> BaseException:
     """The one error inside nested single-member exception groups (task groups wrap what
     they raise), or ``err`` itself: what a reason or a SpawnError should name."""
-    while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
-        err = err.exceptions[0]
+    while isinstance(err, BaseExceptionGroup):
+        distinct = {id(e): e for e in err.exceptions}  # one error raised twice is one
+        if len(distinct) != 1:
+            break
+        err = next(iter(distinct.values()))
     return err

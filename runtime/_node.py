@@ -153,6 +153,8 @@ class Node:
         address = ref.address
         if self._dead and address in self._dead:
             self._check_alive(ref)
+        if address not in self._watched and ref.owner and ref.owner != self.reply_address:
+            self.subscribe(ref)
         frame = _encode(msg)
         if not self.outbox.try_send(address, frame):
             await self.outbox.send(address, frame, timeout)

@@ -247,6 +247,9 @@ class ChildProcess:
             [sys.executable, "-m", "runtime._child"],
             stdin=subprocess.PIPE,
             close_fds=True,
+            # Its own session: a terminal's Ctrl-C reaches the root only, which then stops
+            # the tree in order (the children still die with their parent).
+            start_new_session=True,
             cwd=spec.cwd,
             env=_child_env(),
         )

@@ -272,6 +272,7 @@ class Supervisor(Actor):
             group = self.entries[index:]
         await self._stop_children([e for e in group if e is not entry])
         try:
+            self._count_restart()  # one incident, however many children it restarts (OTP)
             for member in group:
                 await self._restart(member)
         except RestartIntensityError as err:
@@ -284,8 +285,11 @@ class Supervisor(Actor):
         _event("restarted", self.ref.name, entry.spec.name, ms=round(self.last_restart_ms, 1))
 
     async def _restart(self, entry: _Entry) -> None:
+        first = True
         while True:
-            self._count_restart()
+            if not first:
+                self._count_restart()  # a failed restart attempt is another restart
+            first = False
             delay = self._backoff(entry)
             if delay:
                 await _sleep(delay)
@@ -319,8 +323,8 @@ class Supervisor(Actor):
         n = len(entry.restarts)
         if n <= 1:
             return 0.0
-        base = min(self.backoff * 2.0 ** (n - 2), self.backoff_max)
-        return float(base * self._rng.uniform(0.5, 1.5))
+        base = self.backoff * 2.0 ** (n - 2) * self._rng.uniform(0.5, 1.5)
+        return float(min(base, self.backoff_max))
 
     # -- introspection --------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from ._errors import (
     RemoteActorError,
     SpawnError,
     TokenyardError,
+    sole_error,
 )
 from ._mailbox import Mailbox, MailboxStatistics
 from ._node import Node
@@ -39,7 +40,7 @@ from ._spawn import (
     main_reference,
 )
 from ._transport import TransportOptions, bind_pull, ipc_path
-from ._watch import Down, LookupQuery, LookupReply, reason_for_status
+from ._watch import Down, LookupQuery, LookupReply, oom_kills, reason_for_status
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -58,6 +59,7 @@ class _Child:
     process: ChildProcess | None = None
     token: int = 0
     node_address: str = ""
+    oom_before: int | None = None
     cell: Cell | None = None
     scope: anyio.CancelScope | None = None
     down: Down | None = None
@@ -279,7 +281,13 @@ class ActorSystem:
             cookie=node.cookie,
         )
         proc = ChildProcess.start(spec)
-        child = _Child(ActorRef(name, "", incarnation), stop_after, process=proc, token=token)
+        child = _Child(
+            ActorRef(name, "", incarnation),
+            stop_after,
+            process=proc,
+            token=token,
+            oom_before=oom_kills(),
+        )
         exit_waiter = asyncio.ensure_future(proc.wait())
         try:
             done, _ = await asyncio.wait(
@@ -393,7 +401,8 @@ class ActorSystem:
                     SpawnError(f"actor {child.ref.name!r} failed in on_start: {err!r}")
                 )
                 return
-            reason = f"exception: {err!r}"
+            cause = sole_error(err)
+            reason = f"exception: {type(cause).__module__}.{type(cause).__qualname__}: {cause}"
             logger.exception("in-process actor %s crashed", child.ref.name)
         finally:
             self._drop_cell(cell)
@@ -408,7 +417,8 @@ class ActorSystem:
         child.process.close()
         node = self.node
         node.read_replies()
-        reason, signum = reason_for_status(code, node.last_words.pop(child.token, None))
+        words = node.last_words.pop(child.token, None)
+        reason, signum = reason_for_status(code, words, child.oom_before)
         self._died(child, Down(ref=child.ref, reason=reason, exitcode=code, signal=signum))
 
     def _died(self, child: _Child, down: Down) -> None:
@@ -482,7 +492,12 @@ class ActorSystem:
         """
         child = self._children.get(ref.address)
         if child is None:
-            raise ActorDeadError(f"actor {ref.name!r} is not running in this system")
+            if self.node.is_dead(ref.address):
+                raise ActorDeadError(f"actor {ref.name!r} is already dead")
+            raise ActorDeadError(
+                f"actor {ref.name!r} is not a child of this system: stop it through the "
+                "system or supervisor that started it"
+            )
         return await self._stop_child(child, child.shutdown_timeout if timeout is None else timeout)
 
     async def _stop_child(self, child: _Child, timeout: float) -> Down:

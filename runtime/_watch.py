@@ -32,12 +32,41 @@ class Down(Message):
         return self.reason == "normal"
 
 
-def reason_for_status(status: int, error: str | None = None) -> tuple[str, int | None]:
-    """Turn a process exit status (and an error the process reported) into a reason."""
+_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
+
+
+def oom_kills() -> int | None:
+    """The cgroup's count of out-of-memory kills, where the OS exposes it (cgroup v2)."""
+    try:
+        with open(_MEMORY_EVENTS, encoding="ascii") as events:
+            for line in events:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def reason_for_status(
+    status: int, error: str | None = None, oom_before: int | None = None
+) -> tuple[str, int | None]:
+    """Turn a process exit status (and an error the process reported) into a reason.
+
+    Args:
+        status: The exit status (negative: the signal that killed it).
+        error: What the process said before exiting, if anything.
+        oom_before: The cgroup's OOM-kill count when the process started: a SIGKILL while
+            that count grew is reported as a kill for memory.
+    """
     if status == 0:
         return "normal", None
     if status < 0:
         signum = -status
+        if signum == _signal.SIGKILL and oom_before is not None:
+            now = oom_kills()
+            if now is not None and now > oom_before:
+                return "killed for memory (the kernel's OOM killer)", signum
         try:
             name = _signal.Signals(signum).name
         except ValueError:

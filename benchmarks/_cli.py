@@ -1,0 +1,122 @@
+"""The ``python -m benchmarks`` command line: one subcommand per suite, ``all``, ``plot``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from . import dispatch, mailbox
+from ._console import RichProgress, print_summary
+from ._proc import BenchmarkError
+from ._results import Results, describe_machine, now_iso, read_results, write_results
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ._results import SuiteResult
+    from ._suite import Suite
+
+#: Every suite, in the order ``all`` runs them. A new suite is a module with a ``SUITE``
+#: and one line here.
+SUITES: dict[str, Suite] = {suite.name: suite for suite in (mailbox.SUITE, dispatch.SUITE)}
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="PATH", help="write every figure and the machine here")
+    parser.add_argument(
+        "--full", action="store_true", help="longer runs (default: quick, under a minute a suite)"
+    )
+    parser.add_argument("--rounds", type=int, metavar="N", help="timed rounds per variant")
+    parser.add_argument(
+        "--check", action="store_true", help="exit with status 1 when a target is missed"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser: a subcommand per suite, ``all`` with every suite's options, ``plot``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="tokenyard benchmarks: each variant in its own processes, baselines in "
+        "the same run, ratios in the report.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for suite in SUITES.values():
+        p = sub.add_parser(suite.name, help=suite.help, description=suite.help)
+        _common(p)
+        for option in suite.options:
+            option.add_to(p)
+    every = sub.add_parser("all", help="run every suite", description="Run every suite.")
+    _common(every)
+    added: set[str] = set()
+    for suite in SUITES.values():
+        group = every.add_argument_group(f"{suite.name} options")
+        for option in suite.options:
+            if option.flag not in added:  # a flag shared by two suites is one option
+                added.add(option.flag)
+                option.add_to(group)
+    plot = sub.add_parser("plot", help="draw PNG charts from a --json results file")
+    plot.add_argument("results", help="a file written by --json")
+    plot.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs")
+    return parser
+
+
+def run_suites(names: list[str], args: argparse.Namespace, console: Console) -> int:
+    """Run the named suites with a progress bar, print the summary, write ``--json``."""
+    if args.rounds is not None and args.rounds <= 0:
+        raise SystemExit(f"--rounds must be positive (got {args.rounds})")
+    started = now_iso()
+    results: list[SuiteResult] = []
+    with RichProgress(console) as progress:
+        for name in names:
+            progress.suite(name)
+            results.append(SUITES[name].run(args, progress))
+            progress.done()
+    machine = describe_machine()
+    print_summary(console, machine, results)
+    if args.json:
+        write_results(
+            args.json,
+            Results(
+                started=started,
+                argv=["python", "-m", "benchmarks", *sys.argv[1:]],
+                machine=machine,
+                suites=results,
+            ),
+        )
+        console.print(f"wrote {args.json}")
+    missed = [t.name for r in results for t in r.targets if not t.met]
+    return 1 if args.check and missed else 0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m benchmarks``."""
+    args = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every `finally` runs: the processes of the variant
+    # running are killed and the private socket directory is removed.
+    signal.signal(signal.SIGTERM, _interrupt)
+    # Piped output (make bench, CI logs) gets a table wide enough not to wrap every row.
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    try:
+        if args.command == "plot":
+            from ._plot import plot_results
+
+            for path in plot_results(read_results(args.results), args.out):
+                console.print(f"wrote {path}")
+            return 0
+        names = list(SUITES) if args.command == "all" else [args.command]
+        return run_suites(names, args, console)
+    except BenchmarkError as err:
+        console.print(f"[red]benchmark failed:[/] {err}")
+        return 2
+    except KeyboardInterrupt:
+        # Every process a variant started was killed on the way out (benchmarks._proc).
+        console.print("[yellow]interrupted[/]")
+        return 130

@@ -1,0 +1,164 @@
+"""The terminal side of a run: a rich progress bar while suites run, tables at the end."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress import Progress as RichProgressBar
+from rich.table import Table
+
+from ._results import BASELINE, INFO, SUBJECT
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from rich.console import Console
+
+    from ._results import Figure, Machine, SuiteResult
+
+
+class RichProgress:
+    """A ``Progress`` (see ``benchmarks._suite``) drawn as one rich bar per suite."""
+
+    def __init__(self, console: Console) -> None:
+        self._bar = RichProgressBar(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.fields[suite]}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
+        )
+        self._task: TaskID | None = None
+        self._suite = ""
+
+    def __enter__(self) -> RichProgress:
+        self._bar.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._bar.__exit__(exc_type, exc, tb)
+
+    def suite(self, name: str) -> None:
+        """Start reporting for the suite ``name`` (its bar appears at ``begin``)."""
+        self._suite = name
+        self._task = None
+
+    def begin(self, total: int) -> None:
+        """Draw the suite's bar with ``total`` steps."""
+        self._task = self._bar.add_task("", total=total, suite=self._suite)
+
+    def step(self, label: str) -> None:
+        """Show the step now running."""
+        if self._task is not None:
+            self._bar.update(self._task, description=label)
+
+    def advance(self) -> None:
+        """One step done."""
+        if self._task is not None:
+            self._bar.advance(self._task)
+
+    def done(self) -> None:
+        """Clear the description of the finished suite."""
+        if self._task is not None:
+            self._bar.update(self._task, description="[green]done[/]")
+
+
+def format_value(value: float, unit: str) -> str:
+    """A figure for people: thousands separators for rates, two decimals for times."""
+    if unit.endswith("/s"):
+        return f"{value:,.0f} {unit}"
+    if unit == "us":
+        return f"{value:,.1f} us"
+    return f"{value:,.3g} {unit}"
+
+
+_ROLE_STYLE = {SUBJECT: "bold cyan", BASELINE: "", INFO: "dim"}
+
+
+def _ratios(fig: Figure) -> str:
+    return "\n".join(f"{r.value:.2f}x {r.label}" for r in fig.ratios)
+
+
+def suite_table(result: SuiteResult) -> Table:
+    """Every figure of a suite: variant, payload, figure, value, ratio vs baselines."""
+    table = Table(
+        title=f"{result.suite} suite ({result.duration_s:.1f} s)",
+        title_justify="left",
+        show_lines=False,
+    )
+    table.add_column("variant")
+    table.add_column("payload")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("ratio vs baseline", justify="right")
+    last = ""
+    for fig in result.figures:
+        group = f"{fig.payload}:{fig.unit}"
+        if last and group != last:
+            table.add_section()
+        last = group
+        table.add_row(
+            fig.variant,
+            fig.payload,
+            fig.metric,
+            format_value(fig.value, fig.unit),
+            _ratios(fig),
+            style=_ROLE_STYLE.get(fig.role, ""),
+        )
+    return table
+
+
+def targets_table(result: SuiteResult) -> Table | None:
+    """The suite's goals and whether this run met them (``None`` when it has none)."""
+    if not result.targets:
+        return None
+    table = Table(title=f"{result.suite} targets", title_justify="left")
+    table.add_column("target")
+    table.add_column("measured", justify="right")
+    table.add_column("met", justify="center")
+    for target in result.targets:
+        unit = "x" if target.baseline else f" {result.figure(target.figure).unit}"
+        table.add_row(
+            target.name,
+            f"{target.value:.2f}{unit}",
+            "[green]yes[/]" if target.met else "[red]no[/]",
+        )
+    return table
+
+
+def machine_line(machine: Machine) -> str:
+    """One line saying where the numbers come from."""
+    load = ", ".join(f"{x:.2f}" for x in machine.load_average) or "n/a"
+    return (
+        f"{machine.cpu_count} CPUs, {machine.platform}, Python {machine.python}, "
+        f"pyzmq {machine.pyzmq} (libzmq {machine.libzmq}), msgspec {machine.msgspec}, "
+        f"anyio {machine.anyio}; load average {load}"
+    )
+
+
+def print_summary(console: Console, machine: Machine, results: list[SuiteResult]) -> None:
+    """Print the machine, then each suite's figures, targets and notes."""
+    console.print(f"[dim]{machine_line(machine)}[/]")
+    for result in results:
+        console.print(suite_table(result))
+        targets = targets_table(result)
+        if targets is not None:
+            console.print(targets)
+        for note in result.notes:
+            console.print(f"[dim]- {note}[/]")

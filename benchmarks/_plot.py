@@ -1,0 +1,151 @@
+"""``python -m benchmarks plot results.json --out DIR``: PNG charts from a results file.
+
+Charts are described by the suites themselves (``Chart`` in the results), so this module
+draws any suite's charts without knowing the suite: one panel per payload, one group of
+bars per variant, one bar per metric, baselines in grey, the subject in colour.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display, no GUI toolkit needed
+import matplotlib.pyplot as plt
+from matplotlib.ticker import EngFormatter, FuncFormatter
+
+from ._console import format_value
+from ._results import BASELINE, INFO, SUBJECT
+
+if TYPE_CHECKING:
+    from ._results import Chart, Figure, Results, SuiteResult
+
+# One colour per role when a chart has one metric; one per metric otherwise.
+_ROLE_COLOURS = {SUBJECT: "#1f77b4", BASELINE: "#8c8c8c", INFO: "#d0d0d0"}
+_ROLE_NAMES = {SUBJECT: "tokenyard", BASELINE: "baseline", INFO: "context"}
+_METRIC_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")
+
+
+def _panels(chart: Chart, figures: list[Figure]) -> list[str]:
+    if not chart.panel_by:
+        return [""]
+    seen: dict[str, None] = {}
+    for fig in figures:
+        seen.setdefault(fig.payload, None)
+    return list(seen)
+
+
+def _wrap(label: str, width: int = 14) -> str:
+    """Break a long variant name over lines at spaces so tick labels do not collide."""
+    lines: list[str] = []
+    for word in label.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def _draw_panel(ax: Any, chart: Chart, figures: list[Figure], panel: str) -> None:
+    variants = list(dict.fromkeys(f.variant for f in figures))
+    by_cell = {(f.variant, f.metric): f for f in figures}
+    width = 0.8 / len(chart.metrics)
+    top, bottom = 0.0, float("inf")
+    for j, metric in enumerate(chart.metrics):
+        xs, heights, colours, labels = [], [], [], []
+        for i, variant in enumerate(variants):
+            fig = by_cell.get((variant, metric))
+            if fig is None:
+                continue
+            xs.append(i + (j - (len(chart.metrics) - 1) / 2) * width)
+            heights.append(fig.value)
+            top, bottom = max(top, fig.value), min(bottom, fig.value)
+            if len(chart.metrics) == 1:
+                colours.append(_ROLE_COLOURS.get(fig.role, "#8c8c8c"))
+            else:
+                colours.append(_METRIC_COLOURS[j % len(_METRIC_COLOURS)])
+            text = format_value(fig.value, fig.unit).replace(f" {fig.unit}", "")
+            if fig.ratios and j == 0:  # the first ratio is the one the figure is read against
+                text += f"\n{fig.ratios[0].value:.2f}x {fig.ratios[0].label}"
+            labels.append(text)
+        bars = ax.bar(
+            xs,
+            heights,
+            width * 0.95,
+            color=colours,
+            label=metric if len(chart.metrics) > 1 else None,
+            edgecolor="black",
+            linewidth=0.4,
+        )
+        ax.bar_label(bars, labels=labels, fontsize=7, padding=2)
+    legend = len(chart.metrics) > 1
+    if chart.reference:
+        ref = by_cell.get((chart.reference, chart.metrics[0]))
+        if ref is not None:
+            # In the legend, not next to the line: a label there collides with bar labels.
+            ax.axhline(
+                ref.value, color="black", linestyle="--", linewidth=0.8, label=chart.reference
+            )
+            legend = True
+    limit = chart.limits.get(panel)
+    if limit is not None:
+        ax.axhline(limit, color="#d62728", linestyle=":", linewidth=1.2, label=f"goal {limit:g}")
+        legend = True
+    ax.set_xticks(range(len(variants)))
+    ax.set_xticklabels([_wrap(v) for v in variants], fontsize=8)
+    for tick, variant in zip(ax.get_xticklabels(), variants, strict=True):
+        if any(f.role == SUBJECT for f in figures if f.variant == variant):
+            tick.set_fontweight("bold")
+    ax.set_ylabel(chart.unit)
+    ax.set_title(chart.panel_titles.get(panel, panel), fontsize=10)
+    if chart.log:
+        ax.set_yscale("log")
+        # Whole decades, so bar heights compare honestly; room above for the labels.
+        ax.set_ylim(10 ** math.floor(math.log10(bottom or 1)), (top or 1) * 4)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    else:
+        ax.set_ylim(0, top * 1.3 or 1)  # room for the value labels
+        ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    if len(chart.metrics) == 1:
+        # Colour means role here: say so, for the roles this panel shows.
+        shown = dict.fromkeys(f.role for f in figures)
+        for role in (SUBJECT, BASELINE, INFO):
+            if role in shown:
+                ax.bar([0], [0], width=0, color=_ROLE_COLOURS[role], label=_ROLE_NAMES[role])
+        legend = True
+    if legend:
+        ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
+
+
+def draw_chart(result: SuiteResult, chart: Chart, out: Path) -> Path:
+    """Draw one chart of a suite into ``out`` and return the file written."""
+    figures = [f for f in result.figures if f.metric in chart.metrics]
+    panels = _panels(chart, figures)
+    bars = len({f.variant for f in figures}) * len(chart.metrics)
+    width = max(5.5, 1.0 + 0.8 * bars)  # per panel: room for every value label
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.8), squeeze=False)
+    try:
+        for ax, panel in zip(axes[0], panels, strict=True):
+            members = [f for f in figures if not chart.panel_by or f.payload == panel]
+            _draw_panel(ax, chart, members, panel)
+        fig.suptitle(chart.title, fontsize=11)
+        fig.tight_layout()
+        path = out / f"{chart.name}.png"
+        fig.savefig(path, dpi=130)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_results(results: Results, out: str) -> list[Path]:
+    """Draw every chart of every suite in ``results`` into the directory ``out``."""
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    return [
+        draw_chart(result, chart, directory) for result in results.suites for chart in result.charts
+    ]

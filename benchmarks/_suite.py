@@ -1,0 +1,75 @@
+"""What a benchmark suite is, for the CLI: a name, its options, and a ``run`` function.
+
+A new suite is a module exposing ``SUITE = Suite(...)`` plus one line in
+``benchmarks._cli.SUITES``; the CLI gives it a subcommand, a place in ``all``, the progress
+bar, the summary table, ``--json`` and ``plot`` without further edits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable
+
+    from ._results import SuiteResult
+
+
+class Progress(Protocol):
+    """How a suite reports progress (the CLI draws it as a rich progress bar)."""
+
+    def begin(self, total: int) -> None:
+        """Announce how many steps the suite will take."""
+
+    def step(self, label: str) -> None:
+        """Announce the step starting now (shown next to the bar)."""
+
+    def advance(self) -> None:
+        """Mark the current step done."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """A suite-specific command-line option (``--messages N``).
+
+    Options with the same flag in two suites are one option: ``all`` adds it once.
+    """
+
+    flag: str
+    help: str
+    type: Callable[[str], object] = int
+    metavar: str = "N"
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """Add the option (default ``None``: the suite picks quick or ``--full`` sizes)."""
+        parser.add_argument(self.flag, type=self.type, metavar=self.metavar, help=self.help)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One benchmark suite.
+
+    Attributes:
+        name: Subcommand name and key in the results file.
+        help: One line for ``--help``.
+        run: Measures everything and returns the suite's result; ``args`` holds the common
+            options (``full``, ``rounds``) and the suite's own.
+        options: The suite's own options.
+    """
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace, Progress], SuiteResult]
+    options: tuple[Option, ...] = field(default=())
+
+
+def pick(args: argparse.Namespace, name: str, quick: int, full: int) -> int:
+    """The size the user gave for ``name``, else the quick or ``--full`` default."""
+    given: int | None = getattr(args, name, None)
+    if given is not None:
+        if given <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be positive (got {given})")
+        return given
+    return full if args.full else quick

@@ -1,0 +1,71 @@
+"""The tokenyard variants: the system runs in the driver, the actor in its own process.
+
+Both measure through the public API only (``spawn``, ``tell``, ``ask``, ``stop``), so they
+measure what a user of the runtime gets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from runtime import ActorSystem
+
+from ._actors import Counter, Echo
+from ._messages import Ack, CountQuery, make_message
+from ._proc import BenchmarkError, Latency, Measurement, latency_of
+
+#: Seconds an ask may take before the run is declared broken (never reached when healthy).
+_ASK_TIMEOUT = 60.0
+
+
+async def measure_tell(payload: str, count: int, rounds: int, warmup: int) -> Measurement:
+    """Throughput of ``tell`` from this process into a counting actor process.
+
+    Each round runs from the first ``tell`` until the actor has *handled* the last one:
+    the round ends with an ``ask(CountQuery())`` that queues behind the tells on the same
+    pipe, and its reply carries the count, which must match what was sent.
+    """
+    msg = make_message(payload)
+    async with ActorSystem(name="bench") as system:
+        ref = await system.spawn(Counter, name="counter")
+        tell = ref.tell
+        sent = 0
+
+        async def burst(n: int) -> float:
+            nonlocal sent
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                await tell(msg)
+            reply = await ref.ask(CountQuery(), timeout=_ASK_TIMEOUT)
+            elapsed = (time.perf_counter_ns() - t0) / 1e9
+            sent += n
+            if not isinstance(reply, Ack) or reply.n != sent:
+                raise BenchmarkError(f"the counter handled {reply!r}, {sent} were told")
+            return n / elapsed
+
+        await burst(warmup)  # connects, fills caches, warms the allocator
+        rates = [await burst(count) for _ in range(rounds)]
+        await system.stop(ref)
+    return Measurement(throughput=rates, frame_bytes=len(msgspec.msgpack.encode(msg)))
+
+
+async def measure_ask(payload: str, count: int, rounds: int, warmup: int) -> Measurement:
+    """Round-trip time of ``ask`` to an actor process that replies with a small ``Ack``."""
+    msg = make_message(payload)
+    async with ActorSystem(name="bench") as system:
+        ref = await system.spawn(Echo, name="echo")
+        ask = ref.ask
+        perf = time.perf_counter_ns
+        results: list[Latency] = []
+        for r in range(rounds + 1):
+            samples: list[int] = []
+            for _ in range(warmup if r == 0 else count):
+                t0 = perf()
+                await ask(msg, timeout=_ASK_TIMEOUT)
+                samples.append(perf() - t0)
+            if r:  # round 0 is the warm-up
+                results.append(latency_of(samples))
+        await system.stop(ref)
+    return Measurement(latency=results, frame_bytes=len(msgspec.msgpack.encode(msg)))
