@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
+import msgspec
 
 from ._codec import ErrorBody, Header, Kind, MailboxDecoder
 from ._errors import ProtocolError, TokenyardError, sole_error
@@ -224,14 +225,17 @@ class Cell:
         handlers: dict[type[Message], tuple[Callable[[Any], Any], bool]],
     ) -> Header | None:
         mailbox = self.mailbox
-        decode_tell = mailbox.decode_tell
+        actor = self.actor
+        decode = mailbox.decoder.decode
         stop: Header | None = None
         for header, body in items:
             if header is None:
-                msg = decode_tell(body)  # type: ignore[arg-type]  # a tell's body is its frame
-                if msg is None:
-                    continue
                 mailbox.queued -= 1
+                try:
+                    msg = decode(body)  # type: ignore[arg-type]  # a tell's body is its frame
+                except (msgspec.DecodeError, msgspec.ValidationError) as err:
+                    mailbox.reject(err, body)  # type: ignore[arg-type]
+                    continue
                 fn, is_async = handlers[type(msg)]
                 try:
                     if is_async:
@@ -243,8 +247,8 @@ class Cell:
                     logger.exception("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
                 else:
                     mailbox.handled += 1
-                if self.actor._failure is not None:
-                    raise self.actor._failure  # crash() was called: nothing more is handled
+                if actor._failure is not None:
+                    raise actor._failure  # crash() was called: nothing more is handled
                 continue
             mailbox.queued -= 1
             decoded = body if not isinstance(body, bytes) else None

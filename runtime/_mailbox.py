@@ -115,15 +115,6 @@ class Mailbox:
         self.queued += len(items)
         return items
 
-    def decode_tell(self, frame: bytes) -> Message | None:
-        """Decode a tell's frame; a refused one is counted, logged, and gives ``None``."""
-        try:
-            return self.decoder.decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            self.queued -= 1
-            self._reject(err, frame)
-            return None
-
     async def receive(self, limit: int = 1024) -> list[Item]:
         """Wait for at least one message, then drain up to ``limit`` without awaiting."""
         while True:
@@ -139,30 +130,31 @@ class Mailbox:
                 raise msgspec.ValidationError(f"a header announcing {header.frames} frames")
             rest = [recv_frame(self.sock, zmq.NOBLOCK) for _ in range(header.frames)]
         except (msgspec.DecodeError, msgspec.ValidationError, zmq.Again) as err:
-            self._reject(err, first)
+            self.reject(err, first)
             return None
         if header.kind in CONTROL_KINDS and header.cookie != self.cookie:
-            self._reject(msgspec.ValidationError("a control frame without the cookie"), first)
+            self.reject(msgspec.ValidationError("a control frame without the cookie"), first)
             return None
         if header.kind is Kind.LOOKUP:
             try:
                 return (header, _lookup_decoder.decode(rest[0]))
             except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                self._reject(err, rest[0])
+                self.reject(err, rest[0])
                 return None
         if header.kind is not Kind.ASK:
             return (header, None)
         if not header.reply_to.startswith(("ipc://", "tcp://")):
-            self._reject(msgspec.ValidationError("an ask with no usable reply address"), first)
+            self.reject(msgspec.ValidationError("an ask with no usable reply address"), first)
             return None
         try:
             return (header, self.decoder.decode(rest[0]))
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            self._reject(err, rest[0])
+            self.reject(err, rest[0])
             text = f"{self.owner} refused the message: {err}"
             return (header, ErrorBody("runtime.ProtocolError", text, ""))
 
-    def _reject(self, err: Exception, frame: bytes) -> None:
+    def reject(self, err: Exception, frame: bytes) -> None:
+        """Count a refused frame and log it (at most one line per few seconds)."""
         self.rejected += 1
         self._unlogged += 1
         now = time.monotonic()

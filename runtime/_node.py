@@ -112,6 +112,8 @@ class Node:
         #: Why a child process said it is exiting, by its spawn token.
         self.last_words: dict[int, str] = {}
         self._dead: dict[str, str] = {}
+        #: Addresses this node has sent to (the hot path's one check before subscribing).
+        self._known: set[str] = set()
         #: Addresses this node asked an owner about, and that owner's reply address.
         self._watched: dict[str, str] = {}
         #: Local callbacks waiting for a death, by address.
@@ -148,16 +150,27 @@ class Node:
                 reason=reason,
             )
 
-    async def tell(self, ref: ActorRef[Any], msg: Message, timeout: float | None) -> None:
-        """Encode and send a one-way message (one frame)."""
+    def try_tell(self, ref: ActorRef[Any], msg: Message) -> bytes | None:
+        """Encode and send a one-way message (one frame) if its queue has room now.
+
+        Returns:
+            ``None`` when sent; else the encoded frame, for ``outbox.send`` to wait with.
+        """
         address = ref.address
+        if address not in self._known:
+            self._learn(ref)
         if self._dead and address in self._dead:
             self._check_alive(ref)
-        if address not in self._watched and ref.owner and ref.owner != self.reply_address:
-            self.subscribe(ref)
         frame = _encode(msg)
-        if not self.outbox.try_send(address, frame):
-            await self.outbox.send(address, frame, timeout)
+        if self.outbox.try_send(address, frame):
+            return None
+        return frame
+
+    def _learn(self, ref: ActorRef[Any]) -> None:
+        """First message to an address: subscribe to its death if another node owns it."""
+        self._known.add(ref.address)
+        if ref.owner and ref.owner != self.reply_address:
+            self.subscribe(ref)
 
     def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
         """Register a pending reply (an ask, a readiness or stop handshake)."""

@@ -44,7 +44,10 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             MailboxFullError: The mailbox stayed full for ``timeout`` seconds.
             ActorDeadError: This incarnation is known to be dead.
         """
-        await current_node().tell(self, msg, timeout)
+        node = current_node()
+        frame = node.try_tell(self, msg)
+        if frame is not None:  # the mailbox is full: wait for room, up to the timeout
+            await node.outbox.send(self.address, frame, timeout)
 
     async def ask(self, msg: M, *, timeout: float = 5.0) -> Any:
         """Send ``msg`` and wait for the handler's return value.
