@@ -22,10 +22,11 @@ import threading
 import typing
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
-from ._codec import encode_spawn_value
-from ._errors import SpawnError
+from ._codec import Header, Kind, ReadyBody, encode_spawn_value, ready_decoder
+from ._errors import RemoteActorError, SpawnError
 from ._message import type_path
 from ._transport import TransportOptions
 
@@ -289,6 +290,13 @@ class ChildProcess:
         """SIGKILL."""
         self.signal(signal.SIGKILL)
 
+    async def reap(self) -> int:
+        """Wait for the exit (even while being cancelled), release, return the status."""
+        with anyio.CancelScope(shield=True):
+            code = await self.wait()
+        self.close()
+        return code
+
     def close(self) -> None:
         """Release the pidfd and the stdin pipe (the child sees EOF if still alive)."""
         if self._pidfd is not None:
@@ -299,6 +307,50 @@ class ChildProcess:
         if self.popen.stdin is not None:
             with contextlib.suppress(OSError):
                 self.popen.stdin.close()
+
+
+async def start_process(
+    spec: SpawnSpec, ready: asyncio.Future[Any], timeout: float
+) -> tuple[ChildProcess, ReadyBody]:
+    """Start an actor process and wait until it reports ready.
+
+    Args:
+        spec: What to start; ``spec.token`` correlates the report.
+        ready: Resolved by the parent's reply inbox with the report (READY or FAILED).
+        timeout: Seconds it has.
+
+    Raises:
+        SpawnError: It reported a failure, exited first, or was too slow (it is then
+            killed); in every case the process has been reaped.
+    """
+    name = spec.name
+    proc = ChildProcess.start(spec)
+    exit_waiter = asyncio.ensure_future(proc.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {ready, exit_waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        exit_waiter.cancel()
+    if ready in done:
+        try:
+            header, body = ready.result()
+        except RemoteActorError as err:
+            await proc.reap()
+            raise SpawnError(f"actor {name!r} failed to start: {err}") from err
+        assert isinstance(header, Header)
+        assert header.kind is Kind.READY
+        return proc, ready_decoder.decode(body)
+    ready.cancel()
+    if exit_waiter in done or proc.returncode is not None:
+        code = await proc.reap()
+        raise SpawnError(f"actor process {name!r} exited with status {code} before it was ready")
+    proc.kill()
+    await proc.reap()
+    raise SpawnError(
+        f"actor {name!r} did not become ready within {timeout:g} s; a slow on_start needs "
+        "a larger spawn(spawn_timeout=...) or ActorSystem(spawn_timeout=...)"
+    )
 
 
 def _child_env() -> dict[str, str]:

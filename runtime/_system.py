@@ -19,11 +19,10 @@ import anyio
 import msgspec
 
 from ._actor import Actor, Cell
-from ._codec import DownBody, Header, Kind, ready_decoder
+from ._codec import DownBody, Kind
 from ._errors import (
     ActorDeadError,
     ActorNotFoundError,
-    RemoteActorError,
     SpawnError,
     TokenyardError,
     sole_error,
@@ -32,18 +31,20 @@ from ._mailbox import Mailbox, MailboxStatistics
 from ._node import Node
 from ._ref import ActorRef
 from ._spawn import (
-    ChildProcess,
     SpawnSpec,
     actor_path,
     decode_arguments,
     encode_arguments,
     main_reference,
+    start_process,
 )
 from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Down, LookupQuery, LookupReply, oom_kills, reason_for_status
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from ._spawn import ChildProcess
 
 logger = logging.getLogger("tokenyard.system")
 
@@ -280,55 +281,23 @@ class ActorSystem:
             shutdown_timeout=self.shutdown_timeout,
             cookie=node.cookie,
         )
-        proc = ChildProcess.start(spec)
+        oom_before = oom_kills()
+        try:
+            proc, started = await start_process(spec, ready, timeout)
+        finally:
+            node.drop_request(token)
+        ref: ActorRef[Any] = ActorRef(name, started.address, incarnation, node.reply_address)
         child = _Child(
-            ActorRef(name, "", incarnation),
+            ref,
             stop_after,
             process=proc,
             token=token,
-            oom_before=oom_kills(),
+            node_address=started.node,
+            oom_before=oom_before,
         )
-        exit_waiter = asyncio.ensure_future(proc.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {ready, exit_waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            node.drop_request(token)
-            exit_waiter.cancel()
-        if ready in done:
-            try:
-                header, body = ready.result()
-            except RemoteActorError as err:
-                await self._reap(proc)
-                raise SpawnError(f"actor {name!r} failed to start: {err}") from err
-            assert isinstance(header, Header)
-            assert header.kind is Kind.READY
-            ready_body = ready_decoder.decode(body)
-            child.ref = ActorRef(name, ready_body.address, incarnation, node.reply_address)
-            child.node_address = ready_body.node
-            self._children[child.ref.address] = child
-            self._task_group.start_soon(self._monitor, child)
-            return child.ref
-        if not ready.done():
-            ready.cancel()
-        if exit_waiter in done or proc.returncode is not None:
-            code = await self._reap(proc)
-            raise SpawnError(
-                f"actor process {name!r} exited with status {code} before it was ready"
-            )
-        proc.kill()
-        await self._reap(proc)
-        raise SpawnError(
-            f"actor {name!r} did not become ready within {timeout:g} s; a slow on_start needs "
-            "a larger spawn(spawn_timeout=...) or ActorSystem(spawn_timeout=...)"
-        )
-
-    async def _reap(self, proc: ChildProcess) -> int:
-        with anyio.CancelScope(shield=True):
-            code = await proc.wait()
-        proc.close()
-        return code
+        self._children[ref.address] = child
+        self._task_group.start_soon(self._monitor, child)
+        return ref
 
     def _make_cell(
         self,
