@@ -36,7 +36,7 @@ from .messages import (
 from .pipeline_supervisor import PipelineConfig, PipelineSupervisor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncGenerator
     from types import TracebackType
 
 logger = logging.getLogger("tokenyard.pipeline")
@@ -364,7 +364,7 @@ class Pipeline:
         max_new_tokens: int = 64,
         stop: tuple[str, ...] | list[str] = (),
         **sampling: Any,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Yield the text of a completion piece by piece as it is decoded.
 
         Raises:
