@@ -23,7 +23,7 @@ $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
 	touch $@
 
 run: $(VENV)/.installed-run
-	$(BIN)/python docs/examples/runtime_demo.py
+	$(BIN)/python -m actors
 
 lint: $(VENV)/.installed-docs
 	$(BIN)/ruff check .

@@ -381,8 +381,19 @@ class ActorSystem:
                 self._died(child, Down(ref=child.ref, reason=reason))
 
     async def _monitor(self, child: _Child) -> None:
-        assert child.process is not None
+        """Wait for a process child's death (its pidfd) and report it."""
+        await self._await_exit(child)
+
+    async def _await_exit(self, child: _Child) -> None:
+        """Return once ``child`` is dead and reported. For a process, this waits on the
+        process itself rather than on the monitor task, which a cancelled caller's scope may
+        have taken down with it (shutdown must still finish then)."""
+        if child.process is None:
+            await child.exited.wait()
+            return
         code = await child.process.wait()
+        if child.exited.is_set():
+            return
         child.process.close()
         node = self.node
         node.read_replies()
@@ -483,14 +494,14 @@ class ActorSystem:
             node.drop_request(corr)
         remaining = max(deadline - time.monotonic(), 0.1)
         with anyio.move_on_after(remaining):
-            await child.exited.wait()
+            await self._await_exit(child)
         if not child.exited.is_set():
             self._escalate(child, signal.SIGTERM)
             with anyio.move_on_after(_TERM_GRACE):
-                await child.exited.wait()
+                await self._await_exit(child)
         if not child.exited.is_set():
             self._escalate(child, signal.SIGKILL)
-            await child.exited.wait()
+            await self._await_exit(child)
         assert child.down is not None
         return child.down
 

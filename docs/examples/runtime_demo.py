@@ -1,6 +1,6 @@
 """Spawn actors in their own processes, talk to them, and print a throughput figure.
 
-Run it with ``python docs/examples/runtime_demo.py`` (``make run`` does).
+Run it with ``python docs/examples/runtime_demo.py``.
 """
 
 from __future__ import annotations

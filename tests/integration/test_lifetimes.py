@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from runtime import ActorSystem
@@ -89,3 +90,15 @@ class TestInProcessAndProcessAgree:
         async with ActorSystem() as system:
             echo = await system.spawn(Echo, 4, name="echo", process=process)
             assert await echo.ask(Ping(n=2)) == Pong(n=8)
+
+
+class TestCancelledOwner:
+    async def test_a_system_closes_fully_when_its_callers_scope_is_cancelled(self) -> None:
+        forever = anyio.Event()
+        with anyio.move_on_after(1.0) as scope:
+            async with ActorSystem(shutdown_timeout=2.0) as system:
+                await system.spawn(Echo, name="echo")
+                await system.spawn(Echo, name="local", process=False)
+                await forever.wait()  # until the deadline cancels the scope
+        assert scope.cancelled_caught
+        # The autouse guard checks that no process or ipc directory is left behind.

@@ -1,0 +1,57 @@
+"""The main job, ``python -m actors`` (what ``make run`` runs), as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_main_job(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "actors", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def figure(output: str, name: str) -> str:
+    """The value printed next to ``name`` in the summary table."""
+    match = re.search(rf"^[│|] {re.escape(name)} +[│|] *(.*?) *[│|]$", output, re.MULTILINE)
+    assert match is not None, f"no {name!r} in the output:\n{output}"
+    return match.group(1)
+
+
+@pytest.mark.timeout(180)
+def test_the_main_job_loses_no_request_when_a_worker_is_killed() -> None:
+    done = run_main_job("--requests", "300", "--concurrency", "32")
+    out = done.stdout
+    assert done.returncode == 0, f"{out[-3000:]}\n{done.stderr[-3000:]}"
+    assert re.fullmatch(r"[\d,]+", figure(out, "requests/s"))
+    assert re.fullmatch(r"[\d.]+ ms", figure(out, "latency p50"))
+    assert re.fullmatch(r"[\d.]+ ms", figure(out, "latency p99"))
+    assert re.fullmatch(r"\d+", figure(out, "resubmitted"))
+    failed = figure(out, "failed (WorkerDiedError)")
+    assert re.fullmatch(r"\d+", failed)
+    assert figure(out, "lost") == "0"
+    assert int(figure(out, "completed").replace(",", "")) + int(failed) == 300
+    assert figure(out, "killed").startswith("worker 3 ")
+    assert re.fullmatch(r"[\d.]+ s", figure(out, "restart time"))
+    assert "no request lost" in out
+
+
+def test_a_missing_tokenizer_is_a_usage_error() -> None:
+    done = run_main_job("--tokenizer", str(ROOT / "no-such-tokenizer.json"), timeout=60)
+    assert done.returncode == 2
+    assert "does not exist" in done.stdout
