@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from . import dispatch, mailbox
+from . import dispatch, mailbox, pipeline, spawn, supervision
 from ._console import RichProgress, print_summary
 from ._proc import BenchmarkError
 from ._results import Results, describe_machine, now_iso, read_results, write_results
@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 
 #: Every suite, in the order ``all`` runs them. A new suite is a module with a ``SUITE``
 #: and one line here.
-SUITES: dict[str, Suite] = {suite.name: suite for suite in (mailbox.SUITE, dispatch.SUITE)}
+SUITES: dict[str, Suite] = {
+    suite.name: suite
+    for suite in (mailbox.SUITE, dispatch.SUITE, pipeline.SUITE, supervision.SUITE, spawn.SUITE)
+}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

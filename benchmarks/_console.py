@@ -83,8 +83,8 @@ def format_value(value: float, unit: str) -> str:
     """A figure for people: thousands separators for rates, two decimals for times."""
     if unit.endswith("/s"):
         return f"{value:,.0f} {unit}"
-    if unit == "us":
-        return f"{value:,.1f} us"
+    if unit in ("us", "ms"):
+        return f"{value:,.1f} {unit}"
     return f"{value:,.3g} {unit}"
 
 

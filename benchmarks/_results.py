@@ -23,6 +23,12 @@ SUBJECT = "subject"
 BASELINE = "baseline"
 INFO = "info"
 
+#: Chart kinds: grouped bars of figure values, each figure's rounds as a line, or one bar
+#: per variant stacked from its figures (the parts of a whole).
+BARS = "bars"
+ROUNDS = "rounds"
+STACKED = "stacked"
+
 
 class Ratio(msgspec.Struct, kw_only=True):
     """One figure divided by another measured in the same run.
@@ -90,10 +96,14 @@ class Target(msgspec.Struct, kw_only=True):
 
 
 class Chart(msgspec.Struct, kw_only=True):
-    """A bar chart drawn from a suite's figures, described as data.
+    """A chart drawn from a suite's figures, described as data.
 
-    One panel per value of ``panel_by`` (``"payload"``: one for small, one for batch), one
-    group of bars per variant, one bar per metric in ``metrics``.
+    One panel per value of ``panel_by`` (``"payload"``: one for small, one for batch). In a
+    ``BARS`` chart, one group of bars per variant, one bar per metric in ``metrics``. In a
+    ``ROUNDS`` chart, one line per figure with a metric in ``metrics``: its ``rounds``
+    against their index (every kill of a supervision run, in order). In a ``STACKED``
+    chart, one bar per variant made of its figures, one segment per metric, in order (the
+    parts of a restart).
 
     Attributes:
         name: File stem of the PNG.
@@ -106,6 +116,10 @@ class Chart(msgspec.Struct, kw_only=True):
             baseline everything is read against), or ``""``.
         limits: An absolute goal drawn as a dotted line, by panel (``{"small": 150.0}``).
         log: Logarithmic value axis.
+        kind: ``BARS``, ``ROUNDS`` or ``STACKED``.
+        payloads: The payloads drawn, in panel order; empty: every payload of the figures
+            with the chart's metrics.
+        x_label: ``ROUNDS``: what one point is (``"kill"``).
     """
 
     name: str
@@ -117,6 +131,9 @@ class Chart(msgspec.Struct, kw_only=True):
     reference: str = ""
     limits: dict[str, float] = msgspec.field(default_factory=dict)
     log: bool = False
+    kind: str = BARS
+    payloads: list[str] = msgspec.field(default_factory=list)
+    x_label: str = ""
 
 
 class SuiteResult(msgspec.Struct, kw_only=True):
