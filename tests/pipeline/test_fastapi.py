@@ -141,7 +141,7 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
                         break
                 except httpx.TransportError:
                     pass
-                await anyio.sleep(0.1)
+                await anyio.sleep(0.1)  # sync-ok: an external server says ready only over HTTP
             else:
                 pytest.fail(f"the server did not serve /health within 60 s:\n{log.read_text()}")
         yield Server(process, url, log)
@@ -231,7 +231,7 @@ async def test_the_app_serves_json_and_sse_and_a_signal_leaves_no_process(
                 health = (await client.get("/health")).json()
                 if health["streams_open"] == 0:
                     break
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # sync-ok: the server reports its streams only over HTTP
         assert health["streams_aborted"] == 1
         assert health["streams_finished"] == 1
 
