@@ -8,6 +8,7 @@ from __future__ import annotations
 from ._actor import Actor as Actor
 from ._actor import handler as handler
 from ._batch import Batch as Batch
+from ._children import Watch as Watch
 from ._errors import ActorDeadError as ActorDeadError
 from ._errors import ActorNotFoundError as ActorNotFoundError
 from ._errors import AskTimeoutError as AskTimeoutError
@@ -31,7 +32,6 @@ from ._supervisor import Supervisor as Supervisor
 from ._supervisor import SupervisorStatistics as SupervisorStatistics
 from ._supervisor import WhichChildren as WhichChildren
 from ._system import ActorSystem as ActorSystem
-from ._system import Watch as Watch
 from ._watch import Down as Down
 
 __all__ = (

@@ -7,18 +7,14 @@ import itertools
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Generator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import anyio
-import msgspec
 
 from ._actor import Actor, Cell
+from ._children import Child, Children, Watch
 from ._codec import DownBody, Kind
 from ._errors import (
     ActorDeadError,
@@ -39,46 +35,16 @@ from ._spawn import (
     start_process,
 )
 from ._transport import TransportOptions, bind_pull, ipc_path
-from ._watch import Down, LookupQuery, LookupReply, oom_kills, reason_for_status
+from ._watch import Down, LookupQuery, LookupReply, oom_kills
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import TracebackType
 
-    from ._spawn import ChildProcess
 
 logger = logging.getLogger("tokenyard.system")
 
 A = TypeVar("A", bound=Actor)
-
-_TERM_GRACE = 2.0
-
-
-@dataclass(eq=False)
-class _Child:
-    ref: ActorRef[Any]
-    shutdown_timeout: float
-    process: ChildProcess | None = None
-    token: int = 0
-    node_address: str = ""
-    oom_before: int | None = None
-    cell: Cell | None = None
-    scope: anyio.CancelScope | None = None
-    down: Down | None = None
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class Watch(Awaitable[Down]):
-    """A registered interest in one incarnation's death; ``await`` it for the ``Down``."""
-
-    def __init__(self, future: asyncio.Future[Down]) -> None:
-        self._future = future
-
-    def __await__(self) -> Generator[Any, None, Down]:
-        return self._future.__await__()
-
-    def cancel(self) -> None:
-        """Stop watching."""
-        self._future.cancel()
 
 
 class ActorSystem:
@@ -132,7 +98,7 @@ class ActorSystem:
         self._flush_on_close = False
         self._node: Node | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._children: dict[str, _Child] = {}
+        self._children = Children()
         self._cells: dict[str, Cell] = {}
         self._incarnations: dict[str, int] = {}
         self._names = itertools.count(1)
@@ -172,6 +138,7 @@ class ActorSystem:
             self.ipc_dir = tempfile.mkdtemp(prefix=f"tokenyard-{os.getpid()}-")
         self._node = Node(self.ipc_dir, self.options, self.name, self._cookie)
         self._node.open()
+        self._children.node = self._node
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -185,7 +152,7 @@ class ActorSystem:
         self.closing = True
         try:
             with anyio.CancelScope(shield=True):
-                await self._close_children()
+                await self._children.stop_all()
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
@@ -287,7 +254,7 @@ class ActorSystem:
         finally:
             node.drop_request(token)
         ref: ActorRef[Any] = ActorRef(name, started.address, incarnation, node.reply_address)
-        child = _Child(
+        child = Child(
             ref,
             stop_after,
             process=proc,
@@ -295,7 +262,7 @@ class ActorSystem:
             node_address=started.node,
             oom_before=oom_before,
         )
-        self._children[ref.address] = child
+        self._children.add(child)
         self._task_group.start_soon(self._monitor, child)
         return ref
 
@@ -337,18 +304,18 @@ class ActorSystem:
         stop_after: float,
     ) -> ActorRef[Any]:
         cell = self._make_cell(actor, args, kwargs, name, incarnation, encoded=False)
-        child = _Child(cell.actor.ref, stop_after, cell=cell)
+        child = Child(cell.actor.ref, stop_after, cell=cell)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._children[child.ref.address] = child
+        self._children.add(child)
         self._task_group.start_soon(self._run_local, child, ready)
         try:
             await ready
         except BaseException:
-            self._children.pop(child.ref.address, None)
+            self._children.live.pop(child.ref.address, None)
             raise
         return child.ref
 
-    async def _run_local(self, child: _Child, ready: asyncio.Future[None]) -> None:
+    async def _run_local(self, child: Child, ready: asyncio.Future[None]) -> None:
         cell = child.cell
         assert cell is not None
 
@@ -378,43 +345,11 @@ class ActorSystem:
             if not ready.done():
                 ready.cancel()
             elif ready.exception() is None:
-                self._died(child, Down(ref=child.ref, reason=reason))
+                self._children.died(child, Down(ref=child.ref, reason=reason))
 
-    async def _monitor(self, child: _Child) -> None:
+    async def _monitor(self, child: Child) -> None:
         """Wait for a process child's death (its pidfd) and report it."""
-        await self._await_exit(child)
-
-    async def _await_exit(self, child: _Child) -> None:
-        """Return once ``child`` is dead and reported. For a process, this waits on the
-        process itself rather than on the monitor task, which a cancelled caller's scope may
-        have taken down with it (shutdown must still finish then)."""
-        if child.process is None:
-            await child.exited.wait()
-            return
-        code = await child.process.wait()
-        if child.exited.is_set():
-            return
-        child.process.close()
-        node = self.node
-        node.read_replies()
-        words = node.last_words.pop(child.token, None)
-        reason, signum = reason_for_status(code, words, child.oom_before)
-        self._died(child, Down(ref=child.ref, reason=reason, exitcode=code, signal=signum))
-
-    def _died(self, child: _Child, down: Down) -> None:
-        child.down = down
-        child.exited.set()
-        self._children.pop(child.ref.address, None)
-        node = self._node
-        if node is not None and not node.closed:
-            body = DownBody(
-                child.ref.address, child.ref.name, down.reason, down.exitcode, down.signal
-            )
-            node.mark_dead(child.ref.address, body)
-            if child.node_address:
-                node.owner_died(child.node_address, child.ref.name)
-        if not down.normal:
-            logger.warning("actor %s died: %s", child.ref.name, down.reason)
+        await self._children.await_exit(child)
 
     # -- watching and stopping ------------------------------------------------------------
 
@@ -435,7 +370,11 @@ class ActorSystem:
         """
         node = self.node
         fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
-        if ref.address not in self._children and not ref.owner and not node.is_dead(ref.address):
+        if (
+            ref.address not in self._children.live
+            and not ref.owner
+            and not node.is_dead(ref.address)
+        ):
             raise TokenyardError(
                 f"cannot watch actor {ref.name!r}: its ref names no owner and it is not a "
                 "child of this system"
@@ -478,48 +417,12 @@ class ActorSystem:
                 f"actor {ref.name!r} is not a child of this system: stop it through the "
                 "system or supervisor that started it"
             )
-        return await self._stop_child(child, child.shutdown_timeout if timeout is None else timeout)
-
-    async def _stop_child(self, child: _Child, timeout: float) -> Down:
-        node = self.node
-        deadline = time.monotonic() + timeout
-        corr, acked = node.new_request(child.ref.address)
-        try:
-            with anyio.move_on_after(timeout):
-                await node.send_control(child.ref.address, Kind.STOP, corr, timeout=timeout)
-                await acked
-        except (TokenyardError, msgspec.DecodeError):
-            logger.debug("stop request to %s failed", child.ref.name, exc_info=True)
-        finally:
-            node.drop_request(corr)
-        remaining = max(deadline - time.monotonic(), 0.1)
-        with anyio.move_on_after(remaining):
-            await self._await_exit(child)
-        if not child.exited.is_set():
-            self._escalate(child, signal.SIGTERM)
-            with anyio.move_on_after(_TERM_GRACE):
-                await self._await_exit(child)
-        if not child.exited.is_set():
-            self._escalate(child, signal.SIGKILL)
-            await self._await_exit(child)
-        assert child.down is not None
-        return child.down
-
-    def _escalate(self, child: _Child, signum: int) -> None:
-        logger.warning(
-            "actor %s did not stop in %g s: sending %s",
-            child.ref.name,
-            child.shutdown_timeout,
-            signal.Signals(signum).name,
+        return await self._children.stop(
+            child, child.shutdown_timeout if timeout is None else timeout
         )
-        if child.process is not None:
-            child.process.signal(signum)
-        elif child.scope is not None:
-            child.scope.cancel()
 
     async def _close_children(self) -> None:
-        for child in reversed(list(self._children.values())):
-            await self._stop_child(child, child.shutdown_timeout)
+        await self._children.stop_all()
 
     # -- introspection --------------------------------------------------------------------
 
@@ -545,7 +448,7 @@ class ActorSystem:
         Raises:
             ActorNotFoundError: Nobody live has that name (unless ``missing_ok``).
         """
-        children = list(self._children.values())
+        children = list(self._children.live.values())
         for child in reversed(children):  # the newest incarnation of a name wins
             if child.ref.name == name:
                 return child.ref
