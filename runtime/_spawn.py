@@ -1,4 +1,4 @@
-"""Starting actor processes without pickle, and watching them from the event loop.
+"""Starting actor processes (nothing pickled), and watching them from the event loop.
 
 A child is a fresh interpreter (``python -m runtime._child``; no fork of a running loop).
 Its spawn spec travels on its stdin as one msgspec message; the pipe then stays open so
@@ -88,7 +88,7 @@ def encode_arguments(
     """Encode spawn arguments one by one, in the caller, so a bad one fails here.
 
     Raises:
-        SpawnError: An argument is not msgspec-encodable (no pickle fallback, ever).
+        SpawnError: An argument is not msgspec-encodable (there is no pickling fallback, ever).
     """
     try:
         enc_args = [
