@@ -19,7 +19,7 @@ from ._codec import (
     decode_header,
 )
 from ._message import Message
-from ._transport import ReadinessWaiter, recv_frame
+from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame
 from ._watch import LookupQuery
 
 logger = logging.getLogger("tokenyard.mailbox")
@@ -83,6 +83,9 @@ class Mailbox:
         self.failed = 0
         self.queued = 0
         self._waiter = ReadinessWaiter(sock)
+        #: The last drain emptied the socket: the next receive waits (its readiness check
+        #: is cheaper than a ``recv`` that fails) instead of draining again.
+        self._emptied = False
         self._unlogged = 0
         self._last_log = 0.0
 
@@ -102,8 +105,9 @@ class Mailbox:
         sock = self.sock
         while len(items) < limit:
             try:
-                frame = recv_frame(sock, zmq.NOBLOCK)
+                frame = recv_frame(sock, NOBLOCK)
             except zmq.Again:
+                self._emptied = True
                 break
             self.received += 1
             if frame and frame[0] == HEADER_MARK:
@@ -118,17 +122,19 @@ class Mailbox:
     async def receive(self, limit: int = 1024) -> list[Item]:
         """Wait for at least one message, then drain up to ``limit`` without awaiting."""
         while True:
+            if self._emptied:
+                await self._waiter.wait(POLLIN)
+                self._emptied = False
             items = self.drain(limit)
             if items:
                 return items
-            await self._waiter.wait(zmq.POLLIN)
 
     def _framed(self, first: bytes) -> Item | None:
         try:
             header = decode_header(first)
             if not 1 <= header.frames <= MAX_FRAMES:
                 raise msgspec.ValidationError(f"a header announcing {header.frames} frames")
-            rest = [recv_frame(self.sock, zmq.NOBLOCK) for _ in range(header.frames)]
+            rest = [recv_frame(self.sock, NOBLOCK) for _ in range(header.frames)]
         except (msgspec.DecodeError, msgspec.ValidationError, zmq.Again) as err:
             self.reject(err, first)
             return None

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 
+import anyio
 import pytest
 import zmq
 
-from runtime import ActorRef, ActorSystem, MailboxFullError, ProtocolError
-from runtime._transport import TransportOptions
+from runtime import Actor, ActorRef, ActorSystem, MailboxFullError, Message, ProtocolError, handler
+from runtime._transport import POLLIN, ReadinessWaiter, TransportOptions
 
 from ._messages import Counter, Ping, Point, Pong
 
@@ -59,3 +61,68 @@ class TestMessageSize:
             with pytest.raises(ProtocolError, match=r"max_message_size=1024"):
                 await ref.tell(Point(x=1, y=2, label="x" * 2000))
             assert await ref.ask(Ping(n=1)) == Pong(n=2)
+
+
+class Hold(Message):
+    seconds: float
+
+
+class Holder(Actor):
+    """Awaits inside a handler, as an actor asking another actor does (runs in-process)."""
+
+    #: Set by the test: the hold has begun and nobody waits on the mailbox's fd.
+    holding: anyio.Event | None = None
+
+    @handler
+    async def hold(self, msg: Hold) -> None:
+        assert Holder.holding is not None
+        Holder.holding.set()
+        await anyio.sleep(msg.seconds)  # sync-ok: the handler's own work, not a wait on state
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n + 1)
+
+
+class TestReadinessWaiter:
+    """The loop reader stays registered between waits, so it must never spin the loop."""
+
+    async def test_signals_nobody_waits_for_are_consumed_and_the_loop_stays_idle(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        pull.bind("inproc://waiter")
+        push.connect("inproc://waiter")
+        waiter = ReadinessWaiter(pull)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter.wait, POLLIN)
+                await anyio.wait_all_tasks_blocked()  # it sleeps: the loop reader is registered
+                push.send(b"first")
+            assert pull.recv() == b"first"
+            with pytest.raises(zmq.Again):  # the reader finds the pipe empty: the next
+                pull.recv(zmq.NOBLOCK)  # message raises a signal on the fd
+            # Signals while nobody waits: the reader fires and must consume each one.
+            for i in range(100):
+                push.send(b"%d" % i)
+            cpu = time.process_time()
+            await anyio.sleep(0.3)  # sync-ok: measures that an idle loop does not spin
+            assert time.process_time() - cpu < 0.15, "the loop spun on a zmq fd signal"
+            await waiter.wait(POLLIN)  # messages queued meanwhile: no wait at all
+            assert [pull.recv() for _ in range(100)] == [b"%d" % i for i in range(100)]
+        finally:
+            waiter.close()
+            pull.close(0)
+            push.close(0)
+            ctx.term()
+
+    async def test_tells_arriving_while_a_handler_awaits_do_not_spin_the_loop(self) -> None:
+        Holder.holding = anyio.Event()
+        async with ActorSystem() as system:
+            ref = await system.spawn(Holder, process=False)
+            cpu = time.process_time()
+            await ref.tell(Hold(seconds=0.3))
+            await Holder.holding.wait()
+            for i in range(50):  # queued while the handler awaits: nobody waits on the fd
+                await ref.tell(Ping(n=i))
+            assert await ref.ask(Ping(n=1)) == Pong(n=2)
+            assert time.process_time() - cpu < 0.15, "the loop spun while the handler awaited"
