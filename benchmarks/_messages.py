@@ -3,7 +3,10 @@
 Two shapes matter for an LLM front end: a *small* request (a few scalar fields, the shape of
 a control message or one generate request) and a *batch* output shaped like SGLang's
 ``BatchTokenIDOutput`` (one entry per running request in each of ~25 index-aligned list
-fields), which the engine emits every decode step. Each shape exists twice: as a tokenyard
+fields), which the engine emits every decode step, in its two forms: without logprobs (the
+common step: SGLang sends ``None`` for every logprob field when no request of the batch asked
+for them) and with them (every logprob field then carries one list per request, empty for
+requests that did not ask). Each shape exists twice: as a tokenyard
 ``Message`` (msgspec, ``array_like=True``) and as the plain ``@dataclass`` SGLang pickles
 with ``send_pyobj``, with the same fields and the same values.
 """
@@ -36,8 +39,10 @@ class BatchTokenIDOutput(Message, array_like=True):
     """One decode step's output for a running batch, field for field like SGLang's.
 
     Every field is a list with one entry per request (``rids[i]`` goes with
-    ``decode_ids[i]``); logprob fields hold an empty list for requests that did not ask for
-    them, as SGLang sends them.
+    ``decode_ids[i]``). As in SGLang 0.5.3's ``stream_output_generation``, the logprob fields
+    are ``None`` when no request of the batch asked for logprobs, else they hold one list per
+    request (empty for requests that did not ask); hidden states and placeholder tokens are
+    ``None`` unless requested.
     """
 
     rids: list[str]
@@ -53,21 +58,21 @@ class BatchTokenIDOutput(Message, array_like=True):
     completion_tokens: list[int]
     cached_tokens: list[int]
     spec_verify_ct: list[int]
-    input_token_logprobs_val: list[list[float]]
-    input_token_logprobs_idx: list[list[int]]
-    output_token_logprobs_val: list[list[float]]
-    output_token_logprobs_idx: list[list[int]]
-    input_top_logprobs_val: list[list[list[float]]]
-    input_top_logprobs_idx: list[list[list[int]]]
-    output_top_logprobs_val: list[list[list[float]]]
-    output_top_logprobs_idx: list[list[list[int]]]
-    input_token_ids_logprobs_val: list[list[float]]
-    input_token_ids_logprobs_idx: list[list[int]]
-    output_token_ids_logprobs_val: list[list[float]]
-    output_token_ids_logprobs_idx: list[list[int]]
-    output_hidden_states: list[list[float]]
-    placeholder_tokens_idx: list[list[int] | None]
-    placeholder_tokens_val: list[list[int] | None]
+    input_token_logprobs_val: list[list[float]] | None
+    input_token_logprobs_idx: list[list[int]] | None
+    output_token_logprobs_val: list[list[float]] | None
+    output_token_logprobs_idx: list[list[int]] | None
+    input_top_logprobs_val: list[list[list[float]]] | None
+    input_top_logprobs_idx: list[list[list[int]]] | None
+    output_top_logprobs_val: list[list[list[float]]] | None
+    output_top_logprobs_idx: list[list[list[int]]] | None
+    input_token_ids_logprobs_val: list[list[float]] | None
+    input_token_ids_logprobs_idx: list[list[int]] | None
+    output_token_ids_logprobs_val: list[list[float]] | None
+    output_token_ids_logprobs_idx: list[list[int]] | None
+    output_hidden_states: list[list[float]] | None
+    placeholder_tokens_idx: list[list[int] | None] | None
+    placeholder_tokens_val: list[list[int] | None] | None
 
 
 class CountQuery(Message, array_like=True):
@@ -112,25 +117,25 @@ class BatchTokenIDOutputObj:
     completion_tokens: list[int]
     cached_tokens: list[int]
     spec_verify_ct: list[int]
-    input_token_logprobs_val: list[list[float]]
-    input_token_logprobs_idx: list[list[int]]
-    output_token_logprobs_val: list[list[float]]
-    output_token_logprobs_idx: list[list[int]]
-    input_top_logprobs_val: list[list[list[float]]]
-    input_top_logprobs_idx: list[list[list[int]]]
-    output_top_logprobs_val: list[list[list[float]]]
-    output_top_logprobs_idx: list[list[list[int]]]
-    input_token_ids_logprobs_val: list[list[float]]
-    input_token_ids_logprobs_idx: list[list[int]]
-    output_token_ids_logprobs_val: list[list[float]]
-    output_token_ids_logprobs_idx: list[list[int]]
-    output_hidden_states: list[list[float]]
-    placeholder_tokens_idx: list[list[int] | None]
-    placeholder_tokens_val: list[list[int] | None]
+    input_token_logprobs_val: list[list[float]] | None
+    input_token_logprobs_idx: list[list[int]] | None
+    output_token_logprobs_val: list[list[float]] | None
+    output_token_logprobs_idx: list[list[int]] | None
+    input_top_logprobs_val: list[list[list[float]]] | None
+    input_top_logprobs_idx: list[list[list[int]]] | None
+    output_top_logprobs_val: list[list[list[float]]] | None
+    output_top_logprobs_idx: list[list[list[int]]] | None
+    input_token_ids_logprobs_val: list[list[float]] | None
+    input_token_ids_logprobs_idx: list[list[int]] | None
+    output_token_ids_logprobs_val: list[list[float]] | None
+    output_token_ids_logprobs_idx: list[list[int]] | None
+    output_hidden_states: list[list[float]] | None
+    placeholder_tokens_idx: list[list[int] | None] | None
+    placeholder_tokens_val: list[list[int] | None] | None
 
 
 #: Payload names the CLI and the peers use.
-PAYLOADS = ("small", "batch")
+PAYLOADS = ("small", "batch", "logprobs")
 
 _VOCAB = 32_000
 _WORDS = ("the", "model", "token", "stream", "actor", "batch", "decode", "of", "a", "in")
@@ -148,24 +153,32 @@ def make_small(seed: int = 0) -> SmallRequest:
     )
 
 
-def make_batch(seed: int = 0, size: int = BATCH_SIZE) -> BatchTokenIDOutput:
+def make_batch(
+    seed: int = 0, size: int = BATCH_SIZE, *, logprobs: bool = False
+) -> BatchTokenIDOutput:
     """A representative decode-step output of ``size`` requests (deterministic for a seed).
 
     Sizes follow a streaming decode step: 1-8 new token ids per request, rids of 32 hex
-    characters, a few dozen characters of decoded text, output logprobs for about half of
-    the requests, and no input logprobs, top logprobs or hidden states (a decode step sends
-    those as empty lists).
+    characters, a few dozen characters of decoded text. With ``logprobs``, about half of the
+    requests asked for output logprobs and every logprob field holds one list per request,
+    as SGLang fills them (no input logprobs or top logprobs on a decode step: empty lists);
+    without, every logprob field is ``None``.
     """
     rng = random.Random(seed)
     new = [rng.randint(1, 8) for _ in range(size)]
     ids = [[rng.randrange(_VOCAB) for _ in range(k)] for k in new]
     wants_logprobs = [rng.random() < 0.5 for _ in range(size)]
 
-    def empty() -> list[Any]:
+    def empty() -> list[Any] | None:
         # A fresh list per request, as a real batch has (no shared inner objects).
-        return [[] for _ in range(size)]
+        return [[] for _ in range(size)] if logprobs else None
 
     completion = [rng.randint(1, 512) for _ in range(size)]
+    output_val = [
+        [-rng.random() * 5 for _ in range(k)] if want else []
+        for k, want in zip(new, wants_logprobs, strict=True)
+    ]
+    output_idx = [list(x) if want else [] for x, want in zip(ids, wants_logprobs, strict=True)]
     return BatchTokenIDOutput(
         rids=[rng.randbytes(16).hex() for _ in range(size)],
         finished_reasons=[
@@ -186,13 +199,8 @@ def make_batch(seed: int = 0, size: int = BATCH_SIZE) -> BatchTokenIDOutput:
         spec_verify_ct=[0] * size,
         input_token_logprobs_val=empty(),
         input_token_logprobs_idx=empty(),
-        output_token_logprobs_val=[
-            [-rng.random() * 5 for _ in range(k)] if want else []
-            for k, want in zip(new, wants_logprobs, strict=True)
-        ],
-        output_token_logprobs_idx=[
-            list(x) if want else [] for x, want in zip(ids, wants_logprobs, strict=True)
-        ],
+        output_token_logprobs_val=output_val if logprobs else None,
+        output_token_logprobs_idx=output_idx if logprobs else None,
         input_top_logprobs_val=empty(),
         input_top_logprobs_idx=empty(),
         output_top_logprobs_val=empty(),
@@ -201,18 +209,18 @@ def make_batch(seed: int = 0, size: int = BATCH_SIZE) -> BatchTokenIDOutput:
         input_token_ids_logprobs_idx=empty(),
         output_token_ids_logprobs_val=empty(),
         output_token_ids_logprobs_idx=empty(),
-        output_hidden_states=empty(),
-        placeholder_tokens_idx=[None] * size,
-        placeholder_tokens_val=[None] * size,
+        output_hidden_states=None,
+        placeholder_tokens_idx=None,
+        placeholder_tokens_val=None,
     )
 
 
 def make_message(payload: str, seed: int = 0) -> SmallRequest | BatchTokenIDOutput:
-    """The tokenyard message of a payload shape (``"small"`` or ``"batch"``)."""
+    """The tokenyard message of a payload shape (one of ``PAYLOADS``)."""
     if payload == "small":
         return make_small(seed)
-    if payload == "batch":
-        return make_batch(seed)
+    if payload in ("batch", "logprobs"):
+        return make_batch(seed, logprobs=payload == "logprobs")
     raise ValueError(f"unknown payload {payload!r}; choose one of {PAYLOADS}")
 
 

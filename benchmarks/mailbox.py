@@ -3,6 +3,11 @@ against plain pyzmq and SGLang's ``send_pyobj`` measured in the same run.
 
 Run it with ``python -m benchmarks mailbox [--json PATH] [--full]``.
 
+Payloads (``benchmarks._messages``): a *small* request; a 32-request *batch* shaped like
+SGLang's ``BatchTokenIDOutput`` on a decode step where no request asked for logprobs (the
+common case: every logprob field ``None``); and the same batch with *logprobs* (every logprob
+field carrying one list per request), where decoding dominates every variant.
+
 Variants, each in fresh processes (a driver and its peer, see ``benchmarks._peers``):
 
 * **tokenyard tell**: the ``ActorSystem`` process tells a counting actor process; a round
@@ -46,7 +51,10 @@ LATENCY = "latency"
 
 OPTIONS = (
     Option("--messages", "small messages told per round (quick 50000, full 500000)"),
-    Option("--batches", "batch messages told per round (quick 2000, full 20000)"),
+    Option(
+        "--batches",
+        "batch messages told per round (quick 5000, or 2000 with logprobs; full 10x that)",
+    ),
     Option("--asks", "asks per round, each payload (quick 1000, full 10000)"),
 )
 
@@ -82,7 +90,7 @@ ASK = "tokenyard ask"
 def variants() -> list[Variant]:
     """Every variant, baselines next to the subject so machine drift hits them alike."""
     out: list[Variant] = []
-    for payload in ("small", "batch"):
+    for payload in ("small", "batch", "logprobs"):
         out += [
             Variant("floor", FLOOR, "floor", payload, THROUGHPUT, BASELINE),
             Variant("raw", RAW, "floor", payload, THROUGHPUT, INFO, ("--no-decode",)),
@@ -118,6 +126,10 @@ RATIOS = (
     ("pyobj.batch.throughput", "floor.batch.throughput", "floor"),
     ("raw.small.throughput", "floor.small.throughput", "floor"),
     ("raw.batch.throughput", "floor.batch.throughput", "floor"),
+    ("tell.logprobs.throughput", "floor.logprobs.throughput", "floor"),
+    ("tell.logprobs.throughput", "pyobj.logprobs.throughput", "send_pyobj"),
+    ("pyobj.logprobs.throughput", "floor.logprobs.throughput", "floor"),
+    ("raw.logprobs.throughput", "floor.logprobs.throughput", "floor"),
     ("ask.small.p50", "ask_asyncio.small.p50", "zmq.asyncio"),
     ("ask.small.p50", "ask_sync.small.p50", "pyzmq sync"),
     ("ask.small.p99", "ask_asyncio.small.p99", "zmq.asyncio"),
@@ -233,7 +245,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     rounds = args.rounds or (5 if args.full else 3)
     counts = {
         "small": pick(args, "messages", 50_000, 500_000),
-        "batch": pick(args, "batches", 2_000, 20_000),
+        "batch": pick(args, "batches", 5_000, 50_000),
+        "logprobs": pick(args, "batches", 2_000, 20_000),
     }
     asks = pick(args, "asks", 1_000, 10_000)
     timeout = 600.0 if args.full else 180.0
@@ -275,6 +288,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "asks": asks,
             "small_frame_bytes": frame_bytes.get("small", 0),
             "batch_frame_bytes": frame_bytes.get("batch", 0),
+            "logprobs_frame_bytes": frame_bytes.get("logprobs", 0),
             "full": bool(args.full),
         },
         figures=figures,
