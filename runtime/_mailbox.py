@@ -19,7 +19,7 @@ from ._codec import (
     decode_header,
 )
 from ._message import Message
-from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame
+from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame, recv_rest
 from ._watch import LookupQuery
 
 logger = logging.getLogger("tokenyard.mailbox")
@@ -130,12 +130,15 @@ class Mailbox:
                 return items
 
     def _framed(self, first: bytes) -> Item | None:
+        rest = recv_rest(self.sock, MAX_FRAMES)
         try:
             header = decode_header(first)
-            if not 1 <= header.frames <= MAX_FRAMES:
-                raise msgspec.ValidationError(f"a header announcing {header.frames} frames")
-            rest = [recv_frame(self.sock, NOBLOCK) for _ in range(header.frames)]
-        except (msgspec.DecodeError, msgspec.ValidationError, zmq.Again) as err:
+            if not rest or len(rest) != header.frames:
+                parts = f"more than {MAX_FRAMES}" if rest is None else len(rest)
+                raise msgspec.ValidationError(
+                    f"a header announcing {header.frames} frames, followed by {parts}"
+                )
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
             self.reject(err, first)
             return None
         if header.kind in CONTROL_KINDS and header.cookie != self.cookie:

@@ -23,6 +23,7 @@ import zmq
 
 from ._codec import (
     HEADER_BYTE,
+    MAX_FRAMES,
     DownBody,
     ErrorBody,
     Header,
@@ -45,7 +46,16 @@ from ._errors import (
 )
 from ._message import Message, type_path
 from ._message import registry as message_registry
-from ._transport import NOBLOCK, POLLIN, Outbox, TransportOptions, bind_pull, events, recv_frame
+from ._transport import (
+    NOBLOCK,
+    POLLIN,
+    Outbox,
+    TransportOptions,
+    bind_pull,
+    events,
+    recv_frame,
+    recv_rest,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -298,25 +308,27 @@ class Node:
 
     def _resolve(self, first: bytes) -> None:
         pending: _Pending | None = None
+        frames = recv_rest(self.reply_sock, MAX_FRAMES)
         try:
             if first[:1] != HEADER_BYTE:
                 raise ProtocolError("a reply without a header")
             header = decode_header(first)
-            frames = [recv_frame(self.reply_sock, NOBLOCK) for _ in range(header.frames)]
+            if not frames or len(frames) != header.frames:
+                raise ProtocolError(f"a header announcing {header.frames} frames, not what came")
+            body = frames[0]
             if header.kind in (Kind.WATCH, Kind.DOWN):
-                self._on_watch_frame(header, frames[0])
+                self._on_watch_frame(header, body)
                 return
             pending = self._pending.pop(header.corr, None)
-            if pending is None and header.kind is Kind.FAILED and frames:
+            if pending is None and header.kind is Kind.FAILED:
                 # A child's last words: why it is about to exit (read by its monitor).
-                err = error_decoder.decode(frames[0])
+                err = error_decoder.decode(body)
                 self.last_words[header.corr] = f"{err.type_name}: {err.message}"
                 return
             if pending is None or pending.future.done():
                 return  # the asker gave up (timeout, cancellation): a late reply is dropped
             if pending.timer is not None:
                 pending.timer.cancel()
-            body = frames[0] if frames else b"\xc0"
             if header.kind is Kind.REPLY:
                 pending.future.set_result(self._decode_reply(header.body_type, body))
             elif header.kind in (Kind.ERROR, Kind.FAILED):
@@ -326,7 +338,7 @@ class Node:
                 )
             else:
                 pending.future.set_result((header, body))
-        except (msgspec.DecodeError, msgspec.ValidationError, ProtocolError, zmq.Again) as err:
+        except (msgspec.DecodeError, msgspec.ValidationError, ProtocolError) as err:
             logger.warning("%s: dropped an undecodable reply: %s", self.name, err)
             if pending is not None and not pending.future.done():
                 pending.future.set_exception(ProtocolError(f"undecodable reply: {err}"))

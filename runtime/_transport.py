@@ -143,6 +143,7 @@ SNDMORE = int(zmq.SNDMORE)
 POLLIN = int(zmq.POLLIN)
 POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
 _NOBLOCK_MORE = NOBLOCK | SNDMORE
 
 
@@ -151,6 +152,24 @@ def events(sock: zmq.Socket[bytes]) -> int:
     value = _get(sock, _EVENTS)
     assert isinstance(value, int)
     return value
+
+
+def recv_rest(sock: zmq.Socket[bytes], keep: int) -> list[bytes] | None:
+    """Read the remaining parts of the message whose first part was just read.
+
+    libzmq delivers a message's parts together, so they are all queued already. Reading by
+    ``RCVMORE`` rather than by what a header announces means a header that lies about its
+    frame count can never swallow the messages that follow it.
+
+    Returns:
+        The parts, or ``None`` when there were more than ``keep`` (all were consumed).
+    """
+    rest: list[bytes] = []
+    while _get(sock, _RCVMORE):
+        part = recv_frame(sock, NOBLOCK)
+        if len(rest) <= keep:
+            rest.append(part)
+    return rest if len(rest) <= keep else None
 
 
 #: Frames at least this large are sent zero-copy.

@@ -18,6 +18,7 @@ from runtime import (
     RemoteActorError,
     SpawnError,
 )
+from runtime._codec import Header, Kind, encode_header
 from tests.conftest import child_pids
 
 from ._actors import (
@@ -187,6 +188,40 @@ class TestBadInput:
                 ctx.term()
             assert stats.rejected == len(frames)
             assert stats.handled == 1 + asks + 1  # the Tick, the GetCounts, the Ping
+
+    async def test_a_header_lying_about_its_frame_count_swallows_no_other_message(
+        self,
+    ) -> None:
+        ask = Header(Kind.ASK, 1, "ipc:///nowhere", "liar")
+        lies: list[list[bytes | bytearray]] = [
+            [encode_header(msgspec.structs.replace(ask, frames=3))],  # announces 3, has none
+            [encode_header(ask), msgspec.msgpack.encode(Ping(n=1)), b"extra", b"parts"],
+        ]
+        gathered = Gathered()
+        async with ActorSystem() as system:
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            echo = await system.spawn(Echo, name="echo")
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUSH)
+            try:
+                sock.connect(echo.address)
+                # The actor sleeps in a handler meanwhile, so it reads the lies and the
+                # good tells behind them in one drain.
+                sock.send(msgspec.msgpack.encode(Slow(seconds=0.3)))
+                for lie in lies:
+                    sock.send_multipart(lie)
+                    for i in range(3):
+                        sock.send(msgspec.msgpack.encode(Tick(n=i)))
+                # Last on the same pipe: handled after everything before it.
+                sock.send(msgspec.msgpack.encode(TellTo(target=collector, n=99)))
+                with anyio.fail_after(10):
+                    await gathered.wait_for(n_pings=1)
+                assert await echo.ask(GetCount()) == Count(n=6, name="echo")
+                stats = await system.statistics(echo)
+            finally:
+                sock.close(linger=0)
+                ctx.term()
+            assert stats.rejected == len(lies)
 
 
 class TestProcesses:
