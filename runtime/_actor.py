@@ -256,6 +256,9 @@ class Cell:
                 await self._handle_ask(header, decoded)
                 if self.actor._failure is not None:
                     raise self.actor._failure
+            elif header.kind is Kind.FLUSH:
+                # A sender about to exit: everything it sent before this is handled.
+                await self.node.reply(header, None)
             elif header.kind is Kind.STOP:
                 stop = header
                 self.stopping = True

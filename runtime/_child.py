@@ -124,6 +124,7 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
             system._drop_cell(cell)
         system.closing = True
         await system._close_children()
+        await system.deliver_tells(skip=[cell.mailbox.address])
         if stop is not None:
             await system.node.reply(stop, None)
     return 0

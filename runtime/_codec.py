@@ -35,6 +35,7 @@ class Kind(enum.IntEnum):
     WATCH = 8
     DOWN = 9
     LOOKUP = 10
+    FLUSH = 11
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):

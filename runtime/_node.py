@@ -58,7 +58,7 @@ from ._transport import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Container
 
     from ._ref import ActorRef
 
@@ -66,6 +66,7 @@ logger = logging.getLogger("tokenyard.node")
 #: How many dead addresses a node remembers (to refuse sends to them).
 _DEAD_KEPT = 100_000
 _encode = body_encoder.encode
+_NONE = _encode(None)
 _current: contextvars.ContextVar[Node] = contextvars.ContextVar("tokenyard_node")
 _open_nodes: list[Node] = []
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
@@ -221,6 +222,44 @@ class Node:
             return await future
         finally:
             self.drop_request(corr)
+
+    async def flush(self, timeout: float, skip: Container[str] = ()) -> list[str]:
+        """Wait until every mailbox this node told has handled all it was told.
+
+        PUSH/PULL gives no receipt: a process that exits while its queue to a busy mailbox
+        is full loses the tail, whatever its linger. So a FLUSH frame follows the tells down
+        each pipe, and the receiving actor acknowledges it once it has handled everything
+        before it.
+
+        Args:
+            timeout: Seconds to wait for every acknowledgement.
+            skip: Addresses not to flush (children about to get an in-band stop).
+
+        Returns:
+            The addresses that did not acknowledge in time (what was sent there may be lost).
+        """
+        acks: dict[str, tuple[int, asyncio.Future[Any]]] = {}
+        try:
+            with anyio.move_on_after(timeout):
+                for address in self.outbox.connected():
+                    if address not in self._known or address in self._dead or address in skip:
+                        continue
+                    corr, future = acks[address] = self.new_request(address)
+                    header = Header(Kind.FLUSH, corr, self.reply_address, self.name)
+                    with contextlib.suppress(TokenyardError):  # dead or stuck: late below
+                        await self.outbox.send_frames(address, (encode_header(header), _NONE))
+                for _, future in acks.values():
+                    with contextlib.suppress(TokenyardError):
+                        await future
+        finally:
+            for corr, _ in acks.values():
+                self.drop_request(corr)
+        return [
+            address
+            for address, (_, future) in acks.items()
+            if address not in self._dead
+            and not (future.done() and not future.cancelled() and future.exception() is None)
+        ]
 
     async def ask_control(
         self, ref: ActorRef[Any], kind: Kind, timeout: float, body: Message | None = None

@@ -95,7 +95,8 @@ class ActorSystem:
         self.root_pid = os.getpid()
         self._owns_dir = True
         self._cookie = os.urandom(16)
-        self._flush_on_close = False
+        #: An actor process's system: it reports to a parent and lingers on close.
+        self._in_child = False
         self._node: Node | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._children = Children()
@@ -117,7 +118,7 @@ class ActorSystem:
         system.root_pid = spec.root_pid
         system._owns_dir = False
         system._cookie = spec.cookie
-        system._flush_on_close = True
+        system._in_child = True
         return system
 
     @property
@@ -152,13 +153,15 @@ class ActorSystem:
         self.closing = True
         try:
             with anyio.CancelScope(shield=True):
+                if exc_type is None and not self._in_child:
+                    await self.deliver_tells()
                 await self._children.stop_all()
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             node = self.node
-            if self._flush_on_close:
+            if self._in_child:
                 node.outbox.close()
             node.close()
             if self._owns_dir:
@@ -423,6 +426,22 @@ class ActorSystem:
 
     async def _close_children(self) -> None:
         await self._children.stop_all()
+
+    async def deliver_tells(self, skip: Sequence[str] = ()) -> None:
+        """Wait, up to ``shutdown_timeout``, until every actor this process told has handled
+        what it was told; children are skipped (their in-band stop does the same).
+
+        A graceful exit does this, so that no accepted ``tell`` is lost with the process.
+        """
+        late = await self.node.flush(self.shutdown_timeout, {*skip, *self._children.live})
+        for address in late:
+            logger.warning(
+                "%s: the mailbox at %s did not take its tells within shutdown_timeout=%g s; "
+                "what it had not taken is lost",
+                self.name,
+                address,
+                self.shutdown_timeout,
+            )
 
     # -- introspection --------------------------------------------------------------------
 

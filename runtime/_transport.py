@@ -298,6 +298,10 @@ class Outbox:
                 f"{limit:g} s; pass a longer tell(timeout=...) or raise ActorSystem(hwm=...)"
             ) from None
 
+    def connected(self) -> list[str]:
+        """The addresses this outbox has a socket to."""
+        return list(self._peers)
+
     def forget(self, address: str) -> None:
         """Close the socket to an address that will never be served again."""
         peer = self._peers.pop(address, None)

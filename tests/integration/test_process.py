@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -12,11 +13,15 @@ import pytest
 import zmq
 
 from runtime import (
+    Actor,
     ActorDeadError,
+    ActorRef,
     ActorSystem,
     AskTimeoutError,
+    Message,
     RemoteActorError,
     SpawnError,
+    handler,
 )
 from runtime._codec import Header, Kind, encode_header
 from tests.conftest import child_pids
@@ -147,6 +152,67 @@ class TestGracefulStop:
                 await echo.tell(Tick(n=i))
         # The collector was spawned first, so it stopped last: it got the report.
         assert gathered.counts == [Count(n=20_000, name="echo")]
+
+    async def test_tells_an_actor_sent_before_it_stopped_reach_a_busy_receiver(
+        self,
+    ) -> None:
+        async with ActorSystem(hwm=1000) as system:
+            receiver = await system.spawn(Echo, name="receiver")
+            sender = await system.spawn(Blaster, name="sender")
+            # Busy for longer than a closing socket lingers: the sender's queue to it is
+            # still full when the sender exits.
+            await receiver.tell(Slow(seconds=1.5))
+            await sender.ask(Blast(target=receiver, n=1500))
+            down = await system.stop(sender)
+            assert down.normal
+            assert await receiver.ask(GetCount()) == Count(n=1500, name="receiver")
+
+    async def test_tells_the_root_sent_reach_an_actor_it_does_not_stop_itself(self) -> None:
+        gathered = Gathered()
+        async with ActorSystem(hwm=1000) as system:
+            # Spawned first, stopped last: it outlives the grandchild's report.
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            parent = await system.spawn(Spawner, name="parent")
+            spawned = await parent.ask(SpawnEcho(name="grandchild", report_to=collector))
+            grandchild = spawned.ref
+            await grandchild.tell(Slow(seconds=1.5))
+            for i in range(1500):
+                await grandchild.tell(Tick(n=i))
+        # The root stops only its parent, which stops the grandchild: the root's ticks
+        # reached it first, though the grandchild was busy when the root left.
+        assert gathered.counts == [Count(n=1500, name="grandchild")]
+
+
+class Blast(Message):
+    """Tell ``n`` ticks to ``target``."""
+
+    target: ActorRef[Any]
+    n: int
+
+
+class Blaster(Actor):
+    @handler
+    async def blast(self, msg: Blast) -> None:
+        for i in range(msg.n):
+            await msg.target.tell(Tick(n=i))
+
+
+class SpawnEcho(Message):
+    """Spawn an ``Echo`` child reporting its count to ``report_to`` when it stops."""
+
+    name: str
+    report_to: ActorRef[Any]
+
+
+class EchoSpawned(Message):
+    ref: ActorRef[Any]
+
+
+class Spawner(Actor):
+    @handler
+    async def spawn_echo(self, msg: SpawnEcho) -> EchoSpawned:
+        ref = await self.system.spawn(Echo, 1, msg.report_to, name=msg.name)
+        return EchoSpawned(ref=ref)
 
 
 class TestBadInput:
