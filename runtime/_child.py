@@ -88,7 +88,9 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
         try:
             if isinstance(cls, BaseException):
                 raise cls
-            cell = system._make_cell(cls, spec.args, spec.kwargs, spec.name, spec.incarnation)
+            cell = system._make_cell(
+                cls, spec.args, spec.kwargs, spec.name, spec.incarnation, owner=spec.parent_reply
+            )
         except Exception as err:  # noqa: BLE001 - reported to the parent as a SpawnError
             await _report_failure(system, spec, err)
             return 1

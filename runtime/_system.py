@@ -278,8 +278,14 @@ class ActorSystem:
         incarnation: int,
         *,
         encoded: bool = True,
+        owner: str = "",
     ) -> Cell:
-        """Build an actor in this process and bind its mailbox (``on_start`` not run yet)."""
+        """Build an actor in this process and bind its mailbox (``on_start`` not run yet).
+
+        ``owner`` is the reply address of the node that started it, where its death is
+        known (default: this process's node, for an in-process actor); its own ``self.ref``
+        then equals the ref its parent holds, and whoever gets it learns of its death.
+        """
         decoder = Cell.decoder_for(actor)
         if encoded:
             args, kwargs = decode_arguments(actor, args, kwargs)
@@ -287,7 +293,7 @@ class ActorSystem:
         node = self.node
         sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), self.options)
         mailbox = Mailbox(sock, address, decoder, name, node.cookie)
-        instance.ref = ActorRef(name, address, incarnation, node.reply_address)
+        instance.ref = ActorRef(name, address, incarnation, owner or node.reply_address)
         instance.system = self
         cell = Cell(instance, mailbox, node)
         self._cells[address] = cell

@@ -51,10 +51,40 @@ class TestAskAndTell:
 
     async def test_tells_are_handled_in_order_and_counted(self) -> None:
         async with ActorSystem() as system:
-            echo = await system.spawn(Echo, name="echo")
-            for i in range(1000):
-                await echo.tell(Tick(n=i))
-            assert await echo.ask(GetCount()) == Count(n=1000, name="echo")
+            recorder = await system.spawn(Recorder, name="recorder")
+            order = list(range(1000))
+            random.Random(7).shuffle(order)  # sent in this order: handled in this order
+            for n in order:
+                await recorder.tell(Tick(n=n))
+            assert await recorder.ask(GetSeen()) == Seen(ticks=order)
+
+    async def test_spawn_returns_only_once_on_start_has_finished(self) -> None:
+        async with ActorSystem() as system:
+            started = anyio.current_time()
+            slow = await system.spawn(SlowStart, 0.5, name="slow-start")
+            assert anyio.current_time() - started >= 0.5
+            assert await slow.ask(GetSeen()) == Seen(ticks=[], started=True)
+
+    async def test_an_actors_own_ref_equals_the_one_its_parent_holds(self) -> None:
+        async with ActorSystem() as system:
+            recorder = await system.spawn(Recorder, name="recorder")
+            me = await recorder.ask(WhoAmI())
+            # Same owner too: whoever gets the actor's own ref subscribes to its death at
+            # the node that sees it die, not at the actor's own node, which dies with it.
+            assert me.ref == recorder
+
+    async def test_an_ask_of_a_type_the_actor_does_not_accept_fails_as_a_protocol_error(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            recorder = await system.spawn(Recorder, name="recorder")
+            with pytest.raises(RemoteActorError) as info:
+                await recorder.ask(Ping(n=1))
+            assert info.value.type_name == "runtime.ProtocolError"
+            assert "recorder refused the message" in info.value.remote_message
+            stats = await system.statistics(recorder)
+            assert stats.rejected == 1
+            assert await recorder.ask(GetSeen()) == Seen(ticks=[])  # and it still serves
 
     async def test_an_actor_can_ask_another_from_inside_a_handler(self) -> None:
         async with ActorSystem() as system:
@@ -72,11 +102,22 @@ class TestAskAndTell:
                 await gathered.wait_for(n_pings=1)
         assert gathered.pings == [42]
 
-    async def test_tcp_transport_works_the_same(self) -> None:
-        async with ActorSystem(transport="tcp") as system:
-            echo = await system.spawn(Echo, 2, name="echo")
-            assert echo.address.startswith("tcp://127.0.0.1:")
+    @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2"])
+    async def test_tcp_transport_works_the_same_on_the_configured_interface(
+        self, host: str
+    ) -> None:
+        gathered = Gathered()
+        async with ActorSystem(transport="tcp", tcp_host=host) as system:
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            echo = await system.spawn(Echo, 2, collector, name="echo")
+            assert echo.address.startswith(f"tcp://{host}:")
+            assert collector.address.startswith(f"tcp://{host}:")
             assert await echo.ask(Ping(n=4)) == Pong(n=8)
+            for i in range(100):
+                await echo.tell(Tick(n=i))
+            down = await system.stop(echo)
+            assert down.normal
+        assert gathered.counts == [Count(n=100, name="echo")]  # reported on its way out
 
 
 class TestFailures:
@@ -181,6 +222,55 @@ class TestGracefulStop:
         # The root stops only its parent, which stops the grandchild: the root's ticks
         # reached it first, though the grandchild was busy when the root left.
         assert gathered.counts == [Count(n=1500, name="grandchild")]
+
+
+class GetSeen(Message):
+    pass
+
+
+class Seen(Message):
+    ticks: list[int]
+    started: bool = False
+
+
+class Recorder(Actor):
+    """Records every tick in the order handled."""
+
+    def __init__(self) -> None:
+        self.ticks: list[int] = []
+        self.started = False
+
+    @handler
+    def tick(self, msg: Tick) -> None:
+        self.ticks.append(msg.n)
+
+    @handler
+    def seen(self, msg: GetSeen) -> Seen:
+        return Seen(ticks=self.ticks, started=self.started)
+
+    @handler
+    def who_am_i(self, msg: WhoAmI) -> Me:
+        return Me(ref=self.ref)
+
+
+class WhoAmI(Message):
+    pass
+
+
+class Me(Message):
+    ref: ActorRef[Any]
+
+
+class SlowStart(Recorder):
+    """Takes ``seconds`` to start."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def on_start(self) -> None:
+        await anyio.sleep(self.seconds)  # sync-ok: the start-up time under test
+        self.started = True
 
 
 class Blast(Message):
