@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 import anyio
+import anyio.to_thread
+import msgspec
 import pytest
 import zmq
 
@@ -33,7 +36,8 @@ class TestOptions:
 
 class TestFullMailbox:
     async def test_a_tell_to_a_mailbox_that_stays_full_fails_after_its_timeout(self) -> None:
-        async with ActorSystem(hwm=10, send_timeout=0.2) as system:
+        # A bare socket never acknowledges the exit's flush: a short shutdown_timeout.
+        async with ActorSystem(hwm=10, send_timeout=0.2, shutdown_timeout=0.3) as system:
             # A mailbox nobody reads: a bare PULL socket in the system's directory.
             sock = system.node.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.RCVHWM, 10)
@@ -48,6 +52,35 @@ class TestFullMailbox:
             try:
                 with pytest.raises(MailboxFullError, match=r"stayed full \(hwm=10\) for 0.2 s"):
                     await flood()
+                # The failing tell waited its whole timeout first.
+                started = anyio.current_time()
+                with pytest.raises(MailboxFullError):
+                    await stuck.tell(Ping(n=-1))
+                assert anyio.current_time() - started >= 0.2
+            finally:
+                sock.close(0)
+
+    async def test_a_tell_waiting_on_a_full_mailbox_goes_through_once_there_is_room(
+        self,
+    ) -> None:
+        async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
+            sock = system.node.ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, 10)
+            path = os.path.join(system.ipc_dir, "slow-reader")
+            sock.bind(f"ipc://{path}")
+            reader: ActorRef[Ping] = ActorRef("slow-reader", f"ipc://{path}")
+            try:
+                sent = 0
+                while system.node.try_tell(reader, Ping(n=sent)) is None:
+                    sent += 1  # until the queues are full
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(reader.tell, Ping(n=-1))
+                    await anyio.wait_all_tasks_blocked()  # the tell waits for room
+                    received = [sock.recv() for _ in range(sent)]  # makes room
+                last = await anyio.to_thread.run_sync(sock.recv)
+                decode = msgspec.msgpack.Decoder(Ping).decode
+                assert [decode(f).n for f in received] == list(range(sent))
+                assert decode(last) == Ping(n=-1)
             finally:
                 sock.close(0)
 
@@ -61,6 +94,30 @@ class TestMessageSize:
             with pytest.raises(ProtocolError, match=r"max_message_size=1024"):
                 await ref.tell(Point(x=1, y=2, label="x" * 2000))
             assert await ref.ask(Ping(n=1)) == Pong(n=2)
+
+
+class TestRejections:
+    async def test_rejections_are_counted_each_and_logged_at_most_once_a_few_seconds(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, process=False, name="counter")
+            push = system.node.ctx.socket(zmq.PUSH)
+            push.connect(ref.address)
+            try:
+                with caplog.at_level(logging.WARNING, logger="tokenyard.mailbox"):
+                    for i in range(100):
+                        push.send(b"\xff garbage %d" % i)
+                    stats = await system.statistics(ref)
+                    while stats.rejected < 100:  # another pipe than the garbage: ask again
+                        assert await ref.ask(Ping(n=1)) == Pong(n=2)
+                        stats = await system.statistics(ref)
+            finally:
+                push.close(0)
+        assert stats.rejected == 100
+        lines = [r for r in caplog.records if r.name == "tokenyard.mailbox"]
+        assert len(lines) == 1
+        assert "counter rejected 1 message(s)" in lines[0].getMessage()
 
 
 class Hold(Message):
