@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from runtime import ActorSystem
+from runtime._children import TERM_GRACE
 
 from ._actors import Echo, Ping, Pong, Slow
 
@@ -74,6 +75,22 @@ class TestEscalation:
             down = await system.stop(echo)
             assert down.signal == signal.SIGTERM
             assert down.reason == "killed by SIGTERM"
+
+    async def test_an_actor_that_ignores_sigterm_is_killed(self) -> None:
+        async with ActorSystem(shutdown_timeout=0.3) as system:
+            stubborn = await system.spawn(IgnoresTerm, name="very-stubborn")
+            await stubborn.tell(Slow(seconds=30.0))
+            started = anyio.current_time()
+            down = await system.stop(stubborn)
+            assert down.signal == signal.SIGKILL
+            assert down.reason == "killed by SIGKILL"
+            # Stop request, 0.3 s, SIGTERM (ignored), the grace, SIGKILL: bounded.
+            assert anyio.current_time() - started < 0.3 + TERM_GRACE + 5.0
+
+
+class IgnoresTerm(Echo):
+    async def on_start(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class TestMainModule:
