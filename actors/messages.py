@@ -159,6 +159,53 @@ class BatchTokenIDOutput(Batch, array_like=True, gc=False):
     ``rids`` and ``origins`` are index-aligned with every other list; ``decode_ids`` holds
     only ids new since the previous message for that request (incremental sending) and
     ``read_offsets`` how many of the request's ids had been sent before.
+
+    Every field but ``step`` is per-request. A per-request field that defaults to ``None`` is
+    one the engine carries only when some request asked for it (logprobs, hidden states) or
+    only in some modes; ``None`` means "not carried by this batch" and costs one byte on the
+    wire. Fields added since the first release follow ``step``: an array-like message only
+    grows at its end (msgspec's schema evolution rule), so older peers still decode it.
+
+    Attributes:
+        rids: The callers' request ids, untouched.
+        origins: The worker incarnation that owns each request.
+        finished_reasons: ``None`` while running, else why the request finished.
+        decode_ids: Ids generated since the previous message for the request.
+        read_offsets: How many of the request's output ids had been sent before this message.
+        skip_special_tokens: Leave special tokens out of the request's text.
+        spaces_between_special_tokens: Put spaces between special tokens in the text.
+        no_stop_trim: Keep a matched stop string in the text.
+        stop: The request's stop strings, matched by the detokenizer.
+        prompt_tokens: Prompt length in tokens.
+        completion_tokens: Tokens generated so far.
+        cached_tokens: Prompt tokens served from the prefix cache.
+        input_token_logprobs_val: Log probability of each prompt token.
+        input_token_logprobs_idx: The prompt token ids those values belong to.
+        output_token_logprobs_val: Log probability of each new output token.
+        output_token_logprobs_idx: The output token ids those values belong to.
+        input_top_logprobs_val: Per prompt position, the top-k log probabilities.
+        input_top_logprobs_idx: Per prompt position, the top-k token ids.
+        output_top_logprobs_val: Per new output position, the top-k log probabilities.
+        output_top_logprobs_idx: Per new output position, the top-k token ids.
+        input_token_ids_logprobs_val: Log probabilities of the token ids the request named,
+            over the prompt.
+        input_token_ids_logprobs_idx: The token ids those values belong to.
+        output_token_ids_logprobs_val: Log probabilities of the token ids the request named,
+            over the new output.
+        output_token_ids_logprobs_idx: The token ids those values belong to.
+        output_hidden_states: The request's last hidden state, when it asked for it.
+        step: The engine step that produced the batch (batch-wide).
+        decoded_texts: Text the engine already decoded for the request, which the
+            detokenizer continues from (SGLang's incremental-decoding prefix); ``None``
+            when the detokenizer does all the decoding, as with the stand-in engine.
+        output_ids: All of the request's output ids so far (SGLang sends them only when
+            tokenizer initialization is skipped); ``None`` normally, ``decode_ids``
+            carrying the new ones.
+        spec_verify_ct: Speculative-decoding verification passes run for the request.
+        placeholder_tokens_idx: Per request, the prompt positions of placeholder tokens
+            (e.g. an image token) after expansion, or ``None`` for a request without any.
+        placeholder_tokens_val: Per request, how many padded tokens each placeholder
+            expanded to, index-aligned with ``placeholder_tokens_idx``.
     """
 
     shared_fields: ClassVar[tuple[str, ...]] = ("step",)
@@ -189,10 +236,51 @@ class BatchTokenIDOutput(Batch, array_like=True, gc=False):
     output_token_ids_logprobs_idx: list[list[int]] | None = None
     output_hidden_states: list[list[float]] | None = None
     step: int = 0
+    decoded_texts: list[str] | None = None
+    output_ids: list[list[int]] | None = None
+    spec_verify_ct: list[int] | None = None
+    placeholder_tokens_idx: list[list[int] | None] | None = None
+    placeholder_tokens_val: list[list[int] | None] | None = None
 
 
 class BatchStrOutput(Batch, array_like=True, gc=False):
-    """Decoded text pieces for the requests of one worker (one sub-batch per worker)."""
+    """Decoded text pieces for the requests of one worker (one sub-batch per worker).
+
+    Every field but ``step`` is per-request; ``None`` means "not carried by this batch" and
+    costs one byte on the wire. The detokenizer computes the text, ids, finish reasons and
+    errors, and carries every other field that `BatchTokenIDOutput` has under the same name
+    as it is. Fields added since the first release follow ``step`` and ``errors``, in the
+    order they were added (array-like messages only grow at their end).
+
+    Attributes:
+        rids: The callers' request ids, untouched.
+        origins: The worker incarnation that owns each request (one worker per sub-batch).
+        finished_reasons: ``None`` while running, else why the request finished.
+        output_strs: The text decoded since the previous message for the request.
+        output_ids: The ids generated since the previous message for the request.
+        prompt_tokens: Prompt length in tokens.
+        completion_tokens: Tokens generated so far.
+        cached_tokens: Prompt tokens served from the prefix cache.
+        input_token_logprobs_val: Log probability of each prompt token.
+        input_token_logprobs_idx: The prompt token ids those values belong to.
+        output_token_logprobs_val: Log probability of each new output token.
+        output_token_logprobs_idx: The output token ids those values belong to.
+        output_hidden_states: The request's last hidden state, when it asked for it.
+        step: The engine step that produced the batch (batch-wide).
+        errors: Why a request failed at the detokenizer (e.g. the cap on live states);
+            ``None`` when no request of the batch failed, which is every healthy step.
+        spec_verify_ct: Speculative-decoding verification passes run for the request.
+        input_top_logprobs_val: Per prompt position, the top-k log probabilities.
+        input_top_logprobs_idx: Per prompt position, the top-k token ids.
+        output_top_logprobs_val: Per new output position, the top-k log probabilities.
+        output_top_logprobs_idx: Per new output position, the top-k token ids.
+        input_token_ids_logprobs_val: Log probabilities of the token ids the request named,
+            over the prompt.
+        input_token_ids_logprobs_idx: The token ids those values belong to.
+        output_token_ids_logprobs_val: Log probabilities of the token ids the request named,
+            over the new output.
+        output_token_ids_logprobs_idx: The token ids those values belong to.
+    """
 
     shared_fields: ClassVar[tuple[str, ...]] = ("step",)
 
@@ -210,9 +298,16 @@ class BatchStrOutput(Batch, array_like=True, gc=False):
     output_token_logprobs_idx: list[list[int]] | None = None
     output_hidden_states: list[list[float]] | None = None
     step: int = 0
-    # Why a request failed at the detokenizer (e.g. the cap on live states), per request;
-    # None when no request of the batch failed, which is every healthy step.
     errors: list[str | None] | None = None
+    spec_verify_ct: list[int] | None = None
+    input_top_logprobs_val: list[list[list[float]]] | None = None
+    input_top_logprobs_idx: list[list[list[int]]] | None = None
+    output_top_logprobs_val: list[list[list[float]]] | None = None
+    output_top_logprobs_idx: list[list[list[int]]] | None = None
+    input_token_ids_logprobs_val: list[list[float]] | None = None
+    input_token_ids_logprobs_idx: list[list[int]] | None = None
+    output_token_ids_logprobs_val: list[list[float]] | None = None
+    output_token_ids_logprobs_idx: list[list[int]] | None = None
 
 
 class BatchEmbeddingOutput(Batch, array_like=True):

@@ -8,9 +8,10 @@ from typing import Annotated, Any, ClassVar, Optional, Union, get_args, get_orig
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from actors import messages
 from runtime._batch import Batch
 from runtime._errors import ProtocolError
 
@@ -56,6 +57,18 @@ class StopTable(Batch, array_like=True):
 
 SAMPLES: tuple[type[Batch], ...] = (TokenOutput, HotOutput, StopTable)
 
+#: The pipeline's real batch types, found in its vocabulary rather than listed here, so a
+#: batch type added to `actors.messages` is put through every property below too.
+PIPELINE: tuple[type[Batch], ...] = tuple(
+    obj
+    for obj in vars(messages).values()
+    if isinstance(obj, type) and issubclass(obj, Batch) and obj.__module__ == messages.__name__
+)
+
+#: Every batch type the properties run over; each property runs once per type.
+BATCH_TYPES = SAMPLES + PIPELINE
+each_batch_type = pytest.mark.parametrize("cls", BATCH_TYPES, ids=lambda cls: cls.__name__)
+
 
 def _strip(annotation: Any) -> Any:
     while get_origin(annotation) is Annotated:
@@ -64,10 +77,17 @@ def _strip(annotation: Any) -> Any:
 
 
 def _values(annotation: Any) -> st.SearchStrategy[Any]:
-    """A strategy for values of ``annotation``, all exactly representable in msgpack."""
+    """A strategy for values of ``annotation``, all exactly representable in msgpack.
+
+    Raises:
+        NotImplementedError: No strategy for that type: a batch field of a new type must
+            extend this function (a test checks every real batch field has one).
+    """
     annotation = _strip(annotation)
     origin = get_origin(annotation)
     args = get_args(annotation)
+    if annotation is bool:
+        return st.booleans()
     if annotation is int:
         return st.integers(min_value=-(2**63), max_value=2**63 - 1)
     if annotation is float:
@@ -75,10 +95,20 @@ def _values(annotation: Any) -> st.SearchStrategy[Any]:
         return st.floats(allow_nan=False)
     if annotation is str:
         return st.text(max_size=4)
+    if annotation is bytes:
+        return st.binary(max_size=8)
     if annotation is type(None):
         return st.none()
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        # A nested struct (Origin): each of its fields from its own annotation.
+        fields = {info.name: _values(info.type) for info in msgspec.structs.fields(annotation)}
+        return st.builds(annotation, **fields)
     if origin is list:
         return st.lists(_values(args[0]), max_size=3)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return st.lists(_values(args[0]), max_size=3).map(tuple)
+        return st.tuples(*(_values(arg) for arg in args))
     if origin is dict:
         return st.dictionaries(_values(args[0]), _values(args[1]), max_size=2)
     if origin is Union or origin is types.UnionType:
@@ -109,26 +139,27 @@ def _batches(draw: st.DrawFn, cls: type[Batch], size: int) -> Batch:
 
 
 @st.composite
-def batches(draw: st.DrawFn, min_size: int = 0) -> Batch:
-    """Any sample batch class, any size up to 8."""
-    cls = draw(st.sampled_from(SAMPLES))
+def batches(draw: st.DrawFn, cls: type[Batch], min_size: int = 0) -> Batch:
+    """A batch of ``cls``, any size up to 8."""
     size = draw(st.integers(min_value=min_size, max_value=8))
     return draw(_batches(cls, size))
 
 
 @st.composite
-def batches_with_keys(draw: st.DrawFn, min_size: int = 0) -> tuple[Batch, list[str]]:
+def batches_with_keys(
+    draw: st.DrawFn, cls: type[Batch], min_size: int = 0
+) -> tuple[Batch, list[str]]:
     """A batch and one key per item, from a small alphabet so that keys repeat."""
-    batch = draw(batches(min_size))
+    batch = draw(batches(cls, min_size))
     keys = st.sampled_from("wxyz")
     size = batch.batch_size
     return batch, draw(st.lists(keys, min_size=size, max_size=size))
 
 
 @st.composite
-def batches_with_permutation(draw: st.DrawFn) -> tuple[Batch, list[int]]:
+def batches_with_permutation(draw: st.DrawFn, cls: type[Batch]) -> tuple[Batch, list[int]]:
     """A batch and a permutation of its item positions."""
-    batch = draw(batches())
+    batch = draw(batches(cls))
     return batch, draw(st.permutations(range(batch.batch_size)))
 
 
@@ -218,6 +249,47 @@ class TestClassDefinition:
         assert Extended._item_fields == TokenOutput._item_fields
 
 
+class TestPipelineBatchTypes:
+    def test_the_four_pipeline_batch_types_are_found_in_the_vocabulary(self) -> None:
+        assert {cls.__name__ for cls in PIPELINE} >= {
+            "BatchTokenIDOutput",
+            "BatchStrOutput",
+            "BatchEmbeddingOutput",
+            "BatchMultimodalOutput",
+        }
+
+    @each_batch_type
+    def test_every_field_has_a_value_strategy(self, cls: type[Batch]) -> None:
+        # Raises NotImplementedError naming the type of a field no strategy covers yet.
+        for info in msgspec.structs.fields(cls):
+            _values(info.type)
+
+    @pytest.mark.parametrize("cls", PIPELINE, ids=lambda cls: cls.__name__)
+    @PROPERTY
+    @given(data=st.data())
+    def test_grouping_by_origin_and_merging_back_round_trips_every_field(
+        self, cls: type[Batch], data: st.DataObject
+    ) -> None:
+        # The detokenizer's split: one sub-batch per worker incarnation.
+        batch = data.draw(batches(cls, min_size=1))
+        pool = [messages.Origin(worker, incarnation) for worker in (0, 1) for incarnation in (1, 2)]
+        size = batch.batch_size
+        origins = data.draw(st.lists(st.sampled_from(pool), min_size=size, max_size=size))
+        batch = msgspec.structs.replace(batch, origins=origins)
+        groups = batch.group_by("origins")
+        for origin, group in groups.items():
+            assert set(_column(group, "origins")) == {origin}
+        order = [i for key in groups for i, k in enumerate(origins) if k == key]
+        merged = cls.merge(list(groups.values()))
+        for name in (info.name for info in msgspec.structs.fields(cls)):
+            column = _column(batch, name)
+            if name in cls.shared_fields or column is None:
+                assert _column(merged, name) == column
+            else:
+                assert _column(merged, name) == [column[i] for i in order]
+        assert merged.select(_inverse(order)) == batch
+
+
 class TestBatchSize:
     def test_is_the_common_length_of_the_lists(self) -> None:
         assert _token_output(5).batch_size == 5
@@ -243,17 +315,22 @@ class TestBatchSize:
 
 
 class TestSelect:
+    @each_batch_type
     @PROPERTY
-    @given(batches())
-    def test_selecting_every_index_in_order_gives_an_equal_batch(self, batch: Batch) -> None:
+    @given(data=st.data())
+    def test_selecting_every_index_in_order_gives_an_equal_batch(
+        self, cls: type[Batch], data: st.DataObject
+    ) -> None:
+        batch = data.draw(batches(cls))
         assert batch.select(range(batch.batch_size)) == batch
 
+    @each_batch_type
     @PROPERTY
-    @given(batches_with_permutation())
+    @given(data=st.data())
     def test_a_permutation_then_its_inverse_round_trips(
-        self, case: tuple[Batch, list[int]]
+        self, cls: type[Batch], data: st.DataObject
     ) -> None:
-        batch, order = case
+        batch, order = data.draw(batches_with_permutation(cls))
         permuted = batch.select(order)
         assert type(permuted) is type(batch)
         for name in type(batch)._item_fields:
@@ -262,11 +339,13 @@ class TestSelect:
             assert _column(permuted, name) == expected
         assert permuted.select(_inverse(order)) == batch
 
+    @each_batch_type
     @PROPERTY
-    @given(batches(min_size=1), st.data())
+    @given(data=st.data())
     def test_shared_fields_are_copied_and_none_fields_stay_none(
-        self, batch: Batch, data: st.DataObject
+        self, cls: type[Batch], data: st.DataObject
     ) -> None:
+        batch = data.draw(batches(cls, min_size=1))
         indices = data.draw(st.lists(st.integers(0, batch.batch_size - 1), max_size=10))
         selected = batch.select(indices)
         assert selected.batch_size == len(indices)
@@ -310,12 +389,13 @@ class TestSelect:
 
 
 class TestGroup:
+    @each_batch_type
     @PROPERTY
-    @given(batches_with_keys())
+    @given(data=st.data())
     def test_each_group_holds_exactly_the_items_with_its_key_in_order(
-        self, case: tuple[Batch, list[str]]
+        self, cls: type[Batch], data: st.DataObject
     ) -> None:
-        batch, keys = case
+        batch, keys = data.draw(batches_with_keys(cls))
         groups = batch.group(keys)
         assert list(groups) == list(dict.fromkeys(keys))
         for key, group in groups.items():
@@ -329,24 +409,26 @@ class TestGroup:
             for name in type(batch).shared_fields:
                 assert _column(group, name) == _column(batch, name)
 
+    @each_batch_type
     @PROPERTY
-    @given(batches_with_keys(min_size=1))
+    @given(data=st.data())
     def test_merging_the_groups_then_restoring_the_order_gives_the_original(
-        self, case: tuple[Batch, list[str]]
+        self, cls: type[Batch], data: st.DataObject
     ) -> None:
-        batch, keys = case
+        batch, keys = data.draw(batches_with_keys(cls, min_size=1))
         groups = batch.group(keys)
         order = [i for key in groups for i, k in enumerate(keys) if k == key]
         merged = type(batch).merge(list(groups.values()))
         assert merged == batch.select(order)
         assert merged.select(_inverse(order)) == batch
 
+    @each_batch_type
     @PROPERTY
-    @given(batches_with_keys(min_size=1))
+    @given(data=st.data())
     def test_merging_the_groups_of_contiguous_keys_gives_the_original(
-        self, case: tuple[Batch, list[str]]
+        self, cls: type[Batch], data: st.DataObject
     ) -> None:
-        batch, keys = case
+        batch, keys = data.draw(batches_with_keys(cls, min_size=1))
         runs = sorted(keys)
         assert type(batch).merge(list(batch.group(runs).values())) == batch
 
@@ -420,20 +502,55 @@ class TestMerge:
             Batch.merge([HotOutput(rids=[], output_ids=[])])
 
 
-class TestWire:
+class TestLengthMismatch:
+    @each_batch_type
     @PROPERTY
-    @given(batches_with_keys())
-    def test_a_group_survives_a_msgpack_round_trip(self, case: tuple[Batch, list[str]]) -> None:
-        batch, keys = case
+    @given(data=st.data())
+    def test_one_list_longer_or_shorter_than_the_others_is_refused_by_every_operation(
+        self, cls: type[Batch], data: st.DataObject
+    ) -> None:
+        batch = data.draw(batches(cls))
+        present = [name for name in cls._item_fields if _column(batch, name) is not None]
+        assume(len(present) >= 2)
+        name = data.draw(st.sampled_from(present))
+        column = _column(batch, name)
+        if column and data.draw(st.booleans()):
+            wrong = column[:-1]
+        else:
+            info = next(info for info in msgspec.structs.fields(cls) if info.name == name)
+            wrong = [*column, data.draw(_values(_item_type(info.type)[0]))]
+        broken = msgspec.structs.replace(batch, **{name: wrong})
+        size = batch.batch_size
+        mismatch = rf"{cls.__qualname__}\.\w+ has \d+ items, expected \d+"
+        with pytest.raises(ProtocolError, match=mismatch):
+            _ = broken.batch_size
+        with pytest.raises(ProtocolError, match=mismatch):
+            broken.select(range(size))
+        with pytest.raises(ProtocolError, match=mismatch):
+            broken.group(["k"] * size)
+        with pytest.raises(ProtocolError, match=mismatch):
+            cls.merge([batch, broken])
+
+
+class TestWire:
+    @each_batch_type
+    @PROPERTY
+    @given(data=st.data())
+    def test_a_group_survives_a_msgpack_round_trip(
+        self, cls: type[Batch], data: st.DataObject
+    ) -> None:
+        batch, keys = data.draw(batches_with_keys(cls))
         for group in batch.group(keys).values():
             decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(group), type=type(batch))
             assert decoded == group
 
+    @each_batch_type
     @PROPERTY
-    @given(batches(min_size=1), st.data())
+    @given(data=st.data())
     def test_a_selection_survives_a_msgpack_round_trip(
-        self, batch: Batch, data: st.DataObject
+        self, cls: type[Batch], data: st.DataObject
     ) -> None:
+        batch = data.draw(batches(cls, min_size=1))
         indices = data.draw(st.lists(st.integers(0, batch.batch_size - 1), max_size=10))
         selected = batch.select(indices)
         decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(selected), type=type(batch))

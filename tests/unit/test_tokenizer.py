@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
@@ -105,6 +106,20 @@ class TestBuildScript:
         assert main(["--out", str(first)]) == 0
         assert main(["--out", str(second)]) == 0
         assert first.read_bytes() == second.read_bytes()
+
+    def test_the_shipped_file_is_what_the_script_builds_from_the_shipped_corpus(
+        self, tmp_path: Path
+    ) -> None:
+        rebuilt = tmp_path / "tokenizer.json"
+        assert main(["--out", str(rebuilt)]) == 0
+        fresh, shipped = (json.loads(p.read_bytes()) for p in (rebuilt, DEFAULT_TOKENIZER_PATH))
+        regenerate = "regenerate it with `python -m actors.build_tokenizer`"
+        # The ids the pipeline produces: vocabulary, merges and special tokens.
+        assert fresh["model"]["vocab"] == shipped["model"]["vocab"], regenerate
+        assert fresh["model"]["merges"] == shipped["model"]["merges"], regenerate
+        assert fresh["added_tokens"] == shipped["added_tokens"], regenerate
+        # The build is byte-for-byte deterministic, so the whole file can be compared too.
+        assert rebuilt.read_bytes() == DEFAULT_TOKENIZER_PATH.read_bytes(), regenerate
 
     def test_the_built_file_loads_with_the_requested_vocabulary(self, tmp_path: Path) -> None:
         out = tmp_path / "small.json"
