@@ -54,21 +54,41 @@ def build_parser() -> argparse.ArgumentParser:
             option.add_to(p)
     every = sub.add_parser("all", help="run every suite", description="Run every suite.")
     _common(every)
+    meanings: dict[str, set[str]] = {}
+    for suite in SUITES.values():
+        for option in suite.options:
+            meanings.setdefault(option.flag, set()).add(option.name)
     added: set[str] = set()
     for suite in SUITES.values():
         group = every.add_argument_group(f"{suite.name} options")
         for option in suite.options:
-            if option.flag not in added:  # a flag shared by two suites is one option
+            if len(meanings[option.flag]) > 1:
+                # One flag, two meanings (dispatch's --workers N, pipeline's --workers 1,2,4):
+                # in `all`, each suite's is spelled with the suite's name.
+                option.add_to(group, f"--{suite.name}-{option.flag.removeprefix('--')}")
+            elif option.flag not in added:  # a flag shared by two suites is one option
                 added.add(option.flag)
                 option.add_to(group)
-    plot = sub.add_parser("plot", help="draw PNG charts from a --json results file")
+    plot = sub.add_parser(
+        "plot",
+        help="draw PNG charts from a --json results file",
+        description="Draw every chart the suites in a results file describe, one PNG each.",
+    )
     plot.add_argument("results", help="a file written by --json")
-    plot.add_argument("--out", required=True, metavar="DIR", help="directory for the PNGs")
+    plot.add_argument(
+        "--out",
+        metavar="DIR",
+        help="directory for the PNGs (default: <name>-charts/ next to the results file, "
+        "e.g. bench-results/results-charts/ for bench-results/results.json)",
+    )
     return parser
 
 
-def run_suites(names: list[str], args: argparse.Namespace, console: Console) -> int:
-    """Run the named suites with a progress bar, print the summary, write ``--json``."""
+def run_suites(
+    names: list[str], args: argparse.Namespace, console: Console, argv: list[str]
+) -> int:
+    """Run the named suites with a progress bar, print the summary, write ``--json``
+    (``argv``: the command line it records, without ``python -m benchmarks``)."""
     if args.rounds is not None and args.rounds <= 0:
         raise SystemExit(f"--rounds must be positive (got {args.rounds})")
     started = now_iso()
@@ -85,7 +105,7 @@ def run_suites(names: list[str], args: argparse.Namespace, console: Console) -> 
             args.json,
             Results(
                 started=started,
-                argv=["python", "-m", "benchmarks", *sys.argv[1:]],
+                argv=["python", "-m", "benchmarks", *argv],
                 machine=machine,
                 suites=results,
             ),
@@ -101,6 +121,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks``."""
+    if argv is None:
+        argv = sys.argv[1:]
     args = build_parser().parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so every `finally` runs: the processes of the variant
     # running are killed and the private socket directory is removed.
@@ -109,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
         if args.command == "plot":
-            from ._plot import plot_results
+            from ._plot import default_out, plot_results
 
-            for path in plot_results(read_results(args.results), args.out):
+            out = args.out or default_out(args.results)
+            for path in plot_results(read_results(args.results), out):
                 console.print(f"wrote {path}")
             return 0
         names = list(SUITES) if args.command == "all" else [args.command]
-        return run_suites(names, args, console)
+        return run_suites(names, args, console, argv)
     except BenchmarkError as err:
         console.print(f"[red]benchmark failed:[/] {err}")
         return 2

@@ -1,4 +1,8 @@
-"""``python -m benchmarks plot results.json --out DIR``: PNG charts from a results file.
+"""``python -m benchmarks plot results.json [--out DIR]``: PNG charts from a results file.
+
+Without ``--out`` the charts go to ``<name>-charts/`` next to the results file
+(``bench-results/results.json`` -> ``bench-results/results-charts/``), so the charts of two
+results files never overwrite each other, and ``docs/img`` changes only when asked to.
 
 Charts are described by the suites themselves (``Chart`` in the results), so this module
 draws any suite's charts without knowing the suite: one panel per payload, one group of
@@ -234,6 +238,12 @@ def draw_chart(result: SuiteResult, chart: Chart, out: Path) -> Path:
     finally:
         plt.close(fig)
     return path
+
+
+def default_out(results_path: str) -> str:
+    """Where ``plot`` draws without ``--out``: ``<name>-charts/`` beside the results file."""
+    path = Path(results_path)
+    return str(path.with_name(f"{path.stem}-charts"))
 
 
 def plot_results(results: Results, out: str) -> list[Path]:

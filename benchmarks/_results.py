@@ -170,7 +170,11 @@ class SuiteResult(msgspec.Struct, kw_only=True):
 
 
 class Machine(msgspec.Struct, kw_only=True):
-    """Where the numbers come from: they mean little without it."""
+    """Where the numbers come from: they mean little without it.
+
+    Versions are of the installed distributions (``"not installed"`` when one is missing);
+    the fields after ``load_average`` came later and default to ``""`` in older files.
+    """
 
     cpu_count: int
     platform: str
@@ -183,6 +187,10 @@ class Machine(msgspec.Struct, kw_only=True):
     anyio: str
     commit: str
     load_average: list[float]
+    tokenyard: str = ""
+    tokenizers: str = ""
+    rich: str = ""
+    matplotlib: str = ""
 
 
 class Results(msgspec.Struct, kw_only=True):
@@ -242,6 +250,10 @@ def describe_machine() -> Machine:
         anyio=_version("anyio"),
         commit=_commit(),
         load_average=_load_average(),
+        tokenyard=_version("tokenyard"),
+        tokenizers=_version("tokenizers"),
+        rich=_version("rich"),
+        matplotlib=_version("matplotlib"),
     )
 
 

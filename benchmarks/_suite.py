@@ -7,11 +7,11 @@ bar, the summary table, ``--json`` and ``plot`` without further edits.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Callable
 
     from ._results import SuiteResult
@@ -34,17 +34,39 @@ class Progress(Protocol):
 class Option:
     """A suite-specific command-line option (``--messages N``).
 
-    Options with the same flag in two suites are one option: ``all`` adds it once.
+    Options with the same flag and ``dest`` in two suites are one option: ``all`` adds it
+    once. One flag with two meanings (two ``dest``) is added to ``all`` once per suite, as
+    ``--<suite>-<flag>``.
+
+    Attributes:
+        flag: The option as typed (``"--workers"``).
+        help: One line for ``--help``.
+        type: Turns the text into the value (and rejects bad text with
+            ``argparse.ArgumentTypeError``).
+        metavar: The placeholder in ``--help``.
+        dest: The attribute of the parsed arguments the suite reads (default: the flag's
+            name, ``--max-new`` -> ``max_new``).
     """
 
     flag: str
     help: str
     type: Callable[[str], object] = int
     metavar: str = "N"
+    dest: str = ""
 
-    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-        """Add the option (default ``None``: the suite picks quick or ``--full`` sizes)."""
-        parser.add_argument(self.flag, type=self.type, metavar=self.metavar, help=self.help)
+    @property
+    def name(self) -> str:
+        """The attribute of the parsed arguments that holds the value."""
+        return self.dest or self.flag.removeprefix("--").replace("-", "_")
+
+    def add_to(
+        self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str = ""
+    ) -> None:
+        """Add the option (default ``None``: the suite picks quick or ``--full`` sizes),
+        under ``flag`` instead of its own flag if given."""
+        parser.add_argument(
+            flag or self.flag, dest=self.name, type=self.type, metavar=self.metavar, help=self.help
+        )
 
 
 @dataclass(frozen=True)
@@ -63,6 +85,21 @@ class Suite:
     help: str
     run: Callable[[argparse.Namespace, Progress], SuiteResult]
     options: tuple[Option, ...] = field(default=())
+
+
+def positive_int(text: str) -> int:
+    """An option's value that must be a whole number above zero.
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
 
 
 def pick(args: argparse.Namespace, name: str, quick: int, full: int) -> int:

@@ -1,11 +1,12 @@
 """Dispatch suite: routing each engine step's outputs to the tokenizer workers that own them.
 
-Run it with ``python -m benchmarks.dispatch [--json PATH] [--full] [--steps N]``.
+Run it with ``python -m benchmarks dispatch [--json PATH] [--full] [--steps N]
+[--workers N]`` (or ``python -m benchmarks.dispatch`` with the same options).
 
 An engine step is one 32-request ``BatchTokenIDOutput`` (``actors.messages``) whose requests
-belong to 4 workers, mixed as continuous batching mixes them. Dispatching it means getting
-each request's entry to its worker process. Variants, each driven from a fresh process
-that starts 4 fresh receiver processes:
+belong to 4 workers (``--workers``), mixed as continuous batching mixes them. Dispatching it
+means getting each request's entry to its worker process. Variants, each driven from a
+fresh process that starts one fresh receiver process per worker:
 
 * **SGLang's way** (baseline): for each request, a hand-written per-field copy of entry
   ``i`` into a new one-request dataclass, ``pickle.dumps`` of it (what ``send_pyobj`` does)
@@ -13,7 +14,7 @@ that starts 4 fresh receiver processes:
 * **tokenyard (raw zmq)**: ``Batch.group(origins)`` into one typed sub-batch per worker,
   msgspec-encoded, one send per worker per step; receivers decode with a msgspec
   ``Decoder`` and count requests. Plain pyzmq isolates the cost of dispatch itself.
-* **tokenyard actors**: the same groups, told to 4 counting actor processes through
+* **tokenyard actors**: the same groups, told to counting actor processes through
   ``ActorRef.tell`` (what the ``Detokenizer`` actor does).
 * **split + serialize only** (context): the two dispatch loops above with sockets that
   drop what they are given, in one process: the sender's CPU cost alone, free of the
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 
 # The baseline being measured: SGLang sends each request's output with send_pyobj, i.e.
@@ -53,7 +55,7 @@ from runtime import Actor, ActorSystem, handler
 from ._messages import Ack, CountQuery
 from ._proc import BenchmarkError, Measurement, die_with_parent, run_driver, started
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
-from ._suite import Option, Suite, pick
+from ._suite import Option, Suite, pick, positive_int
 
 if TYPE_CHECKING:
     import subprocess
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from ._suite import Progress
 
 
+#: Workers a step's requests belong to, unless ``--workers`` says otherwise.
 WORKERS = 4
 BATCH_SIZE = 32
 #: Distinct steps cycled through, so the measurement does not reuse one object's caches.
@@ -81,15 +84,23 @@ LABELS = {
     CPU_RAW: "tokenyard's split, no sockets",
 }
 ROLES = {SGLANG: BASELINE, RAW: SUBJECT, ACTORS: SUBJECT, CPU_SGLANG: INFO, CPU_RAW: INFO}
-PAYLOAD = f"{BATCH_SIZE}-request step, {WORKERS} workers"
 TARGET_RATIO = 5.0
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def payload_of(workers: int) -> str:
+    """How tables name the message dispatched."""
+    return f"{BATCH_SIZE}-request step, {_workers(workers)}"
 
 
 # -- the workload ---------------------------------------------------------------------------
 
 
-def make_step(seed: int) -> BatchTokenIDOutput:
-    """A decode step of 32 requests of 4 workers, mixed (deterministic for a seed).
+def make_step(seed: int, workers: int = WORKERS) -> BatchTokenIDOutput:
+    """A decode step of 32 requests of ``workers`` workers, mixed (deterministic for a seed).
 
     1-8 new ids per request, output logprobs requested, other logprob fields not carried.
     Rids carry SGLang's ``"<worker>_"`` prefix so its baseline can route by parsing them,
@@ -97,12 +108,12 @@ def make_step(seed: int) -> BatchTokenIDOutput:
     """
     rng = random.Random(seed)
     n = BATCH_SIZE
-    workers = [rng.randrange(WORKERS) for _ in range(n)]
+    owners = [rng.randrange(workers) for _ in range(n)]
     new = [rng.randint(1, 8) for _ in range(n)]
     ids = [[rng.randrange(32_000) for _ in range(k)] for k in new]
     return BatchTokenIDOutput(
-        rids=[f"{w}_{rng.randbytes(16).hex()}" for w in workers],
-        origins=[Origin(w, 1) for w in workers],
+        rids=[f"{w}_{rng.randbytes(16).hex()}" for w in owners],
+        origins=[Origin(w, 1) for w in owners],
         finished_reasons=[
             rng.choice(("stop", "length")) if rng.random() < 0.05 else None for _ in range(n)
         ],
@@ -153,10 +164,10 @@ class StepObj:
 
 
 def as_obj(step: BatchTokenIDOutput) -> StepObj:
-    """The same step as SGLang's dataclass (same values, minus the typed origins)."""
-    fields = msgspec.structs.asdict(step)
-    del fields["origins"]
-    return StepObj(**fields)
+    """The same step as SGLang's dataclass: the values of the fields it declares (not the
+    typed origins, nor a field added to ``BatchTokenIDOutput`` that ``StepObj`` lacks)."""
+    values = msgspec.structs.asdict(step)
+    return StepObj(**{f.name: values[f.name] for f in dataclasses.fields(StepObj)})
 
 
 def request_at(b: StepObj, i: int) -> StepObj:
@@ -252,9 +263,9 @@ class NullSender:
 
 def drive_cpu(opts: argparse.Namespace) -> Measurement:
     """Time a dispatch loop alone, in this process, with `NullSender` sockets."""
-    steps = [make_step(s) for s in range(DISTINCT)]
+    steps = [make_step(s, opts.workers) for s in range(DISTINCT)]
     objs = [as_obj(b) for b in steps]
-    sinks = [NullSender() for _ in range(WORKERS)]
+    sinks = [NullSender() for _ in range(opts.workers)]
     rates: list[float] = []
     for r in range(opts.rounds + 1):  # round 0 is the warm-up
         n = max(opts.steps // 10, 10) if r == 0 else opts.steps
@@ -268,9 +279,9 @@ def drive_cpu(opts: argparse.Namespace) -> Measurement:
     return Measurement(throughput=rates)
 
 
-def wire_bytes_per_request(variant: str) -> float:
+def wire_bytes_per_request(variant: str, workers: int) -> float:
     """Average bytes sent per request by a variant (pickles, or encoded sub-batches)."""
-    steps = [make_step(s) for s in range(DISTINCT)]
+    steps = [make_step(s, workers) for s in range(DISTINCT)]
     if variant in (SGLANG, CPU_SGLANG):
         objs = [as_obj(b) for b in steps]
         total = sum(
@@ -319,11 +330,11 @@ def _await_counts(
 
 
 def drive_zmq(opts: argparse.Namespace) -> Measurement:
-    """Measure the SGLang or raw tokenyard variant with 4 receiver processes."""
+    """Measure the SGLang or raw tokenyard variant with a receiver process per worker."""
     base = Path(opts.dir) / f"{opts.variant}-{time.monotonic_ns()}"
     ctl_addr = f"ipc://{base}-ctl"
-    inboxes = [f"ipc://{base}-w{k}" for k in range(WORKERS)]
-    steps = [make_step(s) for s in range(DISTINCT)]
+    inboxes = [f"ipc://{base}-w{k}" for k in range(opts.workers)]
+    steps = [make_step(s, opts.workers) for s in range(DISTINCT)]
     dispatch: Callable[[int], None]
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
@@ -365,7 +376,8 @@ def drive_zmq(opts: argparse.Namespace) -> Measurement:
                     raise BenchmarkError(f"a receiver exited with status {proc.returncode}")
     finally:
         ctx.destroy(linger=0)
-    return Measurement(throughput=rates, frame_bytes=round(wire_bytes_per_request(opts.variant)))
+    wire = wire_bytes_per_request(opts.variant, opts.workers)
+    return Measurement(throughput=rates, frame_bytes=round(wire))
 
 
 def run_receiver(opts: argparse.Namespace) -> None:
@@ -413,10 +425,10 @@ class RequestCounter(Actor):
 
 
 async def drive_actors(opts: argparse.Namespace) -> Measurement:
-    """Measure the actors variant: groups told to 4 counting actor processes."""
-    steps = [make_step(s) for s in range(DISTINCT)]
+    """Measure the actors variant: groups told to a counting actor process per worker."""
+    steps = [make_step(s, opts.workers) for s in range(DISTINCT)]
     async with ActorSystem(name="bench-dispatch") as system:
-        refs = [await system.spawn(RequestCounter, name=f"worker-{k}") for k in range(WORKERS)]
+        refs = [await system.spawn(RequestCounter, name=f"worker-{k}") for k in range(opts.workers)]
         tells = [ref.tell for ref in refs]
         rates: list[float] = []
         sent = 0
@@ -437,12 +449,22 @@ async def drive_actors(opts: argparse.Namespace) -> Measurement:
                 rates.append(n * BATCH_SIZE / elapsed)
         for ref in refs:
             await system.stop(ref)
-    return Measurement(throughput=rates, frame_bytes=round(wire_bytes_per_request(ACTORS)))
+    return Measurement(
+        throughput=rates, frame_bytes=round(wire_bytes_per_request(ACTORS, opts.workers))
+    )
 
 
 # -- the suite ------------------------------------------------------------------------------
 
-OPTIONS = (Option("--steps", "32-request steps dispatched per round (quick 3000, full 30000)"),)
+OPTIONS = (
+    Option("--steps", "32-request steps dispatched per round (quick 3000, full 30000)"),
+    Option(
+        "--workers",
+        f"workers the requests of a step belong to, one receiver process each (1-{BATCH_SIZE},"
+        f" default {WORKERS})",
+        type=positive_int,
+    ),
+)
 
 
 #: (figure, baseline) pairs: every ratio the report shows.
@@ -496,6 +518,12 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     start = time.monotonic()
     rounds = args.rounds or (5 if args.full else 3)
     steps = pick(args, "steps", 3_000, 30_000)
+    workers = pick(args, "workers", WORKERS, WORKERS)
+    if workers > BATCH_SIZE:
+        raise SystemExit(
+            f"--workers {workers}: a step holds {BATCH_SIZE} requests, so at most {BATCH_SIZE}"
+            " workers can own one each"
+        )
     progress.begin(len(LABELS))
     figures: list[Figure] = []
     wire: dict[str, int] = {}
@@ -512,6 +540,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
                 str(steps),
                 "--rounds",
                 str(rounds),
+                "--workers",
+                str(workers),
             )
             measured = run_driver(cmd, 600.0 if args.full else 240.0)
             if measured.frame_bytes:
@@ -520,7 +550,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
                 Figure(
                     key=f"{variant}.throughput",
                     variant=label,
-                    payload=PAYLOAD,
+                    payload=payload_of(workers),
                     metric="throughput",
                     value=round(max(measured.throughput), 1),
                     unit="req/s",
@@ -534,9 +564,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     targets = summarise(figures)
     notes = list(NOTES)
     cpus = os.cpu_count() or 0
-    if cpus < WORKERS + 1:
+    if cpus < workers + 1:
         notes.append(
-            f"This machine has {cpus} CPUs for {WORKERS + 1} busy processes: the socket "
+            f"This machine has {cpus} CPUs for {workers + 1} busy processes: the socket "
             "variants share CPUs with their receivers, so they measure total CPU per request; "
             "the no-socket lines give the sender's cost alone."
         )
@@ -547,7 +577,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "rounds": rounds,
             "steps": steps,
             "batch_size": BATCH_SIZE,
-            "workers": WORKERS,
+            "workers": workers,
             "full": bool(args.full),
             **{f"{v}_wire_bytes_per_request": b for v, b in wire.items()},
         },
@@ -556,7 +586,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         charts=[
             Chart(
                 name="dispatch-throughput",
-                title="per-request dispatch of 32-request steps to 4 workers (higher is better)",
+                title=f"per-request dispatch of {BATCH_SIZE}-request steps to"
+                f" {_workers(workers)} (higher is better)",
                 metrics=["throughput"],
                 unit="req/s",
                 panel_by="",
@@ -615,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if opts.variant:
         die_with_parent()
+        opts.workers = opts.workers or WORKERS
         if opts.variant == ACTORS:
             measured = asyncio.run(drive_actors(opts))
         elif opts.variant in (CPU_SGLANG, CPU_RAW):

@@ -1,18 +1,19 @@
 """Pipeline suite: the LLM front end end to end, with the stand-in engine at zero step time.
 
 Run it with ``python -m benchmarks pipeline [--json PATH] [--full] [--requests N]
-[--concurrency N]``.
+[--concurrency N] [--workers 1,2,4]``.
 
-Each worker count (1, 2 and 4 tokenizer workers) runs in a fresh driver process that opens
-its own ``actors.Pipeline(workers=k, step_time=0.0)`` on the bundled tokenizer: the
-scheduler, detokenizer, router, supervisor and workers are processes of that driver's
-session, torn down with it. The load is closed-loop: ``--concurrency`` clients each send
-one ``generate`` at a time and the next as soon as it returns, until a round's
-``--requests`` are done. Prompts cycle through a fixed list mixing ASCII, CJK and emoji;
-``max_new_tokens`` cycles through 16..32. One warm-up round, then the timed rounds; a
-round's throughput is its requests over its wall time, its latencies are per request,
-submit to result. The reported value is the best round (the highest throughput, the round
-with the lowest p50), since on a shared machine noise only ever makes a round slower.
+Each worker count (1, 2 and 4 tokenizer workers by default; 1, the baseline, always runs)
+runs in a fresh driver process that opens its own ``actors.Pipeline(workers=k,
+step_time=0.0)`` on the bundled tokenizer: the scheduler, detokenizer, router, supervisor
+and workers are processes of that driver's session, torn down with it. The load is
+closed-loop: ``--concurrency`` clients each send one ``generate`` at a time and the next as
+soon as it returns, until a round's ``--requests`` are done. Prompts cycle through a fixed
+list mixing ASCII, CJK and emoji; ``max_new_tokens`` cycles through 16..32. One warm-up
+round, then the timed rounds; a round's throughput is its requests over its wall time, its
+latencies are per request, submit to result. The reported value is the best round (the
+highest throughput, the round with the lowest p50), since on a shared machine noise only
+ever makes a round slower.
 
 The tokenizer's share is measured in the same driver once its pipeline is closed: the
 requests of the last round are tokenized (``encode``) and their outputs detokenized
@@ -43,7 +44,7 @@ from runtime import TokenyardError
 
 from ._proc import BenchmarkError, Latency, die_with_parent, latency_of, started
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult
-from ._suite import Option, Suite, pick
+from ._suite import Option, Suite, pick, positive_int
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
     from ._suite import Progress
 
+#: Worker counts measured unless ``--workers`` says otherwise; 1 is the baseline.
 WORKER_COUNTS = (1, 2, 4)
 #: Processes besides the workers: scheduler, detokenizer, router, and the caller (the
 #: driver, which holds the supervisor and the inbox in its event loop).
@@ -445,9 +447,32 @@ CHARTS = [
     ),
 ]
 
+
+def worker_counts(text: str) -> tuple[int, ...]:
+    """``--workers``: comma-separated worker counts, plus 1 (the baseline), ascending.
+
+    Raises:
+        argparse.ArgumentTypeError: A count is not a positive whole number.
+    """
+    try:
+        counts = {positive_int(part.strip()) for part in text.split(",")}
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(
+            f"expected worker counts such as 1,2,4, got {text!r}: {err}"
+        ) from None
+    return tuple(sorted(counts | {1}))
+
+
 OPTIONS = (
     Option("--requests", "requests per timed round, each worker count (quick 1000, full 10000)"),
     Option("--concurrency", "closed-loop clients, each with one request in flight (64)"),
+    Option(
+        "--workers",
+        "tokenizer worker counts, comma-separated (1,2,4); 1, the baseline, always runs",
+        type=worker_counts,
+        metavar="K,K,...",
+        dest="worker_counts",
+    ),
 )
 
 
@@ -457,10 +482,11 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     rounds = args.rounds or (5 if args.full else 3)
     requests = pick(args, "requests", 1_000, 10_000)
     concurrency = pick(args, "concurrency", 64, 64)
+    counts: tuple[int, ...] = getattr(args, "worker_counts", None) or WORKER_COUNTS
     timeout = 900.0 if args.full else 180.0
-    progress.begin(len(WORKER_COUNTS))
+    progress.begin(len(counts))
     reports: list[Report] = []
-    for k in WORKER_COUNTS:
+    for k in counts:
         progress.step(label(k))
         cmd = _command(
             "--driver", "--workers", str(k), "--requests", str(requests),
@@ -489,9 +515,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             " more with more workers."
         )
     cpus = os.cpu_count() or 0
-    if cpus < max(WORKER_COUNTS) + OTHER_PROCESSES:
+    if cpus < max(counts) + OTHER_PROCESSES:
         notes.append(
-            f"This machine has {cpus} CPUs for up to {max(WORKER_COUNTS) + OTHER_PROCESSES}"
+            f"This machine has {cpus} CPUs for up to {max(counts) + OTHER_PROCESSES}"
             " busy processes: more workers add processes competing for the same CPUs, so the"
             " ratios show the cost of the extra hops here, not the scaling on a larger machine."
         )
@@ -503,7 +529,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "requests": requests,
             "concurrency": concurrency,
             "warmup_requests": max(requests // 10, concurrency),
-            "worker_counts": ",".join(map(str, WORKER_COUNTS)),
+            "worker_counts": ",".join(map(str, counts)),
             "prompts": len(PROMPTS),
             "max_new_tokens": f"{MIN_NEW_TOKENS}..{MAX_NEW_TOKENS}",
             "step_time": 0.0,
@@ -519,7 +545,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
 
 SUITE = Suite(
     name="pipeline",
-    help="the pipeline end to end: requests/s and latency for 1, 2 and 4 workers",
+    help="the pipeline end to end: requests/s and latency for 1, 2 and 4 workers (--workers)",
     run=run,
     options=OPTIONS,
 )
@@ -529,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one driver (``--driver``), or else the suite through ``python -m benchmarks``."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", add_help=False)
     parser.add_argument("--driver", action="store_true")
-    parser.add_argument("--workers", type=int, default=1)
+    # A str: without --driver, this is the suite's --workers 1,2,4, parsed by the CLI.
+    parser.add_argument("--workers", default="1")
     parser.add_argument("--requests", type=int, default=1_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
@@ -539,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return cli(["pipeline", *(sys.argv[1:] if argv is None else argv)])
     die_with_parent()
-    report = anyio.run(drive, opts.workers, opts.requests, opts.concurrency, opts.rounds)
+    report = anyio.run(drive, int(opts.workers), opts.requests, opts.concurrency, opts.rounds)
     sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
     return 0
 

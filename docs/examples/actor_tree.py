@@ -1,10 +1,14 @@
 """A supervision tree from a script: two actors defined right here, under one supervisor.
 
 The supervisor runs in its own process and starts both children in processes of their own;
-the children's classes live in this script's ``__main__``, which each child process
-re-imports (hence the ``if __name__ == "__main__":`` guard at the bottom, as with
-multiprocessing). One child is killed with SIGKILL: its watcher gets a ``Down``, the
-supervisor starts a new incarnation, and the other child carries on untouched.
+the classes live in this script's ``__main__``, which each child process re-imports (hence
+the ``if __name__ == "__main__":`` guard at the bottom, as with multiprocessing). One child
+is killed with SIGKILL: its watcher gets a ``Down``, the supervisor starts a new
+incarnation, and the other child carries on untouched.
+
+The supervisor is a small ``Supervisor`` subclass that reports every child start to an actor
+running in this script's event loop, so the script *waits* for the restart, as an event,
+instead of polling ``lookup`` until a new incarnation shows up.
 
 Run it with ``python docs/examples/actor_tree.py``.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -28,6 +32,9 @@ from runtime import (
     Supervisor,
     handler,
 )
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 
 class Greet(Message):
@@ -71,54 +78,99 @@ class Accumulator(Actor):
         return Total(value=self.total, pid=os.getpid())
 
 
-async def restarted(system: ActorSystem, name: str, after: int) -> ActorRef[Any]:
-    """The live incarnation of ``name`` once it is newer than ``after``."""
+class ChildStarted(Message):
+    """A supervisor's report: its child ``name`` started (or restarted) as ``ref``."""
+
+    name: str
+    ref: ActorRef[Any]
+
+
+class ReportingSupervisor(Supervisor):
+    """A ``Supervisor`` that tells ``report_to`` of every child start, restarts included."""
+
+    def __init__(
+        self,
+        children: list[ChildSpec],
+        report_to: ActorRef[Any],
+        strategy: Strategy = Strategy.ONE_FOR_ONE,
+        max_restarts: int = 3,
+        period: float = 5.0,
+    ) -> None:
+        super().__init__(children, strategy=strategy, max_restarts=max_restarts, period=period)
+        self.report_to = report_to
+
+    async def on_child_started(self, name: str, ref: ActorRef[Any]) -> None:
+        # Called once the child is ready: a ref reported here already answers.
+        await self.report_to.tell(ChildStarted(name=name, ref=ref))
+
+
+class Starts(Actor):
+    """Runs in main()'s event loop (``process=False``): passes each report on to main()."""
+
+    def __init__(self, out: MemoryObjectSendStream[ChildStarted]) -> None:
+        self.out = out
+
+    @handler
+    async def started(self, msg: ChildStarted) -> None:
+        await self.out.send(msg)
+
+
+async def restarted(
+    starts: MemoryObjectReceiveStream[ChildStarted], name: str, after: int
+) -> ActorRef[Any]:
+    """Wait for the supervisor to report ``name`` started as an incarnation after ``after``."""
     with anyio.fail_after(30):
-        while True:
-            ref = await system.lookup(name, missing_ok=True)
-            if ref is not None and ref.incarnation > after:
-                return ref
-            await anyio.sleep(0.05)
+        async for report in starts:  # earlier starts (the first ones) are passed over
+            if report.name == name and report.ref.incarnation > after:
+                return report.ref
+    raise RuntimeError("the supervisor's reports ended before the restart")
 
 
 async def main() -> None:
-    async with ActorSystem() as system:
-        await system.spawn(
-            Supervisor,
-            children=[
-                ChildSpec(Greeter, kwargs={"greeting": "Hello"}, name="greeter"),
-                ChildSpec(Accumulator, name="accumulator", restart=Restart.PERMANENT),
-            ],
-            strategy=Strategy.ONE_FOR_ONE,  # a death restarts only the dead child
-            max_restarts=3,
-            period=10.0,
-            name="tree",
-        )
-        greeter = await system.lookup("greeter")
-        accumulator = await system.lookup("accumulator")
-        hello: Greeting = await greeter.ask(Greet(name="tree"))
-        print(f"greeter (pid {hello.pid}, incarnation {greeter.incarnation}): {hello.text}")
-        for n in (1, 2, 3):
-            total: Total = await accumulator.ask(Add(n=n))
-        print(
-            f"accumulator (pid {total.pid}, incarnation {accumulator.incarnation}): "
-            f"total {total.value}"
-        )
+    # Room for every report of this run: the two first starts and one restart.
+    send, starts = anyio.create_memory_object_stream[ChildStarted](8)
+    with send, starts:  # closed after the system, and the actor holding `send`, are gone
+        async with ActorSystem() as system:
+            reporter = await system.spawn(Starts, send, name="starts", process=False)
+            await system.spawn(
+                ReportingSupervisor,
+                children=[
+                    ChildSpec(Greeter, kwargs={"greeting": "Hello"}, name="greeter"),
+                    ChildSpec(Accumulator, name="accumulator", restart=Restart.PERMANENT),
+                ],
+                report_to=reporter,
+                strategy=Strategy.ONE_FOR_ONE,  # a death restarts only the dead child
+                max_restarts=3,
+                period=10.0,
+                name="tree",
+            )
+            greeter = await system.lookup("greeter")
+            accumulator = await system.lookup("accumulator")
+            hello: Greeting = await greeter.ask(Greet(name="tree"))
+            print(f"greeter (pid {hello.pid}, incarnation {greeter.incarnation}): {hello.text}")
+            for n in (1, 2, 3):
+                total: Total = await accumulator.ask(Add(n=n))
+            print(
+                f"accumulator (pid {total.pid}, incarnation {accumulator.incarnation}): "
+                f"total {total.value}"
+            )
 
-        watch = system.watch(accumulator)  # registered before the kill: no death is missed
-        os.kill(total.pid, signal.SIGKILL)
-        down = await watch
-        print(f"Down: {down.ref.name} incarnation {down.ref.incarnation}, reason {down.reason!r}")
+            watch = system.watch(accumulator)  # registered before the kill: no death is missed
+            os.kill(total.pid, signal.SIGKILL)
+            down = await watch
+            print(
+                f"Down: {down.ref.name} incarnation {down.ref.incarnation}, reason {down.reason!r}"
+            )
 
-        new = await restarted(system, "accumulator", accumulator.incarnation)
-        fresh: Total = await new.ask(Add(n=10))
-        print(
-            f"accumulator restarted (pid {fresh.pid}, incarnation {new.incarnation}): "
-            f"total {fresh.value} (a fresh start)"
-        )
-        again: Greeting = await (await system.lookup("greeter")).ask(Greet(name="again"))
-        assert again.pid == hello.pid  # one-for-one: the greeter was not restarted
-        print(f"greeter untouched (pid {again.pid}): {again.text}")
+            new = await restarted(starts, "accumulator", accumulator.incarnation)
+            fresh: Total = await new.ask(Add(n=10))
+            print(
+                f"accumulator restarted (pid {fresh.pid}, incarnation {new.incarnation}): "
+                f"total {fresh.value} (a fresh start)"
+            )
+            again: Greeting = await (await system.lookup("greeter")).ask(Greet(name="again"))
+            assert again.pid == hello.pid  # one-for-one: the greeter was not restarted
+            print(f"greeter untouched (pid {again.pid}): {again.text}")
     print("system closed: supervisor and children stopped")
 
 

@@ -1,0 +1,400 @@
+"""The benchmark harness: every suite through ``python -m benchmarks`` at its smallest sizes,
+the results file it writes and the charts drawn from it; and the pure functions that turn
+figures into ratios and targets, on hand-made figures.
+
+The suite runs measure nothing worth reading (one round of one message, one kill, one
+actor): they check the plumbing a real run depends on, in a few seconds each.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import dispatch, mailbox, pipeline, spawn, supervision
+from benchmarks._cli import SUITES, build_parser
+from benchmarks._proc import Latency
+from benchmarks._results import (
+    BASELINE,
+    INFO,
+    SUBJECT,
+    Chart,
+    Figure,
+    Results,
+    SuiteResult,
+    describe_machine,
+    now_iso,
+    write_results,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+#: Each suite at the smallest sizes its options allow.
+SMALLEST: dict[str, list[str]] = {
+    "mailbox": ["--messages", "1", "--batches", "1", "--asks", "1"],
+    "dispatch": ["--steps", "1", "--workers", "2"],
+    "pipeline": ["--requests", "1", "--concurrency", "1", "--workers", "2"],
+    "supervision": ["--kills", "1"],
+    "spawn": ["--actors", "1"],
+}
+
+#: What each suite's results must hold: the params the options set, figures by key, ratios
+#: as (figure, baseline) pairs, the figures its targets check, and the charts it draws.
+EXPECTED: dict[str, dict[str, Any]] = {
+    "mailbox": {
+        "params": {"messages": 1, "batches": 1, "asks": 1, "rounds": 1},
+        "figures": [
+            f"{variant}.{payload}.throughput"
+            for variant in ("floor", "raw", "pyobj", "tell")
+            for payload in ("small", "batch", "logprobs")
+        ]
+        + [
+            f"{variant}.{payload}.{metric}"
+            for variant in ("ask_sync", "ask_asyncio", "ask")
+            for payload in ("small", "batch")
+            for metric in ("p50", "p99", "mean")
+        ],
+        "ratios": [(key, base) for key, base, _ in mailbox.RATIOS],
+        # tell batch is held to the floor and to send_pyobj: two targets.
+        "targets": [
+            "tell.small.throughput",
+            "tell.batch.throughput",
+            "tell.batch.throughput",
+            "ask.small.p50",
+        ],
+        "charts": ["mailbox-throughput", "mailbox-latency"],
+    },
+    "dispatch": {
+        "params": {"steps": 1, "workers": 2, "rounds": 1},
+        "figures": [
+            f"{v}.throughput" for v in ("sglang", "raw", "actors", "cpu_sglang", "cpu_raw")
+        ],
+        "ratios": [
+            ("raw.throughput", "sglang.throughput"),
+            ("actors.throughput", "sglang.throughput"),
+            ("cpu_raw.throughput", "cpu_sglang.throughput"),
+        ],
+        "targets": ["raw.throughput", "actors.throughput"],
+        "charts": ["dispatch-throughput"],
+    },
+    "pipeline": {
+        # --workers 2 runs the 1-worker baseline too.
+        "params": {"requests": 1, "concurrency": 1, "worker_counts": "1,2", "rounds": 1},
+        "figures": [f"w{k}.{m}" for k in (1, 2) for m in ("throughput", "p50", "p99")]
+        + [f"w{k}.tokenizer_share" for k in (1, 2)],
+        "ratios": [("w2.throughput", "w1.throughput")],
+        "targets": [],
+        "charts": ["pipeline-throughput", "pipeline-latency"],
+    },
+    "supervision": {
+        "params": {"kills": 1, "repeats": 1},
+        "figures": [
+            f"{loop}.{series}.{metric}"
+            for loop in ("caller", "process", "polling")
+            for series in ("down", "ready")
+            for metric in ("p50", "p90", "p99", "max")
+        ]
+        + ["kill_floor.p50", "startup.python_pass", "startup.spawn_ready"],
+        "ratios": [
+            (f"{loop}.{series}.{metric}", f"polling.{series}.{metric}")
+            for loop in ("caller", "process")
+            for series in ("down", "ready")
+            for metric in ("p50", "max")
+        ],
+        "targets": [
+            f"{loop}.{series}.p50" for loop in ("caller", "process") for series in ("down", "ready")
+        ],
+        "charts": [
+            "supervision-latency",
+            "supervision-timeline",
+            "supervision-parts",
+            "supervision-startup",
+        ],
+    },
+    "spawn": {
+        "params": {"actors": 1, "rounds": 1},
+        "figures": [
+            f"{name}.{mode}.{metric}"
+            for name in ("spawn", "floor")
+            for mode in ("sequential", "concurrent")
+            for metric in ("wall", "per_process")
+        ]
+        + [f"{p}.{m}" for p in ("actor", "bare", "imports") for m in ("rss", "pss", "uss")],
+        "ratios": [
+            ("spawn.sequential.wall", "floor.sequential.wall"),
+            ("spawn.concurrent.wall", "floor.concurrent.wall"),
+            ("spawn.concurrent.wall", "spawn.sequential.wall"),
+            ("actor.rss", "bare.rss"),
+        ],
+        "targets": [],
+        "charts": ["spawn-time", "spawn-memory"],
+    },
+}
+
+
+def benchmarks_cli(*args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks *args`` from the project root, as a user runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"benchmarks {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done
+
+
+def smallest_run(name: str, results: Path) -> list[str]:
+    """The command line that runs suite ``name`` at its smallest into ``results``."""
+    return [name, *SMALLEST[name], "--rounds", "1", "--json", str(results)]
+
+
+@pytest.fixture(scope="module", params=list(SMALLEST))
+def suite_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One suite run through the CLI at its smallest sizes: the results file it wrote."""
+    name: str = request.param
+    results = tmp_path_factory.mktemp(name) / "r.json"
+    benchmarks_cli(*smallest_run(name, results))
+    return results
+
+
+def suite_of(results: Path) -> dict[str, Any]:
+    data = json.loads(results.read_text(encoding="utf-8"))
+    assert len(data["suites"]) == 1
+    suite: dict[str, Any] = data["suites"][0]
+    return suite
+
+
+def test_every_suite_is_run_by_these_tests() -> None:
+    assert set(SMALLEST) == set(SUITES) == set(EXPECTED)
+
+
+class TestASuiteRun:
+    """``python -m benchmarks <suite> ... --json PATH`` writes a complete results file."""
+
+    def test_it_records_its_command_line_and_the_sizes_it_asked_for(self, suite_run: Path) -> None:
+        suite = suite_of(suite_run)
+        expected = EXPECTED[suite["suite"]]["params"]
+        assert {k: suite["params"].get(k) for k in expected} == expected
+        argv = json.loads(suite_run.read_text(encoding="utf-8"))["argv"]
+        assert argv == ["python", "-m", "benchmarks", *smallest_run(suite["suite"], suite_run)]
+
+    def test_it_records_every_expected_figure(self, suite_run: Path) -> None:
+        suite = suite_of(suite_run)
+        figures = {f["key"]: f for f in suite["figures"]}
+        missing = [k for k in EXPECTED[suite["suite"]]["figures"] if k not in figures]
+        assert not missing, f"{suite['suite']} figures missing: {missing}"
+        for key in EXPECTED[suite["suite"]]["figures"]:
+            assert figures[key]["role"] in (SUBJECT, BASELINE, INFO)
+            assert math.isfinite(figures[key]["value"]), key
+            assert figures[key]["value"] >= 0, key
+        assert any(f["role"] == BASELINE for f in suite["figures"]), "no baseline was measured"
+
+    def test_it_gives_each_subject_its_ratio_to_the_baseline(self, suite_run: Path) -> None:
+        suite = suite_of(suite_run)
+        figures = {f["key"]: f for f in suite["figures"]}
+        for key, base in EXPECTED[suite["suite"]]["ratios"]:
+            ratios = {r["baseline"]: r["value"] for r in figures[key]["ratios"]}
+            assert base in ratios, f"{key} has no ratio to {base}"
+            if figures[base]["value"]:
+                assert ratios[base] == pytest.approx(figures[key]["value"] / figures[base]["value"])
+
+    def test_it_checks_its_targets(self, suite_run: Path) -> None:
+        suite = suite_of(suite_run)
+        assert sorted(t["figure"] for t in suite["targets"]) == sorted(
+            EXPECTED[suite["suite"]]["targets"]
+        )
+        figures = {f["key"]: f["value"] for f in suite["figures"]}
+        for target in suite["targets"]:
+            value = figures[target["figure"]]
+            if target["baseline"]:
+                value /= figures[target["baseline"]]
+            assert target["value"] == pytest.approx(value), target["name"]
+            below = target["value"] < target["threshold"]
+            assert target["met"] is (below if target["op"] == "<" else not below), target["name"]
+
+    def test_it_names_the_machine_and_the_library_versions(self, suite_run: Path) -> None:
+        machine = json.loads(suite_run.read_text(encoding="utf-8"))["machine"]
+        assert machine["cpu_count"] == os.cpu_count()
+        assert machine["python"] == platform.python_version()
+        for dist in ("pyzmq", "msgspec", "anyio", "tokenyard", "tokenizers", "rich", "matplotlib"):
+            assert machine[dist] == importlib.metadata.version(dist), dist
+        assert machine["libzmq"]
+        assert len(machine["load_average"]) == 3
+
+    def test_plot_draws_each_of_its_charts_as_a_png(self, suite_run: Path, tmp_path: Path) -> None:
+        suite = suite_of(suite_run)
+        out = tmp_path / "img"
+        benchmarks_cli("plot", str(suite_run), "--out", str(out))
+        charts = EXPECTED[suite["suite"]]["charts"]
+        assert [c["name"] for c in suite["charts"]] == charts
+        assert sorted(p.name for p in out.iterdir()) == sorted(f"{c}.png" for c in charts)
+        for chart in charts:
+            assert (out / f"{chart}.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_without_out_draws_into_a_directory_next_to_the_results_file(
+    tmp_path: Path,
+) -> None:
+    results = tmp_path / "run" / "results.json"
+    suite = SuiteResult(
+        suite="hand-made",
+        duration_s=0.0,
+        params={},
+        figures=[figure("base.throughput", 10.0, BASELINE), figure("ours.throughput", 20.0)],
+        charts=[Chart(name="hand-made", title="t", metrics=["throughput"], unit="x/s")],
+    )
+    write_results(
+        str(results),
+        Results(started=now_iso(), argv=[], machine=describe_machine(), suites=[suite]),
+    )
+    done = benchmarks_cli("plot", str(results))
+    charts = tmp_path / "run" / "results-charts"
+    assert (charts / "hand-made.png").read_bytes().startswith(PNG_MAGIC)
+    assert sorted(p.name for p in results.parent.iterdir()) == ["results-charts", "results.json"]
+    assert "results-charts" in done.stdout
+
+
+class TestTheCommandLine:
+    """Options parse into what the suites read (no run)."""
+
+    def test_pipeline_worker_counts_always_include_the_one_worker_baseline(self) -> None:
+        args = build_parser().parse_args(["pipeline", "--workers", "4,2,2"])
+        assert args.worker_counts == (1, 2, 4)
+
+    def test_all_spells_a_flag_with_two_meanings_once_per_suite(self) -> None:
+        args = build_parser().parse_args(
+            ["all", "--dispatch-workers", "8", "--pipeline-workers", "2", "--steps", "5"]
+        )
+        assert (args.workers, args.worker_counts, args.steps) == (8, (1, 2), 5)
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["dispatch", "--workers", "0"],
+            ["pipeline", "--workers", "1,x"],
+            ["all", "--workers", "2"],
+        ],
+        ids=["zero workers", "not a count", "ambiguous in all"],
+    )
+    def test_a_bad_option_is_refused_before_anything_runs(
+        self, argv: list[str], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(argv)
+        assert exc.value.code == 2
+        assert "--workers" in capsys.readouterr().err
+
+
+# -- the pure parts, on hand-made figures -----------------------------------------------------
+
+
+def figure(key: str, value: float, role: str = SUBJECT) -> Figure:
+    return Figure(key=key, variant=key, payload="", metric=key.rsplit(".", 1)[-1], value=value,
+                  unit="", role=role)  # fmt: skip
+
+
+def ratios_of(fig: Figure) -> dict[str, float]:
+    return {r.baseline: r.value for r in fig.ratios}
+
+
+class TestSummarise:
+    """Each suite's ``summarise`` attaches ratios and checks targets, met or missed."""
+
+    def test_mailbox_ratios_and_a_missed_tell_target(self) -> None:
+        figs = [
+            figure("floor.small.throughput", 1000.0, BASELINE),
+            figure("pyobj.small.throughput", 50.0, BASELINE),
+            figure("tell.small.throughput", 400.0),  # 0.4x floor: misses the 0.5x goal
+            figure("ask.small.p50", 120.0),  # under 150 us: met
+        ]
+        _, targets = mailbox.summarise(figs)
+        tell = figs[2]
+        assert ratios_of(tell) == {
+            "floor.small.throughput": pytest.approx(0.4),
+            "pyobj.small.throughput": pytest.approx(8.0),
+        }
+        by_figure = {t.figure: t for t in targets}
+        assert set(by_figure) == {"tell.small.throughput", "ask.small.p50"}  # batch: not run
+        assert not by_figure["tell.small.throughput"].met
+        assert by_figure["tell.small.throughput"].value == pytest.approx(0.4)
+        assert by_figure["ask.small.p50"].met
+
+    def test_dispatch_ratios_and_a_missed_five_times_target(self) -> None:
+        figs = [
+            figure("sglang.throughput", 100.0, BASELINE),
+            figure("raw.throughput", 600.0),
+            figure("actors.throughput", 300.0),  # 3x: misses the 5x goal
+            figure("cpu_sglang.throughput", 200.0, INFO),
+            figure("cpu_raw.throughput", 900.0, INFO),
+        ]
+        targets = dispatch.summarise(figs)
+        assert ratios_of(figs[1]) == {"sglang.throughput": pytest.approx(6.0)}
+        assert ratios_of(figs[4]) == {"cpu_sglang.throughput": pytest.approx(4.5)}
+        assert {t.figure: t.met for t in targets} == {
+            "raw.throughput": True,
+            "actors.throughput": False,
+        }
+
+    def test_supervision_ratios_to_polling_and_a_missed_restart_goal(self) -> None:
+        values = {"caller": (4.0, 120.0), "process": (8.0, 400.0), "polling": (250.0, 500.0)}
+        figs = [
+            figure(f"{loop}.{series}.{metric}", value, BASELINE if loop == "polling" else SUBJECT)
+            for loop, (down, ready) in values.items()
+            for series, value in (("down", down), ("ready", ready))
+            for metric in ("p50", "max")
+        ]
+        targets = supervision.summarise(figs)
+        by_key = {f.key: f for f in figs}
+        assert ratios_of(by_key["caller.down.p50"]) == {"polling.down.p50": pytest.approx(0.016)}
+        assert ratios_of(by_key["process.ready.max"]) == {"polling.ready.max": pytest.approx(0.8)}
+        assert {t.figure: t.met for t in targets} == {
+            "caller.down.p50": True,
+            "caller.ready.p50": True,
+            "process.down.p50": True,
+            "process.ready.p50": False,  # 400 ms: over the 300 ms goal
+        }
+
+    def test_spawn_ratios_against_fresh_interpreters_and_bare_python(self) -> None:
+        figs = [
+            figure("spawn.sequential.wall", 3.0),
+            figure("floor.sequential.wall", 2.0, BASELINE),
+            figure("spawn.concurrent.wall", 1.5),
+            figure("actor.rss", 40.0),
+            figure("bare.rss", 10.0, BASELINE),
+        ]
+        spawn.summarise(figs)
+        assert ratios_of(figs[0]) == {"floor.sequential.wall": pytest.approx(1.5)}
+        # No concurrent floor was measured: only the ratio to the sequential spawn.
+        assert ratios_of(figs[2]) == {"spawn.sequential.wall": pytest.approx(0.5)}
+        assert ratios_of(figs[3]) == {"bare.rss": pytest.approx(4.0)}
+
+    def test_pipeline_throughput_is_read_against_one_worker(self) -> None:
+        def report(workers: int, throughput: float) -> pipeline.Report:
+            latency = Latency(p50_us=1000.0, p99_us=2000.0, mean_us=1200.0, min_us=900.0, n=10)
+            return pipeline.Report(
+                workers=workers, throughput=[throughput / 2, throughput], latency=[latency] * 2,
+                cpu_us=[], batch=[], encode_us=10.0, decode_us=20.0, prompt_tokens=8.0,
+                completion_tokens=24.0, startup_s=1.0,
+            )  # fmt: skip
+
+        figs = {f.key: f for f in pipeline.figures_of([report(1, 100.0), report(2, 150.0)], 4)}
+        assert figs["w1.throughput"].role == BASELINE
+        assert figs["w1.throughput"].ratios == []
+        assert ratios_of(figs["w2.throughput"]) == {"w1.throughput": pytest.approx(1.5)}
+        assert figs["w2.throughput"].value == 150.0  # the best round
