@@ -161,11 +161,16 @@ class StepObj:
     output_token_ids_logprobs_idx: list[list[int]] | None
     output_hidden_states: list[list[float]] | None
     step: int
+    decoded_texts: list[str] | None
+    output_ids: list[list[int]] | None
+    spec_verify_ct: list[int] | None
+    placeholder_tokens_idx: list[list[int] | None] | None
+    placeholder_tokens_val: list[list[int] | None] | None
 
 
 def as_obj(step: BatchTokenIDOutput) -> StepObj:
-    """The same step as SGLang's dataclass: the values of the fields it declares (not the
-    typed origins, nor a field added to ``BatchTokenIDOutput`` that ``StepObj`` lacks)."""
+    """The same step as SGLang's dataclass: the values of the fields it declares (every
+    field of ``BatchTokenIDOutput`` but the typed origins, which SGLang does not have)."""
     values = msgspec.structs.asdict(step)
     return StepObj(**{f.name: values[f.name] for f in dataclasses.fields(StepObj)})
 
@@ -224,6 +229,12 @@ def request_at(b: StepObj, i: int) -> StepObj:
         if b.output_hidden_states is None
         else [b.output_hidden_states[i]],
         step=b.step,
+        decoded_texts=None if b.decoded_texts is None else [b.decoded_texts[i]],
+        output_ids=None if b.output_ids is None else [b.output_ids[i]],
+        spec_verify_ct=None if b.spec_verify_ct is None else [b.spec_verify_ct[i]],
+        # SGLang 0.5.3 does not split these: each one-request copy carries none.
+        placeholder_tokens_idx=None,
+        placeholder_tokens_val=None,
     )
 
 

@@ -8,6 +8,7 @@ actor): they check the plumbing a real run depends on, in a few seconds each.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import math
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from actors.messages import BatchTokenIDOutput
 from benchmarks import dispatch, mailbox, pipeline, spawn, supervision
 from benchmarks._cli import SUITES, build_parser
 from benchmarks._proc import Latency
@@ -398,3 +400,26 @@ class TestSummarise:
         assert figs["w1.throughput"].ratios == []
         assert ratios_of(figs["w2.throughput"]) == {"w1.throughput": pytest.approx(1.5)}
         assert figs["w2.throughput"].value == 150.0  # the best round
+
+
+class TestTheDispatchBaseline:
+    """SGLang's way must pay for every field SGLang's batch has, as tokenyard's does."""
+
+    def test_its_dataclass_has_every_field_of_the_batch_but_the_typed_origins(self) -> None:
+        ours = set(BatchTokenIDOutput.__struct_fields__) - {"origins"}
+        assert {f.name for f in dataclasses.fields(dispatch.StepObj)} == ours
+
+    def test_its_per_request_copy_keeps_each_requests_entry_of_every_field(self) -> None:
+        step = dispatch.make_step(3)
+        obj = dispatch.as_obj(step)
+        for i in range(len(step.rids)):
+            one = dispatch.request_at(obj, i)
+            expected = step.select([i])
+            for name in ours_per_request():
+                assert getattr(one, name) == getattr(expected, name), name
+
+
+def ours_per_request() -> list[str]:
+    """The per-request fields SGLang's 0.5.3 split copies (it drops the placeholders)."""
+    skip = {"origins", "placeholder_tokens_idx", "placeholder_tokens_val"}
+    return [n for n in BatchTokenIDOutput.__struct_fields__ if n not in skip]
