@@ -148,7 +148,8 @@ def machine_line(machine: Machine) -> str:
     return (
         f"{machine.cpu_count} CPUs, {machine.platform}, Python {machine.python}, "
         f"pyzmq {machine.pyzmq} (libzmq {machine.libzmq}), msgspec {machine.msgspec}, "
-        f"anyio {machine.anyio}; load average {load}"
+        f"anyio {machine.anyio}, tokenizers {machine.tokenizers or 'n/a'}, "
+        f"tokenyard {machine.tokenyard or 'n/a'}; load average {load}"
     )
 
 
