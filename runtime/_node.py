@@ -439,10 +439,15 @@ class Node:
 
     def owner_died(self, node_address: str, name: str) -> None:
         """A child process (whose node is ``node_address``) died: the actors it owned died
-        with it (they follow their parent), and it can no longer report their deaths."""
+        with it (they follow their parent), and it can no longer report their deaths.
+
+        The socket to its reply inbox (made to answer its asks) is closed too: libzmq would
+        otherwise keep reconnecting to the dead path for as long as this process lives.
+        """
         orphans = [a for a, owner in self._watched.items() if owner == node_address]
         for orphan in orphans:
             self.mark_dead(orphan, DownBody(orphan, "", f"its owner {name!r} died"))
+        self.outbox.forget(node_address)
 
     def _notify(self, address: str, kind: Kind, body: bytes) -> None:
         """Best-effort control frame from a loop callback (never blocks)."""

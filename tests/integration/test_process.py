@@ -73,6 +73,20 @@ class TestAskAndTell:
             # the node that sees it die, not at the actor's own node, which dies with it.
             assert me.ref == recorder
 
+    async def test_no_socket_to_a_dead_childs_reply_inbox_is_kept(self) -> None:
+        async with ActorSystem() as system:
+            local = await system.spawn(Echo, 5, name="local", process=False)
+            child = await system.spawn(Echo, name="asker")
+            # The child asks an actor of this process: the answer needs a socket to the
+            # child's reply inbox.
+            assert await child.ask(Forward(target=local, n=1)) == Pong(n=5)
+            record = system._children.get(child.address)
+            assert record is not None
+            inbox = record.node_address
+            assert inbox in system.node.outbox.connected()
+            await system.stop(child)
+            assert inbox not in system.node.outbox.connected()
+
     async def test_an_ask_of_a_type_the_actor_does_not_accept_fails_as_a_protocol_error(
         self,
     ) -> None:
