@@ -23,6 +23,7 @@ from ._detokenize import DetokenizerStates, TooManyRequestsError
 from ._tokenizer import load_tokenizer
 from .messages import (
     Abort,
+    AbortAll,
     BatchStrOutput,
     BatchTokenIDOutput,
     DetokenizerStats,
@@ -60,7 +61,8 @@ class Detokenizer(Actor):
 
     Handles `RouteUpdate` (ask; answered with `RouteAck` once the route table changed),
     `BatchTokenIDOutput` (tell, from the scheduler), `Topology` (tell, from the pipeline
-    supervisor: the scheduler's live ref) and `GetDetokenizerStats` (ask).
+    supervisor: the scheduler's live ref), `AbortAll` (tell, from the pipeline supervisor:
+    the scheduler died) and `GetDetokenizerStats` (ask).
 
     A request's state lives from its first output until its last (a finish reason from the
     scheduler, or a stop string found by the detokenizer). A request ended here rather than
@@ -70,6 +72,11 @@ class Detokenizer(Actor):
 
     Adding a route for incarnation ``n`` of worker ``k`` drops the routes of ``k``'s older
     incarnations, and their states: a worker index has one live incarnation at a time.
+
+    When the scheduler dies, every live state belongs to a request it took with it: they
+    are all dropped on its `AbortAll`, and once more when a `Topology` names its successor
+    (output the dead scheduler sent just before it died may be read after the `AbortAll`).
+    Otherwise they would hold their places under the cap for ever.
 
     Args:
         tokenizer: Path of a ``tokenizer.json`` (or a directory holding one); ``None`` is
@@ -100,6 +107,8 @@ class Detokenizer(Actor):
         self._tokenizer_path = tokenizer
         self._max_states = max_states
         self._scheduler = scheduler
+        #: The last scheduler a Topology named: states outlive none of its successors.
+        self._last_scheduler = scheduler
         self._max_ended = max_ended
         self._states: DetokenizerStates[Origin] | None = None
         self._routes: dict[Origin, ActorRef[Any]] = {}
@@ -291,6 +300,23 @@ class Detokenizer(Actor):
     def on_topology(self, msg: Topology) -> None:
         """Follow the scheduler's restarts: aborts go to its live incarnation (or nowhere)."""
         self._scheduler = msg.scheduler
+        if msg.scheduler is None or msg.scheduler == self._last_scheduler:
+            return
+        if self._last_scheduler is not None:
+            self._drop_all("its successor is up")
+        self._last_scheduler = msg.scheduler
+
+    @handler
+    def on_abort_all(self, msg: AbortAll) -> None:
+        """The scheduler died: no more output comes for any live state."""
+        self._drop_all(f"the scheduler died: {msg.reason}")
+
+    def _drop_all(self, why: str) -> None:
+        states = self.states
+        dropped = sum(len(states.drop_origin(origin)) for origin in states.origins())
+        self._ended.clear()
+        if dropped:
+            logger.info("dropped %d detokenizer states: %s", dropped, why)
 
     @handler
     def on_get_stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:

@@ -532,3 +532,36 @@ class SchedulerStats(Message):
     running: int = 0
     waiting: int = 0
     generated_tokens: int = 0
+
+
+# -- tokenizer worker statistics ------------------------------------------------------------
+
+
+class GetWorkerStats(Message):
+    """Ask a tokenizer worker for its counters; the reply is a `WorkerStats`."""
+
+
+class WorkerStats(Message):
+    """A tokenizer worker's counters since it started.
+
+    Every request received ends up in exactly one of ``finished``, ``failed``, ``released``
+    or ``requests``: they add up to ``received``.
+
+    Attributes:
+        origin: The worker incarnation that answers.
+        received: ``Generate`` requests handled.
+        finished: Requests answered with their last output.
+        failed: Requests answered with an error (refused here or by the scheduler).
+        released: Requests let go at their caller's word (``AbortRequest``): the caller
+            gave up, or resolved them elsewhere after a pipeline member died.
+        requests: Requests in the worker's table right now, waiting for output.
+        control_pending: Control requests (load, flush) waiting for their reply right now.
+    """
+
+    origin: Origin
+    received: int = 0
+    finished: int = 0
+    failed: int = 0
+    released: int = 0
+    requests: int = 0
+    control_pending: int = 0

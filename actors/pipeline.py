@@ -4,6 +4,11 @@ The caller's side of the pipeline lives in the caller's process: an in-process i
 receives every output and every ``WorkerUp`` / ``WorkerDown``, and resolves each request:
 a request whose worker (or detokenizer, or scheduler) died before any output reached the
 caller is resubmitted to a live worker; one that had output fails with ``WorkerDiedError``.
+
+Each attempt of a request travels under its own rid (the request's id, then ``<id>-1``,
+``<id>-2``, ... for resubmissions): output still on its way for an abandoned attempt is
+told apart and dropped, and the abandoned attempt is let go at the worker still holding it
+(``AbortRequest``) without touching the new one.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from .messages import (
     WorkerDown,
     WorkerUp,
 )
-from .pipeline_supervisor import PipelineConfig, PipelineSupervisor
+from .pipeline_supervisor import PipelineConfig, PipelineSupervisor, worker_name
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -71,8 +76,11 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(eq=False)
 class _Request:
+    rid: str
+    #: The current attempt; its rid is the attempt's own.
     request: Generate
     stream: bool
+    #: The worker incarnation holding the current attempt; None until it took it.
     origin: Origin | None = None
     got_output: bool = False
     resubmits: int = 0
@@ -93,6 +101,7 @@ class _CallerState:
     run in the caller's event loop, so no lock is needed)."""
 
     def __init__(self) -> None:
+        #: By the rid of their current attempt.
         self.requests: dict[str, _Request] = {}
         self.workers: dict[int, ActorRef[Any]] = {}
         self.workers_changed = anyio.Event()
@@ -119,9 +128,9 @@ class _CallerState:
                     continue
                 k = live[next(self._rr) % len(live)]
                 ref = self.workers[k]
-                req.origin = Origin(k, ref.incarnation)
                 try:
                     await ref.tell(req.request)
+                    req.origin = Origin(k, ref.incarnation)
                     return
                 except TokenyardError:
                     # Dead but not yet reported down: forget it and try another.
@@ -129,16 +138,21 @@ class _CallerState:
                         del self.workers[k]
 
     def resolve(self, req: _Request, member: str, reason: str) -> bool:
-        """Decide a request's fate after ``member`` died; True when it must be resubmitted."""
+        """Decide a request's fate after ``member`` died; True when it must be resubmitted
+        (under a new attempt rid, already in ``requests``)."""
+        self.requests.pop(req.request.rid, None)
+        req.origin = None
         if not req.got_output and req.resubmits < MAX_RESUBMITS:
             req.resubmits += 1
             self.resubmitted += 1
+            attempt = f"{req.rid}-{req.resubmits}"
+            req.request = msgspec.structs.replace(req.request, rid=attempt)
+            self.requests[attempt] = req
             return True
         self.failed += 1
-        req.error = WorkerDiedError(req.request.rid, member, reason)
+        req.error = WorkerDiedError(req.rid, member, reason)
         req.done.set()
         req.notify()
-        self.requests.pop(req.request.rid, None)
         return False
 
 
@@ -174,18 +188,45 @@ class PipelineInbox(Actor):
         self.state.workers_notify()
 
     @handler
-    def worker_down(self, msg: WorkerDown) -> None:
-        """A member died: resubmit or fail every request that depended on it."""
+    async def worker_down(self, msg: WorkerDown) -> None:
+        """A member died: resubmit or fail every request that depended on it.
+
+        A worker's death concerns the requests it held. The detokenizer's or the
+        scheduler's concerns every request a worker holds (told once the successor is up):
+        those workers live on, so each is first told to let its attempt go, which frees its
+        table and stops what a live scheduler may still generate for it.
+        """
         state = self.state
-        if msg.origin is not None:
-            current = state.workers.get(msg.origin.worker)
-            if current is not None and current.incarnation == msg.origin.incarnation:
-                del state.workers[msg.origin.worker]
-        for req in list(state.requests.values()):
-            if msg.origin is not None and req.origin != msg.origin:
-                continue
-            if state.resolve(req, msg.member, msg.reason):
+        origin = msg.origin
+        if origin is not None:
+            current = state.workers.get(origin.worker)
+            if current is not None and current.incarnation == origin.incarnation:
+                del state.workers[origin.worker]
+        hit = [
+            req
+            for req in state.requests.values()
+            if req.origin is not None and (origin is None or req.origin == origin)
+        ]
+        if origin is None:
+            await self._release(hit)
+        reason = msg.reason
+        if origin is not None:
+            reason = f"{worker_name(origin.worker)} (incarnation {origin.incarnation}) {reason}"
+        for req in hit:
+            if state.requests.get(req.request.rid) is not req:
+                continue  # finished or abandoned meanwhile
+            if state.resolve(req, msg.member, reason):
                 self.start_soon(self._resubmit, req)
+
+    async def _release(self, reqs: list[_Request]) -> None:
+        """Tell each request's worker to let its current attempt go."""
+        workers = self.state.workers
+        for req in reqs:
+            origin = req.origin
+            ref = workers.get(origin.worker) if origin is not None else None
+            if origin is not None and ref is not None and ref.incarnation == origin.incarnation:
+                with contextlib.suppress(TokenyardError):  # dead too: its own Down follows
+                    await ref.tell(AbortRequest(rid=req.request.rid))
 
     @handler
     def supervisor_down(self, msg: Down) -> None:
@@ -194,7 +235,7 @@ class PipelineInbox(Actor):
         state = self.state
         state.closed = True
         for req in list(state.requests.values()):
-            req.error = WorkerDiedError(req.request.rid, "pipeline-supervisor", msg.reason)
+            req.error = WorkerDiedError(req.rid, "pipeline-supervisor", msg.reason)
             req.done.set()
             req.notify()
         state.requests.clear()
@@ -205,9 +246,7 @@ class PipelineInbox(Actor):
         try:
             await self.state.submit(req)
         except (TokenyardError, TimeoutError) as err:
-            req.error = WorkerDiedError(
-                req.request.rid, "worker", f"no worker to resubmit to: {err}"
-            )
+            req.error = WorkerDiedError(req.rid, "worker", f"no worker to resubmit to: {err}")
             req.done.set()
             req.notify()
             self.state.requests.pop(req.request.rid, None)
@@ -314,7 +353,7 @@ class Pipeline:
                 sampling=sampling,
                 stream=stream,
             )
-        req = _Request(msg, stream)
+        req = _Request(rid, msg, stream)
         state.requests[rid] = req
         return req
 
@@ -347,7 +386,7 @@ class Pipeline:
         assert last is not None
         assert last.finish_reason is not None
         return GenerateResult(
-            rid=req.request.rid,
+            rid=req.rid,
             text="".join(req.pieces),
             output_ids=req.ids,
             prompt_tokens=last.prompt_tokens,
@@ -396,7 +435,7 @@ class Pipeline:
         state.requests.pop(req.request.rid, None)
         origin = req.origin
         ref = state.workers.get(origin.worker) if origin is not None else None
-        if ref is not None:
+        if origin is not None and ref is not None and ref.incarnation == origin.incarnation:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(TokenyardError):
                     await ref.tell(AbortRequest(rid=req.request.rid))

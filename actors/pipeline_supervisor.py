@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from runtime import ActorRef, ChildSpec, Down, Supervisor, TokenyardError, handler
+from runtime import ActorDeadError, ActorRef, ChildSpec, Down, Supervisor, TokenyardError, handler
 
 from .detokenizer import Detokenizer
 from .messages import (
@@ -45,7 +45,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         step_time: Seconds per engine step of the stand-in scheduler.
         max_batch_size: Most requests running at once in the scheduler.
         max_states: Cap on live detokenization states.
-        register_timeout: Seconds a worker has to get registered.
+        register_timeout: Seconds a worker has to get registered; the detokenizer and the
+            router each have a quarter of it to take a worker's route, so a registration
+            the supervisor cannot complete is failed by the supervisor, with its reason,
+            before the worker would give up on its own.
         max_restarts: Restart intensity: restarts allowed within ``period``.
         period: Restart intensity window, in seconds.
     """
@@ -65,7 +68,14 @@ class PipelineSupervisor(Supervisor):
 
     Registration: a worker asks ``RegisterWorker``; the route goes to the detokenizer and the
     router (each acknowledges), the caller inbox hears ``WorkerUp``, and only then is the
-    worker acknowledged. A duplicate registration is warned about and ignored.
+    worker acknowledged. A live member that does not acknowledge within a quarter of the
+    config's ``register_timeout`` fails the registration: the route is taken back from
+    every member asked and the worker's ``RegisterWorker`` ask fails, so the worker dies and
+    is restarted, to register again (a worker that hears nothing at all gives up after
+    ``register_timeout``, the same way). A member that died meanwhile gets the route from
+    its successor's start. A duplicate registration (an incarnation already registered, at
+    any address) is warned about, counted in ``duplicate_registrations`` and ignored: the
+    routes stay as they are.
 
     Deaths: a worker's route is dropped, its requests are aborted at the scheduler and its
     callers are told (``WorkerDown``) so they resubmit or fail each request; the death of the
@@ -88,6 +98,7 @@ class PipelineSupervisor(Supervisor):
         self.client = client
         self.routes: dict[Origin, ActorRef[Any]] = {}
         self.duplicate_registrations = 0
+        self.failed_registrations = 0
         #: Shared members that died, told to the callers once their successor is up (so a
         #: resubmitted request never reaches a pipeline still missing them).
         self.pending_downs: dict[str, str] = {}
@@ -151,20 +162,52 @@ class PipelineSupervisor(Supervisor):
         """Publish a worker's route to the detokenizer and the router, then acknowledge."""
         origin = Origin(msg.worker_id, msg.incarnation)
         ack = Registered(worker_id=msg.worker_id, incarnation=msg.incarnation)
-        if origin in self.routes:
+        known = self.routes.get(origin)
+        if known is not None:
             self.duplicate_registrations += 1
-            logger.warning("duplicate registration of worker %s ignored", origin)
+            logger.warning(
+                "duplicate registration of worker %s at %s ignored: it is registered at %s",
+                origin,
+                msg.address.address,
+                known.address,
+            )
             return ack
         current = self.child(worker_name(msg.worker_id))
         if current is None or current.incarnation != msg.incarnation:
             raise TokenyardError(f"registration from a stale worker incarnation {origin}")
-        for member in ("detokenizer", "router"):
-            ref = self.child(member)
-            if ref is not None:
-                await self._route(ref, origin, msg.address)
+        await self._publish(origin, msg.address)
         self.routes[origin] = msg.address
         await self._tell(self.client, WorkerUp(worker_id=msg.worker_id, ref=msg.address))
         return ack
+
+    async def _publish(self, origin: Origin, address: ActorRef[Any]) -> None:
+        """Give a new worker's route to the detokenizer and the router, each acknowledging.
+
+        Raises:
+            TokenyardError: A live member did not take the route in time (it is taken back
+                from every member asked, so no member keeps a route the registry lacks).
+        """
+        timeout = self.config.register_timeout / 4
+        asked: list[ActorRef[Any]] = []
+        for member in ("detokenizer", "router"):
+            ref = self.child(member)
+            if ref is None:
+                continue  # restarting: its start publishes every route, this one too
+            asked.append(ref)
+            try:
+                await ref.ask(RouteUpdate(origin=origin, ref=address), timeout=timeout)
+            except ActorDeadError:
+                continue  # died meanwhile: its successor's start publishes the route
+            except TokenyardError as err:
+                self.failed_registrations += 1
+                for other in asked:  # queued behind the update: a late one is undone too
+                    await self._tell(other, RouteUpdate(origin=origin, ref=None))
+                raise TokenyardError(
+                    f"worker {origin} not registered: the {member} did not take its route "
+                    f"within {timeout:g} s, a quarter of register_timeout ({err}); the worker "
+                    "restarts and registers again (raise PipelineConfig.register_timeout if "
+                    "members are this slow)"
+                ) from err
 
     async def _route(
         self, member: ActorRef[Any], origin: Origin, ref: ActorRef[Any] | None
@@ -202,6 +245,10 @@ class PipelineSupervisor(Supervisor):
                 await self._tell(detokenizer, AbortAll(reason=down.reason))
         if name in ("detokenizer", "scheduler"):
             self.pending_downs[name] = down.reason
+        # The router's death needs no caller told: no request waits on it alone. The
+        # scheduler keeps what it had for the router until the router confirms it, and the
+        # workers ask their unanswered control requests again, both once the Topology that
+        # on_child_started publishes names the successor, which by then holds every route.
 
     async def _tell(self, ref: ActorRef[Any], msg: Any) -> None:
         try:

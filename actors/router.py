@@ -1,11 +1,17 @@
-"""The router: carries control replies and aborts from the scheduler to the worker that asked."""
+"""The router: carries control replies and aborts from the scheduler to the worker that asked.
+
+Also its sender's side, `RouterLink`: how the scheduler delivers to the live router so that
+a router's death loses none of what it was given.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from runtime import Actor, ActorRef, TokenyardError, handler
+import anyio
+
+from runtime import Actor, ActorDeadError, ActorRef, RemoteActorError, TokenyardError, handler
 
 from .messages import (
     AbortNotice,
@@ -18,18 +24,33 @@ from .messages import (
     RouteUpdate,
 )
 
+__all__ = ("Router", "RouterLink")
+
 logger = logging.getLogger("tokenyard.router")
+
+#: What travels through the router: each names the worker incarnation it is for.
+Routed = LoadReply | FlushReply | AbortNotice
 
 
 class Router(Actor):
     """Forwards each control reply to the worker incarnation named by its ``origin``.
 
     A reply for an origin without a route (a dead or unknown incarnation) is dropped and
-    counted, never queued.
+    counted, never queued. Each message is passed on as an ``ask`` of its worker, so it
+    counts as forwarded only once the worker has handled it; messages are handled one at a
+    time, in arrival order. So the reply to an ``ask`` of one of them proves that everything
+    its sender told before had reached its worker, even if this router dies the next
+    moment (`RouterLink` relies on it: a tell the router had merely queued for its worker
+    would die with the router).
+
+    Args:
+        forward_timeout: Seconds a worker has to take a message before it is dropped and
+            counted (it is stuck, or died unnoticed; its supervisor resolves its requests).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, forward_timeout: float = 10.0) -> None:
         self.routes: dict[Origin, ActorRef[Any]] = {}
+        self.forward_timeout = forward_timeout
         self.forwarded = 0
         self.dropped = 0
 
@@ -42,13 +63,15 @@ class Router(Actor):
             self.routes[msg.origin] = msg.ref
         return RouteAck(origin=msg.origin)
 
-    async def _forward(self, origin: Origin, msg: LoadReply | FlushReply | AbortNotice) -> None:
+    async def _forward(self, origin: Origin, msg: Routed) -> None:
         ref = self.routes.get(origin)
         if ref is None:
             self.dropped += 1
             return
         try:
-            await ref.tell(msg)
+            await ref.ask(msg, timeout=self.forward_timeout)
+        except RemoteActorError as err:
+            logger.warning("router: the worker of %s failed on %r: %s", origin, msg, err)
         except TokenyardError as err:
             self.dropped += 1
             logger.debug("router: reply for %s dropped: %s", origin, err)
@@ -76,3 +99,92 @@ class Router(Actor):
         return RouterStats(
             forwarded=self.forwarded, dropped_unknown_origin=self.dropped, routes=len(self.routes)
         )
+
+
+class RouterLink:
+    """At-least-once delivery to the live router, in order, for the actor that feeds it.
+
+    A control reply or an abort notice lost with a dead router would leave a caller waiting
+    forever, and a tell cannot tell delivered from lost: it succeeds into a router that died
+    a moment ago, and the router may die with messages still in its mailbox. So the messages
+    wait here, in order; `run` tells them to the router and asks the last one of each run,
+    whose reply proves the whole run reached its workers (the `Router` hands each on as an
+    ask of its worker, one at a time). A run that is not confirmed (the
+    router died, or stayed stuck past ``confirm_timeout``) is sent again: to the successor
+    named by `retarget` after a death, to the same router after ``retry_after`` seconds
+    otherwise. A worker may thus get a message twice; it ignores the second.
+
+    Args:
+        router: Where to deliver.
+        confirm_timeout: Seconds the router has to confirm a run.
+        retry_after: Seconds before a run a live router did not confirm is sent again.
+    """
+
+    def __init__(
+        self, router: ActorRef[Any], *, confirm_timeout: float = 60.0, retry_after: float = 1.0
+    ) -> None:
+        self._router = router
+        self._confirm_timeout = confirm_timeout
+        self._retry_after = retry_after
+        self._queue: list[Routed] = []
+        self._pending = anyio.Event()
+        self._changed = anyio.Event()
+        #: Messages sent again because their first run was not confirmed.
+        self.resent = 0
+
+    @property
+    def router(self) -> ActorRef[Any]:
+        """The router delivered to now."""
+        return self._router
+
+    @property
+    def waiting(self) -> int:
+        """Messages not yet confirmed as delivered."""
+        return len(self._queue)
+
+    def put(self, msg: Routed) -> None:
+        """Queue ``msg`` for the router (never waits)."""
+        self._queue.append(msg)
+        self._pending.set()
+
+    def retarget(self, router: ActorRef[Any]) -> None:
+        """Deliver to ``router`` from now on (the supervisor published a successor)."""
+        if router != self._router:
+            self._router = router
+            self._changed.set()
+
+    async def run(self) -> None:
+        """Deliver queued messages for ever (the owner's background task)."""
+        while True:
+            if not self._queue:
+                self._pending = anyio.Event()
+                await self._pending.wait()
+                continue
+            router = self._router
+            batch, self._queue = self._queue, []
+            try:
+                for msg in batch[:-1]:
+                    await router.tell(msg)
+                await router.ask(batch[-1], timeout=self._confirm_timeout)
+            except RemoteActorError:
+                pass  # its handler failed, but it was reached, after everything before it
+            except TokenyardError as err:
+                self._queue[:0] = batch
+                self.resent += len(batch)
+                logger.warning(
+                    "%d message(s) for the workers wait for the router %s: %s",
+                    len(batch),
+                    router.name,
+                    err,
+                )
+                await self._wait_for_successor(router, dead=isinstance(err, ActorDeadError))
+
+    async def _wait_for_successor(self, router: ActorRef[Any], *, dead: bool) -> None:
+        if self._router != router:
+            return  # already retargeted
+        changed = self._changed = anyio.Event()
+        if dead:
+            await changed.wait()  # a dead router never answers: only its successor will
+            return
+        with anyio.move_on_after(self._retry_after):
+            await changed.wait()

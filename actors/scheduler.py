@@ -16,7 +16,9 @@
 - **Aborts, control and bounds.** ``Abort`` by rid reports the request once more with the
   abort's reason; ``Abort`` of an origin and ``AbortAll`` drop silently (nobody is
   listening). Load and flush replies, and notices of requests refused on arrival (queue
-  full, malformed), go to the router, which passes them to the worker that owns them.
+  full, malformed), go to the router, which passes them to the worker that owns them;
+  they are delivered at least once (`actors.router.RouterLink`): a router that dies holding
+  them, or before it got them, costs no caller its answer.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .messages import (
     TokenizedGenerate,
     Topology,
 )
+from .router import RouterLink
 
 __all__ = ("Scheduler",)
 
@@ -138,7 +141,9 @@ class Scheduler(Actor):
     origin already has scheduled, a prompt id outside the vocabulary).
 
     A step whose batch cannot be told to the detokenizer (dead, or its mailbox full past
-    the send timeout) fails the scheduler, for its supervisor to restart it.
+    the send timeout) is held, and steps pause, until a `Topology` names its successor.
+    What goes to the router waits in order until the router confirms it (`RouterLink`):
+    after the router's death it goes to the successor a `Topology` names.
 
     Args:
         detokenizer: Where each step's batch goes.
@@ -180,7 +185,7 @@ class Scheduler(Actor):
         self._undelivered = 0
         #: A step's batch the detokenizer could not take; steps pause until it is sent.
         self._held: BatchTokenIDOutput | None = None
-        self._router = router
+        self._router = RouterLink(router)
         self._tokenizer_path = tokenizer
         self._step_time = step_time
         self._max_batch_size = max_batch_size
@@ -222,11 +227,12 @@ class Scheduler(Actor):
             vocab.eos,
         )
         self.start_soon(self._run)
+        self.start_soon(self._router.run)
 
     # -- handlers -------------------------------------------------------------------------
 
     @handler
-    async def on_tokenized(self, msg: TokenizedGenerate) -> None:
+    def on_tokenized(self, msg: TokenizedGenerate) -> None:
         """Queue a request, or refuse it with an `AbortNotice` to the router."""
         self._received += 1
         key = (msg.origin, msg.rid)
@@ -234,7 +240,7 @@ class Scheduler(Actor):
         if refusal is not None:
             self._rejected += 1
             logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
-            await self._router.tell(AbortNotice(origin=msg.origin, rid=msg.rid, reason=refusal))
+            self._router.put(AbortNotice(origin=msg.origin, rid=msg.rid, reason=refusal))
             return
         self._waiting[key] = _Request(msg, self._rng(msg), self._stop_ids(msg.sampling))
         self._wake.set()
@@ -262,7 +268,7 @@ class Scheduler(Actor):
             if self._held is not None:
                 self.start_soon(self._resend_held)
         if msg.router is not None:
-            self._router = msg.router
+            self._router.retarget(msg.router)
 
     async def _resend_held(self) -> None:
         held, self._held = self._held, None
@@ -285,7 +291,7 @@ class Scheduler(Actor):
         self._wake.set()
 
     @handler
-    async def on_get_load(self, msg: GetLoad) -> None:
+    def on_get_load(self, msg: GetLoad) -> None:
         """Tell the router the load, for the worker that asked."""
         reply = LoadReply(
             origin=msg.origin,
@@ -294,16 +300,16 @@ class Scheduler(Actor):
             waiting=len(self._waiting),
             step=self._steps,
         )
-        await self._router.tell(reply)
+        self._router.put(reply)
 
     @handler
-    async def on_flush_cache(self, msg: FlushCache) -> None:
+    def on_flush_cache(self, msg: FlushCache) -> None:
         """Forget the cached prefixes if nothing is running; tell the router whether it did."""
         success = not self._running
         if success:
             self._cache.clear()
         reply = FlushReply(origin=msg.origin, request_id=msg.request_id, success=success)
-        await self._router.tell(reply)
+        self._router.put(reply)
 
     @handler
     def on_get_stats(self, msg: GetSchedulerStats) -> SchedulerStats:

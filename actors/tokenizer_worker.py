@@ -3,6 +3,11 @@
 One of N. It stamps each request with its ``origin`` (worker id and incarnation), forwards it
 to the scheduler, receives from the detokenizer a sub-batch holding only its own requests,
 and sends every caller its pieces — one message per caller per sub-batch.
+
+A request leaves the worker's table when it finishes, fails, or when its caller lets it go
+(``AbortRequest``): the caller does so when it gives up, and when a pipeline member died
+and it resolved the request elsewhere (resubmitted under a new rid, or failed), so nothing
+stays in the table for a request nobody serves.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from runtime import Actor, ActorRef, TokenyardError, handler
+from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 
 from ._tokenizer import load_tokenizer
 from .messages import (
@@ -29,6 +34,7 @@ from .messages import (
     FlushReply,
     Generate,
     GetLoad,
+    GetWorkerStats,
     LoadReply,
     Origin,
     RegisterWorker,
@@ -36,6 +42,7 @@ from .messages import (
     RequestOutputs,
     TokenizedGenerate,
     Topology,
+    WorkerStats,
 )
 
 logger = logging.getLogger("tokenyard.worker")
@@ -50,8 +57,24 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Control:
+    reply_to: ActorRef[Any]
+    request: GetLoad | FlushCache
+
+
 class TokenizerWorker(Actor):
     """Tokenizes requests, forwards them, streams their output back to their callers.
+
+    Handles `Generate`, `AbortRequest`, `BatchStrOutput`, `AbortNotice`, `CheckLoad`,
+    `CheckFlush`, `LoadReply`, `FlushReply` and `Topology` (tells) and `GetWorkerStats`
+    (ask, answered with `WorkerStats`).
+
+    While the scheduler is dead (or restarting) a request is kept but not forwarded: once
+    the successor is up the pipeline resolves every request that was in flight, and lets
+    this worker know. A control request still unanswered when a `Topology` names a new
+    scheduler or a new router is asked again (the old one may have taken it, or its reply,
+    with it); a reply that then comes twice is dropped.
 
     Args:
         worker_id: Its index among the workers.
@@ -75,12 +98,15 @@ class TokenizerWorker(Actor):
         self.tokenizer: Any = None
         self.origin = Origin(worker_id, 0)
         self.scheduler: ActorRef[Any] | None = None
+        self.router: ActorRef[Any] | None = None
         self.requests: dict[str, _Request] = {}
         self.registered = anyio.Event()
-        #: Requests waiting for a (re)started scheduler, by rid.
-        self.backlog: dict[str, TokenizedGenerate] = {}
-        self.control: dict[int, ActorRef[Any]] = {}
+        self.control: dict[int, _Control] = {}
         self._control_ids = itertools.count(1)
+        self.received = 0
+        self.finished = 0
+        self.failed = 0
+        self.released = 0
 
     async def on_start(self) -> None:
         self.tokenizer = load_tokenizer(self.tokenizer_path)
@@ -91,18 +117,22 @@ class TokenizerWorker(Actor):
         msg = RegisterWorker(
             worker_id=self.worker_id, incarnation=self.ref.incarnation, address=self.ref
         )
-        # An ask timing out here raises: the worker dies and its supervisor restarts it.
+        # An ask timing out, or refused (the supervisor could not publish the route), raises:
+        # the worker dies unregistered, and its supervisor restarts it to register again.
         await self.supervisor.ask(msg, timeout=self.register_timeout)
         self.registered.set()
 
     @handler
     async def topology(self, msg: Topology) -> None:
-        """The supervisor says where the scheduler is now: send what waited for it."""
+        """The supervisor says where the scheduler and the router are now."""
+        moved = (msg.scheduler is not None and msg.scheduler != self.scheduler) or (
+            msg.router is not None and msg.router != self.router
+        )
         self.scheduler = msg.scheduler
-        if self.scheduler is not None and self.backlog:
-            backlog, self.backlog = self.backlog, {}
-            for request in backlog.values():
-                await self._forward(request)
+        self.router = msg.router
+        if moved:
+            for pending in list(self.control.values()):
+                await self._send_control(pending.request)
 
     # -- requests from callers ------------------------------------------------------------
 
@@ -110,8 +140,17 @@ class TokenizerWorker(Actor):
     async def generate(self, msg: Generate) -> None:
         """Tokenize a request and hand it to the scheduler."""
         await self.registered.wait()
-        # A rid already here is a resubmission after the detokenizer or the scheduler died
-        # (their requests were dropped): the new attempt replaces the old state.
+        self.received += 1
+        if msg.rid in self.requests:
+            # Replacing it would leave the first caller waiting for ever.
+            await self._fail(
+                msg.reply_to,
+                msg.rid,
+                0,
+                f"duplicate rid {msg.rid!r}: worker {self.worker_id} already serves a request "
+                "with that rid; give each request its own rid",
+            )
+            return
         if msg.input_ids is not None:
             ids = list(msg.input_ids)
         elif msg.text is not None:
@@ -128,24 +167,42 @@ class TokenizerWorker(Actor):
         )
 
     async def _forward(self, request: TokenizedGenerate) -> None:
-        """Send to the scheduler; while it is down, keep the request for its successor."""
-        if self.scheduler is not None:
-            try:
-                await self.scheduler.tell(request)
-                return
-            except TokenyardError as err:
-                logger.info("%s: scheduler unreachable, holding requests: %s", self.ref.name, err)
-                self.scheduler = None
-        self.backlog[request.rid] = request
+        """Send to the scheduler.
+
+        A dead scheduler took its requests with it; one that is not up yet has none: the
+        pipeline resolves every request in flight once its successor is up, this one too,
+        so it stays in the table until then. A live scheduler whose mailbox stayed full is
+        an overloaded pipeline: the request fails rather than wait without bound.
+        """
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        try:
+            await scheduler.tell(request)
+        except ActorDeadError as err:
+            logger.debug(
+                "%s: %r waits for the scheduler's successor: %s", self.ref.name, request.rid, err
+            )
+        except TokenyardError as err:
+            pending = self.requests.pop(request.rid, None)
+            if pending is not None:
+                await self._fail(
+                    pending.reply_to,
+                    request.rid,
+                    pending.prompt_tokens,
+                    f"the scheduler did not take the request: {err}",
+                )
 
     @handler
     async def abort_request(self, msg: AbortRequest) -> None:
-        """A caller gave up: stop generating for it."""
-        if msg.rid in self.requests and self.scheduler is not None:
-            try:
+        """A caller let a request go (gave up, or resolved it elsewhere): forget it here and
+        stop generating for it. Its remaining output, if any, is dropped on arrival."""
+        if self.requests.pop(msg.rid, None) is None:
+            return
+        self.released += 1
+        if self.scheduler is not None:
+            with contextlib.suppress(TokenyardError):  # a dead scheduler holds nothing of it
                 await self.scheduler.tell(Abort(origin=self.origin, rid=msg.rid, reason="abort"))
-            except TokenyardError:
-                self.requests.pop(msg.rid, None)
 
     # -- output from the detokenizer ------------------------------------------------------
 
@@ -185,6 +242,7 @@ class TokenizerWorker(Actor):
                 )
             if finish is not None:
                 del self.requests[rid]
+                self.finished += 1
             by_caller.setdefault(request.reply_to, []).append(out)
         for caller, outputs in by_caller.items():
             await self._send(caller, outputs)
@@ -193,7 +251,7 @@ class TokenizerWorker(Actor):
     async def aborted(self, msg: AbortNotice) -> None:
         """The scheduler refused or aborted a request on its own: tell its caller."""
         request = self.requests.pop(msg.rid, None)
-        if request is not None:
+        if request is not None:  # else a second copy of the notice (the router may resend)
             await self._fail(request.reply_to, msg.rid, request.prompt_tokens, msg.reason)
 
     # -- control requests whose replies come back through the router ----------------------
@@ -213,12 +271,23 @@ class TokenizerWorker(Actor):
     async def _control(self, reply_to: ActorRef[Any], make: Any) -> None:
         await self.registered.wait()
         request_id = next(self._control_ids)
-        self.control[request_id] = reply_to
-        if self.scheduler is not None:
-            try:
-                await self.scheduler.tell(make(request_id))
-            except TokenyardError:
-                self.control.pop(request_id, None)
+        request = make(request_id)
+        self.control[request_id] = _Control(reply_to, request)
+        await self._send_control(request)
+
+    async def _send_control(self, request: GetLoad | FlushCache) -> None:
+        """Ask the scheduler; kept until answered, and asked again of a successor."""
+        if self.scheduler is None:
+            return
+        try:
+            await self.scheduler.tell(request)
+        except TokenyardError as err:
+            logger.warning(
+                "%s: control request %d waits for the next scheduler: %s",
+                self.ref.name,
+                request.request_id,
+                err,
+            )
 
     @handler
     async def load_reply(self, msg: LoadReply) -> None:
@@ -234,14 +303,28 @@ class TokenizerWorker(Actor):
         if msg.origin != self.origin:
             logger.error("%s got a control reply for %s", self.ref.name, msg.origin)
             return
-        reply_to = self.control.pop(msg.request_id, None)
-        if reply_to is not None:
+        pending = self.control.pop(msg.request_id, None)
+        if pending is not None:  # else a second reply to a request asked again
             with contextlib.suppress(TokenyardError):  # the caller may have left
-                await reply_to.tell(msg)
+                await pending.reply_to.tell(msg)
+
+    @handler
+    def stats(self, msg: GetWorkerStats) -> WorkerStats:
+        """The worker's counters."""
+        return WorkerStats(
+            origin=self.origin,
+            received=self.received,
+            finished=self.finished,
+            failed=self.failed,
+            released=self.released,
+            requests=len(self.requests),
+            control_pending=len(self.control),
+        )
 
     # -- helpers --------------------------------------------------------------------------
 
     async def _fail(self, caller: ActorRef[Any], rid: str, prompt_tokens: int, error: str) -> None:
+        self.failed += 1
         out = RequestOutput(
             rid=rid,
             worker=self.worker_id,

@@ -1,21 +1,39 @@
-"""The pipeline end to end: real processes, real ZeroMQ, the bundled tokenizer."""
+"""The pipeline end to end: real processes, real ZeroMQ, the bundled tokenizer (and one a
+test builds)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from actors import Pipeline, WorkerDiedError
 from actors._tokenizer import load_tokenizer
-from actors.messages import CheckLoad, Origin, RegisterWorker
+from actors.messages import (
+    CheckFlush,
+    CheckLoad,
+    DetokenizerStats,
+    GetDetokenizerStats,
+    GetRouterStats,
+    GetSchedulerStats,
+    GetWorkerStats,
+    Origin,
+    RegisterWorker,
+    RouterStats,
+    SchedulerStats,
+    WorkerStats,
+)
+from runtime import ActorRef, TokenyardError
 
 from ._actors import Replies, ReplyInbox
 
@@ -125,8 +143,9 @@ class TestRegistrationAndControl:
 async def load_with_a_kill(
     p: Pipeline, kill: Callable[[], object], n: int = 500
 ) -> tuple[int, int]:
-    """Run ``n`` concurrent requests; once 20 finished, call ``kill``. Every request must
-    end (complete or WorkerDiedError) within the deadline: none may hang."""
+    """Run ``n`` concurrent requests; once 20 finished, call ``kill`` (and await what it
+    returns, if anything). Every request must end (complete or WorkerDiedError) within the
+    deadline: none may hang."""
     done = failed = 0
     busy = anyio.Event()
 
@@ -140,12 +159,14 @@ async def load_with_a_kill(
         if done == 20:
             busy.set()
 
-    with anyio.fail_after(120):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             for i in range(n):
                 tg.start_soon(one, i)
             await busy.wait()
-            kill()
+            killing = kill()
+            if inspect.isawaitable(killing):
+                await killing
     return done, failed
 
 
@@ -182,3 +203,309 @@ class TestDeaths:
                     await anyio.lowlevel.checkpoint()
             result = await p.generate("after the restart", max_new_tokens=8)
             assert result.completion_tokens == 8
+
+
+#: A prompt id outside every vocabulary here: the scheduler refuses it with an AbortNotice,
+#: which reaches its caller only through the router.
+OUTSIDE = [1_000_000]
+REFUSED = "outside the scheduler's vocabulary"
+
+
+async def ask_stats(ref: ActorRef[Any], msg: Any, kind: type[Any]) -> Any:
+    stats = await ref.ask(msg, timeout=10)
+    assert isinstance(stats, kind)
+    return stats
+
+
+class ControlLoops:
+    """Control requests (load and flush in turn) to each worker, one at a time, until told
+    to stop: each waits for its reply, so one is always in flight when a member dies."""
+
+    def __init__(self, p: Pipeline, inbox: ActorRef[Any], replies: Replies) -> None:
+        self.p = p
+        self.inbox = inbox
+        self.replies = replies
+        self.sent: dict[int, int] = {}
+        self.stop = anyio.Event()
+
+    async def run(self, k: int) -> None:
+        self.sent[k] = 0
+        while not self.stop.is_set():
+            await self.once(k)
+
+    async def once(self, k: int) -> None:
+        worker = self.p.worker_ref(k)
+        assert worker is not None
+        self.sent[k] = sent = self.sent.get(k, 0) + 1
+        ask = CheckLoad if sent % 2 else CheckFlush
+        await worker.tell(ask(reply_to=self.inbox))
+        await self.replies.wait_until(lambda: self.replies.from_worker(k) >= sent)
+
+
+async def open_control(p: Pipeline) -> ControlLoops:
+    replies = Replies()
+    inbox = await p.system.spawn(ReplyInbox, replies, process=False, name="control-inbox")
+    return ControlLoops(p, inbox, replies)
+
+
+async def refused(p: Pipeline) -> None:
+    """A request the scheduler refuses: its caller must hear the refusal."""
+    with pytest.raises(TokenyardError, match=REFUSED) as err:
+        await p.generate(OUTSIDE, max_new_tokens=4)
+    assert not isinstance(err.value, WorkerDiedError)
+
+
+async def wait_for_successor(p: Pipeline, name: str, dead: ActorRef[Any]) -> ActorRef[Any]:
+    """The live incarnation of ``name`` once the dead one has been replaced (called once
+    requests that could only end through the successor have ended: found at once)."""
+    with anyio.fail_after(30):
+        while (ref := await p.system.lookup(name, missing_ok=True)) in (None, dead):
+            await anyio.lowlevel.checkpoint()
+    assert ref is not None
+    assert ref.incarnation > dead.incarnation
+    return ref
+
+
+class TestSharedMemberDeaths:
+    async def test_a_router_killed_under_500_requests_leaves_no_caller_waiting_and_comes_back(
+        self,
+    ) -> None:
+        async with Pipeline(workers=2, step_time=0.002) as p:
+            control = await open_control(p)
+            router = await p.system.lookup("router")
+            pid = p.system.pid_of(router)
+            assert pid is not None
+            dead = p.system.watch(router)
+            refusals = 0
+
+            async def refusing() -> None:
+                nonlocal refusals
+                while not control.stop.is_set():
+                    await refused(p)
+                    refusals += 1
+
+            async def kill() -> None:
+                os.kill(pid, signal.SIGKILL)
+                await dead
+                # No router runs now: these refusals can only be answered through the next.
+                async with anyio.create_task_group() as burst:
+                    for _ in range(50):
+                        burst.start_soon(refused, p)
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for k in range(2):
+                        tg.start_soon(control.run, k)
+                    for _ in range(4):
+                        tg.start_soon(refusing)
+                    done, failed = await load_with_a_kill(p, kill)
+                    control.stop.set()
+            assert done + failed == 500
+            assert done > 0
+            assert p.failed == failed
+            assert refusals > 0
+            successor = await wait_for_successor(p, "router", router)
+            # Every control request was answered exactly once, the ones in flight at the
+            # death included; and the burst went through the successor.
+            for k, sent in control.sent.items():
+                assert control.replies.from_worker(k) == sent
+            stats = await ask_stats(successor, GetRouterStats(), RouterStats)
+            assert stats.forwarded >= 50
+            assert stats.routes == 2
+            for k in range(2):
+                await control.once(k)
+            await refused(p)
+            assert (await p.generate("after the restart", max_new_tokens=8)).completion_tokens == 8
+
+    @pytest.mark.parametrize("member", ["scheduler", "detokenizer"])
+    async def test_a_member_killed_under_500_requests_comes_back_with_nothing_left_behind(
+        self, member: str
+    ) -> None:
+        async with Pipeline(workers=2, step_time=0.002) as p:
+            control = await open_control(p)
+            victim = await p.system.lookup(member)
+            pid = p.system.pid_of(victim)
+            assert pid is not None
+
+            async def kill() -> None:
+                os.kill(pid, signal.SIGKILL)
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for k in range(2):
+                        tg.start_soon(control.run, k)
+                    done, failed = await load_with_a_kill(p, kill)
+                    control.stop.set()
+            assert done + failed == 500
+            assert p.failed == failed
+            assert p.resubmitted > 0  # the requests still waiting for their first output
+            await wait_for_successor(p, member, victim)
+            for k, sent in control.sent.items():
+                assert control.replies.from_worker(k) == sent
+            for k in range(2):
+                await control.once(k)
+            assert (await p.generate("after the restart", max_new_tokens=8)).completion_tokens == 8
+            # Nothing is kept for a request nobody waits for: not by the workers (the
+            # resubmitted and the failed were let go there), not by the scheduler, not by
+            # the detokenizer.
+            for k in range(2):
+                worker = p.worker_ref(k)
+                assert worker is not None
+                w = await ask_stats(worker, GetWorkerStats(), WorkerStats)
+                assert (w.requests, w.control_pending) == (0, 0)
+                assert w.received == w.finished + w.failed + w.released
+            scheduler = await p.system.lookup("scheduler")
+            s = await ask_stats(scheduler, GetSchedulerStats(), SchedulerStats)
+            assert (s.running, s.waiting) == (0, 0)
+            detokenizer = await p.system.lookup("detokenizer")
+            d = await ask_stats(detokenizer, GetDetokenizerStats(), DetokenizerStats)
+            assert d.live_states == 0
+
+
+class TestStreamingDeaths:
+    async def test_streams_on_a_killed_worker_fail_once_they_had_output_and_the_rest_resubmit(
+        self,
+    ) -> None:
+        # Room for every stream in the running batch: once 400 of the 500 have yielded, at
+        # least 25 of them are on worker 1 (the other three hold 375). Steps slow enough
+        # for this caller to keep up, so those are still running when worker 1 dies.
+        async with Pipeline(workers=4, step_time=0.05, max_batch_size=512) as p:
+            expected: dict[str, str] = {}
+
+            async def reference(prompt: str) -> None:
+                expected[prompt] = (await p.generate(prompt, max_new_tokens=16)).text
+
+            async with anyio.create_task_group() as tg:
+                for prompt in PROMPTS:
+                    tg.start_soon(reference, prompt)
+            yielding = 0
+            busy = anyio.Event()
+            completed: list[tuple[str, list[str]]] = []
+            died: list[tuple[list[str], WorkerDiedError]] = []
+
+            async def one(i: int) -> None:
+                nonlocal yielding
+                prompt = PROMPTS[i % len(PROMPTS)]
+                pieces: list[str] = []
+                try:
+                    async for piece in p.stream(prompt, max_new_tokens=16):
+                        pieces.append(piece)
+                        if len(pieces) == 1:
+                            yielding += 1
+                            if yielding == 400:
+                                busy.set()
+                except WorkerDiedError as err:
+                    died.append((pieces, err))
+                    return
+                completed.append((prompt, pieces))
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for i in range(500):
+                        tg.start_soon(one, i)
+                    await busy.wait()
+                    # Worker 1 frozen, then 100 more streams, 25 per worker (round robin):
+                    # those sent to worker 1 cannot have output when it dies.
+                    frozen = p.kill_worker(1, signal.SIGSTOP)
+                    for i in range(100):
+                        tg.start_soon(one, i)
+                    # sync-ok: not a sleep, one pass of the event loop: each new task runs
+                    # up to its first wait, which comes after its request was told to its
+                    # worker (a tell into a mailbox with room never waits).
+                    await anyio.lowlevel.checkpoint()
+                    killed = p.kill_worker(1)
+                    assert killed == frozen
+            assert len(completed) + len(died) == 600
+            # A stream that had output on the dead worker failed; none was resubmitted
+            # behind its caller's back (its pieces would then repeat a prefix).
+            for prompt, pieces in completed:
+                assert "".join(pieces) == expected[prompt]
+            assert any(pieces for pieces, _ in died)
+            name = f"tokenizer_worker:1 (incarnation {killed.incarnation})"
+            for _, err in died:
+                assert err.member == "worker"
+                assert name in err.reason
+            assert p.failed == len(died)
+            # The dead worker's requests that had no output yet went to the others, and
+            # the scheduler dropped what it still held for the dead incarnation.
+            assert p.resubmitted >= 25
+            scheduler = await p.system.lookup("scheduler")
+            stats = await ask_stats(scheduler, GetSchedulerStats(), SchedulerStats)
+            assert stats.dropped_for_dead_origin > 0
+            await p.wait_worker(1, after=killed.incarnation)
+            served = [(await p.generate("again", max_new_tokens=4)).worker for _ in range(4)]
+            assert 1 in served
+
+
+class TestProcesses:
+    async def test_every_member_process_is_titled_with_its_name_and_pid(self) -> None:
+        async with Pipeline(workers=2) as p:
+            names = ["tokenizer_worker:0", "tokenizer_worker:1", "detokenizer", "scheduler"]
+            titles = {}
+            for name in [*names, "router"]:
+                pid = p.system.pid_of(await p.system.lookup(name))
+                assert pid is not None
+                titles[name] = (pid, Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0"))
+            for name, (pid, title) in titles.items():
+                assert title == f"tokenyard::{name}:{pid}".encode()
+            # The supervisor runs in the caller's process, which keeps its own title.
+            assert p.system.pid_of(p.supervisor) is None
+            own = Path(f"/proc/{os.getpid()}/cmdline").read_bytes()
+            assert not own.startswith(b"tokenyard::")
+            # A restarted worker is titled with its new pid.
+            killed = p.kill_worker(1)
+            back = await p.wait_worker(1, after=killed.incarnation)
+            pid = p.system.pid_of(back)
+            assert pid is not None
+            assert pid != titles["tokenizer_worker:1"][0]
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0")
+            assert title == f"tokenyard::tokenizer_worker:1:{pid}".encode()
+
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
+Voix ambiguë d'un cœur qui, au zéphyr, préfère les jattes de kiwis. Ça va très bien.
+敏捷的棕色狐狸跳过了懒狗。東京の空は青い。 Emoji too: 😀 🎉 👍🏽 → ✓ … €
+"""
+
+
+def build_small_tokenizer(tmp_path: Path) -> tuple[Any, Path]:
+    """A byte-level BPE of about 300 ids, shaped unlike the bundled one (other special
+    tokens, so other ids), saved as a Hugging Face ``tokenizer.json``."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS * 4, encoding="utf-8")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train([str(corpus)], trainer)
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return tokenizer, path
+
+
+class TestOwnTokenizer:
+    async def test_a_pipeline_on_a_tokenizer_file_generates_and_streams_its_decode(
+        self, tmp_path: Path
+    ) -> None:
+        tokenizer, path = build_small_tokenizer(tmp_path)
+        prompt = "Bonjour, the fox 😀 東京"
+        async with Pipeline(workers=2, tokenizer=path) as p:
+            results = [await p.generate(prompt, max_new_tokens=24) for _ in range(2)]
+            pieces = [x async for x in p.stream(prompt, max_new_tokens=24)]
+        assert {r.worker for r in results} == {0, 1}
+        result = results[0]
+        assert results[1].output_ids == result.output_ids
+        # The workers tokenized with it, the scheduler drew from its vocabulary and the
+        # detokenizer decoded with it.
+        assert result.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+        assert max(result.output_ids) < tokenizer.get_vocab_size()
+        assert result.text == tokenizer.decode(result.output_ids)
+        assert result.text != TOKENIZER.decode(result.output_ids)
+        assert "".join(pieces) == result.text
+        assert len(pieces) > 1
