@@ -56,12 +56,21 @@ class Router(Actor):
 
     @handler
     def route(self, msg: RouteUpdate) -> RouteAck:
-        """Add or drop a worker incarnation's route; acknowledged once the table changed."""
+        """Add or drop a worker incarnation's route; acknowledged once the table changed.
+
+        A worker index has one live incarnation at a time: a route for incarnation ``n``
+        drops the routes of the worker's older incarnations, as the detokenizer does, so a
+        reply meant for a dead one is dropped and counted even if its drop was missed.
+        """
+        origin = msg.origin
         if msg.ref is None:
-            self.routes.pop(msg.origin, None)
-        else:
-            self.routes[msg.origin] = msg.ref
-        return RouteAck(origin=msg.origin)
+            self.routes.pop(origin, None)
+            return RouteAck(origin=origin)
+        for old in [o for o in self.routes if o.worker == origin.worker]:
+            if old.incarnation < origin.incarnation:
+                del self.routes[old]
+        self.routes[origin] = msg.ref
+        return RouteAck(origin=origin)
 
     async def _forward(self, origin: Origin, msg: Routed) -> None:
         ref = self.routes.get(origin)

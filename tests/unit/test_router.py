@@ -231,14 +231,6 @@ class TestRouteUpdates:
             await h.route(A, "first")
             assert await h.flushed(A, "first") == one
 
-    @pytest.mark.xfail(
-        reason=(
-            "actors/router.py keeps an older incarnation's route when a newer one of the same "
-            "worker is added (only RouteUpdate(ref=None) removes a route), unlike the "
-            "detokenizer, which drops it; stale replies then reach the dead incarnation's ref"
-        ),
-        strict=True,
-    )
     async def test_a_new_incarnations_route_replaces_the_old_incarnations(self) -> None:
         async with open_router() as h:
             await h.worker("worker-0-old")
