@@ -153,7 +153,8 @@ class Node:
 
     # -- sending --------------------------------------------------------------------------
 
-    def _check_alive(self, ref: ActorRef[Any]) -> None:
+    def check_alive(self, ref: ActorRef[Any]) -> None:
+        """Raise ``ActorDeadError`` if ``ref``'s incarnation is known to be dead."""
         reason = self._dead.get(ref.address)
         if reason is not None:
             raise ActorDeadError(
@@ -171,7 +172,7 @@ class Node:
         if address not in self._known:
             self._learn(ref)
         if self._dead and address in self._dead:
-            self._check_alive(ref)
+            self.check_alive(ref)
         frame = _encode(msg)
         if self.outbox.try_send(address, frame):
             return None
@@ -200,7 +201,7 @@ class Node:
 
     async def ask(self, ref: ActorRef[Any], msg: Message, timeout: float) -> Any:
         """Send ``msg`` with a correlation id and wait for the matching reply."""
-        self._check_alive(ref)
+        self.check_alive(ref)
         if handling_address.get(None) == ref.address:
             raise TokenyardError(
                 f"actor {ref.name!r} asked itself from inside a handler: the reply could only "
@@ -211,7 +212,10 @@ class Node:
         header = Header(Kind.ASK, corr, self.reply_address, self.name)
         try:
             await self.outbox.send_frames(
-                ref.address, (encode_header(header), _encode(msg)), timeout
+                ref.address,
+                (encode_header(header), _encode(msg)),
+                timeout,
+                lambda: self.check_alive(ref),
             )
             assert self._loop is not None
             pending = self._pending.get(corr)
@@ -222,6 +226,8 @@ class Node:
             return await future
         finally:
             self.drop_request(corr)
+            if future.done() and not future.cancelled():
+                future.exception()  # failed while sending (a death): the caller has that
 
     async def flush(self, timeout: float, skip: Container[str] = ()) -> list[str]:
         """Wait until every mailbox this node told has handled all it was told.
@@ -265,7 +271,7 @@ class Node:
         self, ref: ActorRef[Any], kind: Kind, timeout: float, body: Message | None = None
     ) -> Any:
         """Send a control request (no handler involved) and wait for its reply."""
-        self._check_alive(ref)
+        self.check_alive(ref)
         corr, future = self.new_request(ref.address)
         try:
             with anyio.fail_after(timeout):

@@ -47,7 +47,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
         node = current_node()
         frame = node.try_tell(self, msg)
         if frame is not None:  # the mailbox is full: wait for room, up to the timeout
-            await node.outbox.send(self.address, frame, timeout)
+            await node.outbox.send(self.address, frame, timeout, lambda: node.check_alive(self))
 
     async def ask(self, msg: M, *, timeout: float = 5.0) -> Any:
         """Send ``msg`` and wait for the handler's return value.

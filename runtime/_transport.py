@@ -17,7 +17,7 @@ import zmq
 from ._errors import MailboxClosedError, MailboxFullError, ProtocolError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 
 class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +90,7 @@ class ReadinessWaiter:
         self._fd = int(sock.getsockopt(zmq.FD))
         self._waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     def _wake(self) -> None:
         if not self._waiters:
@@ -104,8 +105,9 @@ class ReadinessWaiter:
                 fut.set_result(None)
 
     async def wait(self, event: int) -> None:
-        """Return once ``EVENTS`` has ``event`` (``POLLIN`` or ``POLLOUT``)."""
-        while not events(self._sock) & event:
+        """Return once ``EVENTS`` has ``event`` (``POLLIN`` or ``POLLOUT``), or the waiter
+        is closed (its socket with it)."""
+        while not self._closed and not events(self._sock) & event:
             loop = asyncio.get_running_loop()
             if self._loop is not loop:
                 self._watch(loop)
@@ -126,6 +128,7 @@ class ReadinessWaiter:
 
     def close(self) -> None:
         """Stop watching the socket; pending waiters are woken."""
+        self._closed = True
         self._release()
         if self._loop is not None:
             self._loop.remove_reader(self._fd)
@@ -237,59 +240,76 @@ class Outbox:
             return False
         return True
 
-    async def send(self, address: str, frame: bytes, timeout: float | None = None) -> None:
+    async def send(
+        self,
+        address: str,
+        frame: bytes,
+        timeout: float | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> None:
         """Send one frame, waiting while the destination's queue is full.
+
+        ``check`` runs after each wait and may raise: the destination may have died while
+        its queue was full, and its socket closed (a new one would take the frame and
+        deliver it nowhere).
 
         Raises:
             MailboxFullError: The queue stayed full for ``timeout`` seconds.
             ProtocolError: The frame is larger than ``max_message_size``.
         """
         while not self.try_send(address, frame):
-            await self._wait_writable(self._peer(address), address, timeout)
+            await self._wait_writable(address, timeout)
+            if check is not None:
+                check()
 
     async def send_frames(
         self,
         address: str,
         frames: Sequence[bytes | bytearray | memoryview],
         timeout: float | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
-        """Send a multi-frame message atomically, waiting while the queue is full.
+        """Send a multi-frame message atomically, waiting while the queue is full
+        (``check`` as for `send`).
 
-        Large frames go zero-copy; libzmq queues all parts of a message once the first
-        is accepted, so only the first send can meet a full queue.
+        Raises:
+            MailboxFullError: The queue stayed full for ``timeout`` seconds.
+            ProtocolError: The message is larger than ``max_message_size``.
         """
         size = sum(len(f) for f in frames)
         if size > self._max:
             raise self._too_big(size)
-        peer = self._peers.get(address) or self._peer(address)
+        while not self.try_send_frames(address, frames):
+            await self._wait_writable(address, timeout)
+            if check is not None:
+                check()
+
+    def try_send_frames(
+        self, address: str, frames: Sequence[bytes | bytearray | memoryview]
+    ) -> bool:
+        """Send a multi-frame message if the queue has room now (never waits).
+
+        Large frames go zero-copy; libzmq queues all parts of a message once the first
+        is accepted, so only the first send can meet a full queue.
+        """
+        sock = (self._peers.get(address) or self._peer(address)).sock
+        try:
+            _send(sock, frames[0], _NOBLOCK_MORE)
+        except zmq.Again:
+            return False
         last = len(frames) - 1
-        while True:
-            try:
-                _send(peer.sock, frames[0], _NOBLOCK_MORE)
-                break
-            except zmq.Again:
-                await self._wait_writable(peer, address, timeout)
         for i in range(1, last + 1):
             frame = frames[i]
             flags = 0 if i == last else SNDMORE
             if len(frame) < COPY_THRESHOLD:
-                _send(peer.sock, frame, flags)
+                _send(sock, frame, flags)
             else:
-                _send(peer.sock, frame, flags, copy=False)
-
-    def try_send_frames(self, address: str, frames: Sequence[bytes | bytearray]) -> bool:
-        """Send a small multi-frame message if the queue has room now (never waits)."""
-        peer = self._peers.get(address) or self._peer(address)
-        try:
-            _send(peer.sock, frames[0], _NOBLOCK_MORE)
-        except zmq.Again:
-            return False
-        for i in range(1, len(frames)):
-            _send(peer.sock, frames[i], 0 if i == len(frames) - 1 else SNDMORE)
+                _send(sock, frame, flags, copy=False)
         return True
 
-    async def _wait_writable(self, peer: _Peer, address: str, timeout: float | None) -> None:
+    async def _wait_writable(self, address: str, timeout: float | None) -> None:
         limit = self._options.send_timeout if timeout is None else timeout
+        peer = self._peers.get(address) or self._peer(address)
         try:
             await asyncio.wait_for(peer.waiter.wait(POLLOUT), limit)
         except TimeoutError:

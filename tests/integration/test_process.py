@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +319,39 @@ class Spawner(Actor):
     async def spawn_echo(self, msg: SpawnEcho) -> EchoSpawned:
         ref = await self.system.spawn(Echo, 1, msg.report_to, name=msg.name)
         return EchoSpawned(ref=ref)
+
+
+class TestDeathWhileFull:
+    async def test_a_tell_and_an_ask_waiting_on_a_full_mailbox_fail_when_the_actor_dies(
+        self,
+    ) -> None:
+        async with ActorSystem(hwm=100, send_timeout=30.0) as system:
+            busy = await system.spawn(Echo, name="busy")
+            await busy.tell(Slow(seconds=30.0))
+            pid = system.pid_of(busy)
+            assert pid is not None
+            failed: list[str] = []
+
+            async def flood() -> None:
+                try:
+                    for i in itertools.count():  # until a tell waits for room, and longer
+                        await busy.tell(Tick(n=i))
+                except ActorDeadError:
+                    failed.append("tell")
+
+            async def ask() -> None:
+                with pytest.raises(ActorDeadError):
+                    await busy.ask(Ping(n=1), timeout=30.0)
+                failed.append("ask")
+
+            with anyio.fail_after(10):  # well before their own 30 s
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(flood)
+                    await anyio.wait_all_tasks_blocked()  # the queues are full
+                    tg.start_soon(ask)
+                    await anyio.wait_all_tasks_blocked()  # both wait for room
+                    os.kill(pid, signal.SIGKILL)
+            assert sorted(failed) == ["ask", "tell"]
 
 
 class TestBadInput:
