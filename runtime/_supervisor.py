@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -272,7 +273,8 @@ class Supervisor(Actor):
             group = self.entries[index:]
         await self._stop_children([e for e in group if e is not entry])
         try:
-            self._count_restart()  # one incident, however many children it restarts (OTP)
+            # One incident, however many children it restarts (OTP).
+            self._count_restart(entry.spec.name)
             for member in group:
                 await self._restart(member)
         except RestartIntensityError as err:
@@ -288,7 +290,7 @@ class Supervisor(Actor):
         first = True
         while True:
             if not first:
-                self._count_restart()  # a failed restart attempt is another restart
+                self._count_restart(entry.spec.name)  # a failed attempt is another restart
             first = False
             delay = self._backoff(entry)
             if delay:
@@ -301,7 +303,8 @@ class Supervisor(Actor):
             self.restarted += 1
             return
 
-    def _count_restart(self) -> None:
+    def _count_restart(self, child: str) -> None:
+        """Count one restart (caused by ``child``); past the intensity, fail."""
         now = time.monotonic()
         self.intensity.append(now)
         while self.intensity and now - self.intensity[0] > self.period:
@@ -312,7 +315,7 @@ class Supervisor(Actor):
                 f"supervisor {self.ref.name!r}: more than {self.max_restarts} restarts in "
                 f"{self.period:g} s"
             )
-            _event("intensity_exceeded", self.ref.name, "", error=text)
+            _event("intensity_exceeded", self.ref.name, child, error=text)
             raise RestartIntensityError(text)
 
     def _backoff(self, entry: _Entry) -> float:
@@ -320,11 +323,7 @@ class Supervisor(Actor):
         entry.restarts.append(now)
         while entry.restarts and now - entry.restarts[0] > self.period:
             entry.restarts.popleft()
-        n = len(entry.restarts)
-        if n <= 1:
-            return 0.0
-        base = self.backoff * 2.0 ** (n - 2) * self._rng.uniform(0.5, 1.5)
-        return float(min(base, self.backoff_max))
+        return restart_delay(len(entry.restarts), self.backoff, self.backoff_max, self._rng)
 
     # -- introspection --------------------------------------------------------------------
 
@@ -344,6 +343,22 @@ class Supervisor(Actor):
     def which_children(self, msg: WhichChildren) -> Children:
         """The live incarnation of each child."""
         return Children(refs={e.spec.name: e.ref for e in self.entries})
+
+
+def restart_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait before the ``attempt``-th restart of one child within the window.
+
+    The first is immediate; the n-th (n >= 2) waits ``backoff * 2**(n-2)`` times a random
+    factor between 0.5 and 1.5 (jitter, so supervisors restarting at once do not do it in step),
+    capped at ``cap``.
+    """
+    if attempt <= 1 or backoff <= 0:
+        return 0.0
+    try:
+        grown = backoff * 2.0 ** (attempt - 2)
+    except OverflowError:  # past ~1000 restarts in a long window: long since capped
+        grown = math.inf
+    return float(min(grown * rng.uniform(0.5, 1.5), cap))
 
 
 async def _sleep(seconds: float) -> None:

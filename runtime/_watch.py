@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal as _signal
 from typing import Any
 
@@ -32,18 +33,42 @@ class Down(Message):
         return self.reason == "normal"
 
 
-_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
+_PROC_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _memory_events_paths() -> list[str]:
+    """Where this process's cgroup v2 ``memory.events`` may be: under its own cgroup (on a
+    host, where the root cgroup has none), then at the mount's root (in a container with its
+    own cgroup namespace, whose root is its cgroup). Children inherit the cgroup, and the
+    file's counts include those of sub-cgroups."""
+    paths = []
+    try:
+        with open(_PROC_CGROUP, encoding="utf-8") as cgroups:
+            for line in cgroups:
+                if line.startswith("0::"):  # the cgroup v2 line: "0::/path/of/the/cgroup"
+                    own = line[3:].strip().strip("/")
+                    if own:
+                        paths.append(os.path.join(_CGROUP_ROOT, own, "memory.events"))
+    except OSError:
+        pass
+    paths.append(os.path.join(_CGROUP_ROOT, "memory.events"))
+    return paths
 
 
 def oom_kills() -> int | None:
     """The cgroup's count of out-of-memory kills, where the OS exposes it (cgroup v2)."""
-    try:
-        with open(_MEMORY_EVENTS, encoding="ascii") as events:
-            for line in events:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    except (OSError, ValueError):
+    for path in _memory_events_paths():
+        try:
+            with open(path, encoding="ascii") as events:
+                for line in events:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            return None
         return None
     return None
 

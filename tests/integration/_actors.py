@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import anyio
 
@@ -160,11 +162,16 @@ class Crash(Message):
 
 
 class Started(Message):
-    """Reported by a Worker when it starts (or stops, with ``stopped=True``)."""
+    """Reported by a Worker when it starts (or stops, with ``stopped=True``).
+
+    ``at`` is when, on the machine-wide monotonic clock: reports from different processes
+    travel on different sockets and may arrive out of order, so tests sort by it.
+    """
 
     name: str
     incarnation: int
     stopped: bool = False
+    at: float = 0.0
 
 
 class Worker(Actor):
@@ -176,12 +183,19 @@ class Worker(Actor):
 
     async def on_start(self) -> None:
         if self.report_to is not None:
-            await self.report_to.tell(Started(name=self.ref.name, incarnation=self.ref.incarnation))
+            await self.report_to.tell(
+                Started(name=self.ref.name, incarnation=self.ref.incarnation, at=time.monotonic())
+            )
 
     async def on_stop(self) -> None:
         if self.report_to is not None:
             await self.report_to.tell(
-                Started(name=self.ref.name, incarnation=self.ref.incarnation, stopped=True)
+                Started(
+                    name=self.ref.name,
+                    incarnation=self.ref.incarnation,
+                    stopped=True,
+                    at=time.monotonic(),
+                )
             )
 
     @handler
@@ -208,6 +222,25 @@ class Worker(Actor):
     async def slow(self, msg: Slow) -> Pong:
         await anyio.sleep(msg.seconds)  # sync-ok: a deliberately slow handler under test
         return Pong(n=0)
+
+
+class Stubborn(Actor):
+    """Never finishes stopping: its ``on_stop`` waits forever. With ``ignore_sigterm`` (in
+    its own process only) it also ignores SIGTERM, so only SIGKILL ends it."""
+
+    def __init__(self, ignore_sigterm: bool = False) -> None:
+        self.ignore_sigterm = ignore_sigterm
+
+    async def on_start(self) -> None:
+        if self.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    async def on_stop(self) -> None:
+        await anyio.sleep_forever()  # sync-ok: a stop that never ends is what is under test
+
+    @handler
+    def pid(self, msg: GetPid) -> Pid:
+        return Pid(pid=os.getpid())
 
 
 class Journal:
