@@ -122,7 +122,9 @@ class Node:
         self._pending: dict[int, _Pending] = {}
         #: Why a child process said it is exiting, by its spawn token.
         self.last_words: dict[int, str] = {}
-        self._dead: dict[str, str] = {}
+        #: Known deaths, by address: the whole record, so a late watcher gets the exit
+        #: status and signal too, not only the reason.
+        self._dead: dict[str, DownBody] = {}
         #: Addresses this node has sent to (the hot path's one check before subscribing).
         self._known: set[str] = set()
         #: Addresses this node asked an owner about, and that owner's reply address.
@@ -155,8 +157,9 @@ class Node:
 
     def check_alive(self, ref: ActorRef[Any]) -> None:
         """Raise ``ActorDeadError`` if ``ref``'s incarnation is known to be dead."""
-        reason = self._dead.get(ref.address)
-        if reason is not None:
+        down = self._dead.get(ref.address)
+        if down is not None:
+            reason = down.reason
             raise ActorDeadError(
                 f"actor {ref.name!r} (incarnation {ref.incarnation}) is dead: {reason}",
                 reason=reason,
@@ -408,7 +411,7 @@ class Node:
         if address in self._dead:
             return
         reason = body.reason
-        self._dead[address] = reason
+        self._dead[address] = body
         if len(self._dead) > _DEAD_KEPT:
             del self._dead[next(iter(self._dead))]
         for corr, pending in list(self._pending.items()):
@@ -429,9 +432,9 @@ class Node:
 
     def on_death(self, address: str, listener: Callable[[DownBody], None]) -> None:
         """Call ``listener`` once when the actor at ``address`` is known dead."""
-        reason = self._dead.get(address)
-        if reason is not None:
-            listener(DownBody(address, "", reason))
+        down = self._dead.get(address)
+        if down is not None:
+            listener(down)
             return
         self._listeners.setdefault(address, []).append(listener)
 
@@ -469,10 +472,9 @@ class Node:
             return
         if header.kind is Kind.WATCH:
             watch = watch_decoder.decode(body)
-            reason = self._dead.get(watch.address)
-            if reason is not None:
-                down = DownBody(watch.address, "", reason)
-                self._notify(watch.subscriber, Kind.DOWN, _encode(down))
+            dead = self._dead.get(watch.address)
+            if dead is not None:
+                self._notify(watch.subscriber, Kind.DOWN, _encode(dead))
             else:
                 self._subscribers.setdefault(watch.address, set()).add(watch.subscriber)
         else:

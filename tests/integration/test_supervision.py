@@ -488,11 +488,6 @@ class TestDownReasons:
             assert down.exitcode == 1
             assert down.signal is None
 
-    @pytest.mark.xfail(
-        reason="runtime/_node.py remembers only the reason of a dead address: a watch made, "
-        "or a WATCH frame arriving at the owner, after the death gets no exitcode or signal",
-        strict=True,
-    )
     async def test_a_watch_made_after_the_death_still_gets_the_exit_status_and_signal(
         self,
     ) -> None:
