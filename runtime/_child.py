@@ -21,6 +21,7 @@ from ._errors import sole_error
 from ._spawn import SpawnSpec, read_spec, resolve_class
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import FrameType
 
 logger = logging.getLogger("tokenyard.child")
@@ -29,10 +30,19 @@ _PR_SET_PDEATHSIG = 1
 #: ipc socket files this process bound; removed by hand when it dies by a signal.
 _bound: list[str] = []
 _spec: SpawnSpec | None = None
+#: Pids of this process's own child actor processes, while they live.
+_children: Callable[[], list[int]] = list
 
 
 def _die_by_signal(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (an escalated stop, or the parent died): clean up our files and go."""
+    """SIGTERM (an escalated stop, or the parent died): clean up our files and go.
+
+    Our own children are killed outright: they would get only the parent-death SIGTERM,
+    which an actor that ignores SIGTERM would survive, outliving the whole tree.
+    """
+    for pid in _children():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     for path in _bound:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -82,7 +92,9 @@ async def _report_failure(system: object, spec: SpawnSpec, err: BaseException) -
 async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
     from ._system import ActorSystem
 
+    global _children
     system = ActorSystem._for_child(spec)
+    _children = system.child_pids
     async with system:
         _bound.extend(system.bound_paths())
         try:

@@ -492,6 +492,10 @@ class ActorSystem:
             return None
         raise ActorNotFoundError(f"no live actor named {name!r} under system {self.name!r}")
 
+    def child_pids(self) -> list[int]:
+        """The process ids of this system's live child actor processes."""
+        return [c.process.pid for c in self._children.live.values() if c.process is not None]
+
     def pid_of(self, ref: ActorRef[Any]) -> int | None:
         """The process id of a child of this system (None if it runs in-process or died)."""
         child = self._children.get(ref.address)

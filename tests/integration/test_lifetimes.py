@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -13,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runtime import ActorSystem
+from runtime import Actor, ActorSystem, Message, handler
 from runtime._children import TERM_GRACE
 
 from ._actors import Echo, Ping, Pong, Slow
@@ -86,6 +87,38 @@ class TestEscalation:
             assert down.reason == "killed by SIGKILL"
             # Stop request, 0.3 s, SIGTERM (ignored), the grace, SIGKILL: bounded.
             assert anyio.current_time() - started < 0.3 + TERM_GRACE + 5.0
+
+    async def test_a_grandchild_ignoring_sigterm_dies_with_its_terminated_parent(self) -> None:
+        async with ActorSystem() as system:
+            # The parent gets less time to stop than it gives its child: the root
+            # terminates it while it still waits for the grandchild.
+            parent = await system.spawn(StubbornParent, name="parent", shutdown_timeout=0.5)
+            grandchild: StubbornSpawned = await parent.ask(SpawnStubborn())
+        try:
+            assert wait_gone(grandchild.pid, 5.0), "the grandchild outlived the system"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild.pid, signal.SIGKILL)
+
+
+class SpawnStubborn(Message):
+    pass
+
+
+class StubbornSpawned(Message):
+    pid: int
+
+
+class StubbornParent(Actor):
+    """Spawns a busy child that ignores SIGTERM and has 30 s to stop."""
+
+    @handler
+    async def spawn_stubborn(self, msg: SpawnStubborn) -> StubbornSpawned:
+        ref = await self.system.spawn(IgnoresTerm, name="grandchild", shutdown_timeout=30.0)
+        await ref.tell(Slow(seconds=60.0))
+        pid = self.system.pid_of(ref)
+        assert pid is not None
+        return StubbornSpawned(pid=pid)
 
 
 class IgnoresTerm(Echo):
