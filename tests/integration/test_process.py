@@ -437,6 +437,17 @@ class TestProcesses:
             title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
             assert title == f"tokenyard::titled:{pid}"
 
+    async def test_an_actor_process_has_its_own_group_in_its_roots_session(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="grouped")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            # Its own process group: a terminal's Ctrl-C (sent to the foreground group)
+            # reaches the root only, which stops the tree in order.
+            assert os.getpgid(pid) == pid != os.getpgrp()
+            # The root's session: the same scheduling autogroup as the root.
+            assert os.getsid(pid) == os.getsid(0)
+
     async def test_the_ipc_directory_is_private_and_removed_at_exit(self) -> None:
         async with ActorSystem() as system:
             await system.spawn(Echo, name="echo")
