@@ -22,7 +22,8 @@ Variants, each in fresh processes (a driver and its peer, see ``benchmarks._peer
 * **tokenyard ask** against raw round trips with **pyzmq sync** and **zmq.asyncio** sockets
   (PUSH/PULL both ways like tokenyard, the same request and ``Ack`` bytes).
 
-Each variant runs ``rounds`` timed rounds after a warm-up; the reported value is the best
+Each variant runs ``rounds`` timed rounds after a warm-up (a tenth of a round for
+throughput, a whole round for round trips); the reported value is the best
 round (the highest throughput, the round with the lowest p50), because on a shared machine
 noise only ever makes a round slower. Every round is kept in the JSON.
 """
@@ -260,12 +261,15 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             progress.step(f"{variant.label} ({variant.payload})")
             if variant.kind == THROUGHPUT:
                 count = max(int(counts[variant.payload] * variant.share), 1)
+                warmup = max(count // 10, 100)
             else:
-                count = asks
+                # A round's worth: round trips of a process pair that has just started run
+                # slower for a tenth of a second or so on this VM, whatever the variant.
+                count = warmup = asks
             cmd = peer_command(
                 variant.driver,
                 "--dir", workdir, "--payload", variant.payload, "--count", str(count),
-                "--rounds", str(rounds), "--warmup", str(max(count // 10, 100)),
+                "--rounds", str(rounds), "--warmup", str(warmup),
                 *variant.extra,
             )  # fmt: skip
             measured = run_driver(cmd, timeout)
