@@ -104,9 +104,9 @@ class TestRegistration:
                 await gate.asked.wait()  # the worker registered; the member holds its route
                 worker = await h.system.lookup("tokenizer_worker:0")
                 await h.generate(worker, "early")
-                # sync-ok: asserting an absence. A served request answers in milliseconds;
-                # this one must not be answered, nor reach the scheduler, until the gate opens.
-                await anyio.sleep(0.5)
+                # A served request answers in milliseconds; this one must not be answered,
+                # nor reach the scheduler, until the gate opens.
+                await anyio.sleep(0.5)  # sync-ok: asserting an absence
                 assert h.events.log == []
                 scheduler = await h.system.lookup("scheduler")
                 stats = await scheduler.ask(GetSchedulerStats(), timeout=10)
