@@ -86,24 +86,54 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+CJK = "你好世界潮汐钟日本語の港한국어"
+EMOJI = ["🚢", "😀", "👍🏽", "🌊", "🎉", "❤️"]
+MIXED = [*"abcxyz ,.!?é", *CJK, *EMOJI]
+
+
+def _prompts() -> st.SearchStrategy[list[str]]:
+    """A CJK prompt, an emoji prompt and a few mixed ones, every example."""
+    cjk = st.text(st.sampled_from(list(CJK)), min_size=1, max_size=12)
+    emoji = st.lists(st.sampled_from(EMOJI), min_size=1, max_size=6).map("".join)
+    mixed = st.lists(
+        st.lists(st.sampled_from(MIXED), min_size=1, max_size=16).map("".join), max_size=3
+    )
+    return st.tuples(cjk, emoji, mixed).map(lambda t: [t[0], t[1], *t[2]])
+
+
 class TestStreamingProperty:
     @settings(
-        max_examples=12,
+        max_examples=4,
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )
-    @given(
-        prompt=st.text(
-            st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=20
-        )
-    )
-    async def test_joined_stream_pieces_equal_the_one_shot_decode(self, prompt: str) -> None:
-        if not TOKENIZER.encode(prompt, add_special_tokens=False).ids:
-            return
-        async with Pipeline(workers=1) as p:
-            pieces = [x async for x in p.stream(prompt, max_new_tokens=16)]
-            result = await p.generate(prompt, max_new_tokens=16)
-        assert "".join(pieces) == TOKENIZER.decode(result.output_ids)
+    @given(prompts=_prompts(), data=st.data())
+    async def test_joined_stream_pieces_equal_the_one_shot_decode_cut_at_the_stop(
+        self, prompts: list[str], data: st.DataObject
+    ) -> None:
+        async with Pipeline(workers=2) as p:
+            for prompt in prompts:
+                first = await p.generate(prompt, max_new_tokens=24)
+                full = TOKENIZER.decode(first.output_ids)
+                pieces = [x async for x in p.stream(prompt, max_new_tokens=24)]
+                assert "".join(pieces) == first.text == full
+                # A stop string taken from the (deterministic) output cuts the stream just
+                # before its first occurrence; the ids still decode to a text that begins
+                # with what was streamed.
+                starts = [i for i, ch in enumerate(full) if ch != "\ufffd"]
+                if not starts:
+                    continue
+                i = data.draw(st.sampled_from(starts), label="stop start")
+                j = data.draw(st.integers(i + 1, min(len(full), i + 3)), label="stop end")
+                stop = full[i:j]
+                if "\ufffd" in stop:
+                    continue
+                cut = full[: full.index(stop)]
+                pieces = [x async for x in p.stream(prompt, max_new_tokens=24, stop=[stop])]
+                stopped = await p.generate(prompt, max_new_tokens=24, stop=[stop])
+                assert "".join(pieces) == stopped.text == cut
+                assert stopped.finish_reason == "stop"
+                assert TOKENIZER.decode(stopped.output_ids).startswith(cut)
 
 
 class TestRegistrationAndControl:
