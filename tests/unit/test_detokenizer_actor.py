@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-import anyio
+from typing import TYPE_CHECKING, Any
 
 from actors._tokenizer import load_tokenizer
 from actors.detokenizer import Detokenizer
@@ -29,11 +27,12 @@ from actors.messages import (
 )
 from runtime import Actor, ActorRef, ActorSystem, handler
 
+from ._inbox import Inbox
+
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Sequence
+    from collections.abc import AsyncIterator, Sequence
 
 TOKENIZER = load_tokenizer()
-T = TypeVar("T")
 
 # Prompts whose tokens split multi-byte characters: CJK, combining marks, ZWJ emoji, flags.
 TEXTS = [
@@ -42,27 +41,6 @@ TEXTS = [
     "naïve café — e\u0301 🎉🚀 done",
     "한국어 문장 👋🏽 그리고 中文 混合",
 ]
-
-
-class Inbox(Generic[T]):
-    """What one fake actor received, and a way to wait until enough has arrived."""
-
-    def __init__(self) -> None:
-        self.items: list[T] = []
-        self._until: Callable[[list[T]], bool] = lambda _items: False
-        self._arrived = anyio.Event()
-
-    def put(self, item: T) -> None:
-        self.items.append(item)
-        if self._until(self.items):
-            self._arrived.set()
-
-    async def wait_until(self, until: Callable[[list[T]], bool]) -> list[T]:
-        if not until(self.items):
-            self._until, self._arrived = until, anyio.Event()
-            with anyio.fail_after(5):
-                await self._arrived.wait()
-        return self.items
 
 
 class FakeWorker(Actor):

@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import pytest
 
 from actors.messages import (
@@ -30,8 +29,10 @@ from actors.messages import (
 from actors.router import Router
 from runtime import Actor, ActorRef, ActorSystem, handler
 
+from ._inbox import Inbox
+
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator
 
 ControlReply = LoadReply | FlushReply | AbortNotice
 
@@ -46,31 +47,10 @@ in_loop_and_own_process = pytest.mark.parametrize(
 )
 
 
-class Inbox:
-    """What one worker received, and a way to wait until enough has arrived."""
-
-    def __init__(self) -> None:
-        self.items: list[ControlReply] = []
-        self._until: Callable[[list[ControlReply]], bool] = lambda _items: False
-        self._arrived = anyio.Event()
-
-    def put(self, item: ControlReply) -> None:
-        self.items.append(item)
-        if self._until(self.items):
-            self._arrived.set()
-
-    async def wait_until(self, until: Callable[[list[ControlReply]], bool]) -> list[ControlReply]:
-        if not until(self.items):
-            self._until, self._arrived = until, anyio.Event()
-            with anyio.fail_after(10):
-                await self._arrived.wait()
-        return self.items
-
-
 class RecordingWorker(Actor):
     """Stands for a tokenizer worker: records every control reply the router passes it."""
 
-    def __init__(self, inbox: Inbox) -> None:
+    def __init__(self, inbox: Inbox[ControlReply]) -> None:
         self.inbox = inbox
 
     @handler
@@ -103,12 +83,12 @@ def is_marker(item: ControlReply) -> bool:
 class Harness:
     system: ActorSystem
     router: ActorRef[Any]
-    inboxes: dict[str, Inbox] = field(default_factory=dict)
+    inboxes: dict[str, Inbox[ControlReply]] = field(default_factory=dict)
     workers: dict[str, ActorRef[Any]] = field(default_factory=dict)
 
     async def worker(self, name: str) -> ActorRef[Any]:
         """Start a recording worker whose inbox is ``self.inboxes[name]``."""
-        inbox = Inbox()
+        inbox = Inbox[ControlReply]()
         ref = await self.system.spawn(RecordingWorker, inbox, name=name, process=False)
         self.inboxes[name], self.workers[name] = inbox, ref
         return ref
