@@ -89,6 +89,10 @@ def current_node() -> Node:
     )
 
 
+def _succeeded(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[Any]
@@ -263,12 +267,7 @@ class Node:
         finally:
             for corr, _ in acks.values():
                 self.drop_request(corr)
-        return [
-            address
-            for address, (_, future) in acks.items()
-            if address not in self._dead
-            and not (future.done() and not future.cancelled() and future.exception() is None)
-        ]
+        return [a for a, (_, f) in acks.items() if not _succeeded(f) and a not in self._dead]
 
     async def ask_control(
         self, ref: ActorRef[Any], kind: Kind, timeout: float, body: Message | None = None
