@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from runtime._message import publish as _publish
 
+from ._errors import InvalidRequestError as InvalidRequestError
+from ._errors import PipelineBusyError as PipelineBusyError
 from ._errors import PipelineClosedError as PipelineClosedError
+from ._errors import RequestFailedError as RequestFailedError
+from ._errors import SlowReaderError as SlowReaderError
 from ._errors import WorkerDiedError as WorkerDiedError
 from .detokenizer import Detokenizer as Detokenizer
+from .messages import Member as Member
 from .pipeline import GenerateResult as GenerateResult
 from .pipeline import Pipeline as Pipeline
 from .pipeline import PipelineInbox as PipelineInbox
@@ -23,13 +28,18 @@ from .tokenizer_worker import TokenizerWorker as TokenizerWorker
 __all__ = (
     "Detokenizer",
     "GenerateResult",
+    "InvalidRequestError",
+    "Member",
     "Pipeline",
+    "PipelineBusyError",
     "PipelineClosedError",
     "PipelineConfig",
     "PipelineInbox",
     "PipelineSupervisor",
+    "RequestFailedError",
     "Router",
     "Scheduler",
+    "SlowReaderError",
     "TokenizerWorker",
     "WorkerDiedError",
 )

@@ -4,33 +4,49 @@ Every engine step the scheduler tells the detokenizer one `BatchTokenIDOutput` c
 running requests of all workers. The detokenizer advances each request's incremental
 detokenizer (`actors._detokenize`), builds ONE `BatchStrOutput` for the step, splits it by
 origin with the generic `runtime.Batch.group` and tells each worker its own sub-batch: one
-message per worker per step, whatever the number of requests (DESIGN §Per-rid dispatch).
+message per worker per step, whatever the number of requests (docs/design.md §The
+pipeline's data flow).
 
 Routes come from the pipeline supervisor as `RouteUpdate` asks; output for an origin with no
 route (unknown, or an incarnation that died) is dropped and counted, never queued.
+
+A worker whose mailbox is full never holds up the others: its sub-batches wait in a bounded
+backlog of their own, delivered in order as it takes them. A worker that takes nothing for
+``deliver_timeout`` seconds, or whose backlog fills, is reported stuck to the supervisor,
+which kills it: its requests are then resolved as a dead worker's are, and its waiting
+output is dropped.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime import Actor, ActorRef, TokenyardError, handler
+from runtime import Actor, ActorRef, MailboxFullError, TokenyardError, handler
+from runtime._throttle import Throttle
 
 from ._detokenize import DetokenizerStates, TooManyRequestsError
+from ._routes import Routes
 from ._tokenizer import load_tokenizer
 from .messages import (
     Abort,
     AbortAll,
     BatchStrOutput,
     BatchTokenIDOutput,
+    DetokenizerMessage,
     DetokenizerStats,
     GetDetokenizerStats,
+    MemberStuck,
     Origin,
+    PipelineSupervisorMessage,
     RouteAck,
     RouteUpdate,
+    SchedulerMessage,
     Topology,
 )
 
@@ -56,7 +72,15 @@ STOP = "stop"
 ABORT = "abort"
 
 
-class Detokenizer(Actor):
+@dataclass(eq=False)
+class _Backlog:
+    """Sub-batches waiting for one worker whose mailbox was full, oldest first."""
+
+    since: float
+    queue: deque[BatchStrOutput] = field(default_factory=deque)
+
+
+class Detokenizer(Actor[DetokenizerMessage]):
     """Turns each engine step's token ids into text and sends each worker its own part.
 
     Handles `RouteUpdate` (ask; answered with `RouteAck` once the route table changed),
@@ -87,9 +111,14 @@ class Detokenizer(Actor):
             detokenizer ended itself; ``None`` relies on the record alone. Replaced by
             each `Topology`.
         max_ended: How many requests ended here are remembered (oldest forgotten first).
+        supervisor: Told of a worker that takes no output (`MemberStuck`); ``None``: such
+            output is only dropped and counted.
+        deliver_timeout: Seconds a worker may take none of its waiting output before it is
+            reported stuck.
+        max_backlog: Most sub-batches waiting for one worker before it is reported stuck.
 
     Raises:
-        ValueError: ``max_states`` or ``max_ended`` is not positive.
+        ValueError: A bound is not positive.
     """
 
     def __init__(
@@ -97,13 +126,28 @@ class Detokenizer(Actor):
         *,
         tokenizer: str | None = None,
         max_states: int = 65536,
-        scheduler: ActorRef[Any] | None = None,
+        scheduler: ActorRef[SchedulerMessage] | None = None,
         max_ended: int = 65536,
+        supervisor: ActorRef[PipelineSupervisorMessage] | None = None,
+        deliver_timeout: float = 10.0,
+        max_backlog: int = 1024,
     ) -> None:
-        if max_states < 1:
-            raise ValueError(f"max_states must be at least 1, got {max_states}")
-        if max_ended < 1:
-            raise ValueError(f"max_ended must be at least 1, got {max_ended}")
+        for name, value in (
+            ("max_states", max_states),
+            ("max_ended", max_ended),
+            ("max_backlog", max_backlog),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if deliver_timeout <= 0:
+            raise ValueError(f"deliver_timeout must be positive, got {deliver_timeout}")
+        self._supervisor = supervisor
+        self._deliver_timeout = deliver_timeout
+        self._max_backlog = max_backlog
+        self._backlogs: dict[Origin, _Backlog] = {}
+        #: Workers reported stuck: their output is dropped until their route goes.
+        self._stuck: set[Origin] = set()
+        self._dropping = Throttle(logger)
         self._tokenizer_path = tokenizer
         self._max_states = max_states
         self._scheduler = scheduler
@@ -111,7 +155,7 @@ class Detokenizer(Actor):
         self._last_scheduler = scheduler
         self._max_ended = max_ended
         self._states: DetokenizerStates[Origin] | None = None
-        self._routes: dict[Origin, ActorRef[Any]] = {}
+        self._routes = Routes()
         # (origin, rid) of requests ended here whose last scheduler output has not arrived;
         # a dict keeps insertion order, so the oldest is evicted first.
         self._ended: dict[tuple[Origin, str], None] = {}
@@ -145,23 +189,17 @@ class Detokenizer(Actor):
     @handler
     def on_route_update(self, msg: RouteUpdate) -> RouteAck:
         """Add or drop a worker incarnation's route; reply once the table has changed."""
-        origin = msg.origin
-        if msg.ref is None:
-            self._drop_route(origin)
-        else:
-            older = [
-                o
-                for o in self._routes
-                if o.worker == origin.worker and o.incarnation < origin.incarnation
-            ]
-            for stale in older:
-                self._drop_route(stale)
-            self._routes[origin] = msg.ref
-        return RouteAck(origin=origin)
+        for gone in self._routes.update(msg.origin, msg.ref):
+            self._drop_states(gone)
+        return RouteAck(origin=msg.origin)
 
-    def _drop_route(self, origin: Origin) -> None:
-        self._routes.pop(origin, None)
+    def _drop_states(self, origin: Origin) -> None:
         dropped = self.states.drop_origin(origin)
+        self._stuck.discard(origin)
+        backlog = self._backlogs.pop(origin, None)
+        if backlog is not None:
+            self._undeliverable += len(backlog.queue)
+            backlog.queue.clear()
         if dropped:
             logger.info("dropped %d detokenizer states of %s", len(dropped), origin)
 
@@ -278,7 +316,7 @@ class Detokenizer(Actor):
         if len(ended) > self._max_ended:
             del ended[next(iter(ended))]
 
-    async def _abort(self, scheduler: ActorRef[Any], aborts: list[Abort]) -> None:
+    async def _abort(self, scheduler: ActorRef[SchedulerMessage], aborts: list[Abort]) -> None:
         for abort in aborts:
             try:
                 await scheduler.tell(abort)
@@ -288,13 +326,65 @@ class Detokenizer(Actor):
                 return
 
     async def _deliver(self, origin: Origin, sub: BatchStrOutput) -> None:
-        try:
-            await self._routes[origin].tell(sub)
-        except TokenyardError as err:
-            # A dead or stuck worker must not hold up the others; its supervisor drops the
-            # route and resolves its requests.
+        """Tell ``origin`` its sub-batch now, or queue it behind what already waits."""
+        ref = self._routes.get(origin)
+        if ref is None or origin in self._stuck:
             self._undeliverable += 1
-            logger.warning("output for %s dropped: %s", origin, err)
+            return
+        backlog = self._backlogs.get(origin)
+        if backlog is None:
+            try:
+                if ref.try_tell(sub):
+                    return
+            except TokenyardError as err:
+                # A dead worker: its supervisor drops the route and resolves its requests.
+                self._undeliverable += 1
+                self._dropping.warning("output for %s dropped: %s", origin, err)
+                return
+            backlog = self._backlogs[origin] = _Backlog(time.monotonic())
+            self.start_soon(self._drain, origin, ref, backlog)
+        if len(backlog.queue) >= self._max_backlog:
+            await self._report_stuck(
+                origin, f"its output backlog reached max_backlog={self._max_backlog}"
+            )
+            return
+        backlog.queue.append(sub)
+
+    async def _drain(
+        self, origin: Origin, ref: ActorRef[BatchStrOutput], backlog: _Backlog
+    ) -> None:
+        """Deliver ``origin``'s backlog in order as it takes it (a task per full worker)."""
+        try:
+            while backlog.queue:
+                await ref.tell(backlog.queue[0], timeout=self._deliver_timeout)
+                backlog.queue.popleft()
+        except MailboxFullError:
+            await self._report_stuck(
+                origin, f"it took none of its output for {self._deliver_timeout:g} s"
+            )
+        except TokenyardError as err:
+            self._dropping.warning("output for %s dropped: %s", origin, err)
+        finally:
+            if self._backlogs.get(origin) is backlog:
+                del self._backlogs[origin]
+            self._undeliverable += len(backlog.queue)
+            backlog.queue.clear()
+
+    async def _report_stuck(self, origin: Origin, why: str) -> None:
+        """Drop ``origin``'s waiting output and have its supervisor kill it."""
+        if origin in self._stuck:
+            return
+        self._stuck.add(origin)
+        backlog = self._backlogs.pop(origin, None)
+        if backlog is not None:
+            self._undeliverable += len(backlog.queue)
+            backlog.queue.clear()
+        logger.warning("worker %s is stuck: %s", origin, why)
+        if self._supervisor is not None:
+            try:
+                await self._supervisor.tell(MemberStuck(origin=origin, reason=why))
+            except TokenyardError as err:
+                logger.warning("could not report %s stuck: %s", origin, err)
 
     @handler
     def on_topology(self, msg: Topology) -> None:
@@ -329,4 +419,5 @@ class Detokenizer(Actor):
             stopped_by_string=self._stopped_by_string,
             rejected_over_cap=self._rejected_over_cap,
             undeliverable=self._undeliverable,
+            backlog=sum(len(b.queue) for b in self._backlogs.values()),
         )

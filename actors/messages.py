@@ -16,11 +16,23 @@ generic `runtime.Batch` splitter. Per-request field names follow SGLang 0.5.3's 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import enum
+from typing import ClassVar
 
 import msgspec
 
-from runtime import ActorRef, Batch, Message
+from runtime import ActorRef, Batch, Down, Message, Request, SupervisorMessage
+
+
+class Member(enum.Enum):
+    """A role in the pipeline: who served a request, who died, who is stuck."""
+
+    WORKER = "worker"
+    DETOKENIZER = "detokenizer"
+    SCHEDULER = "scheduler"
+    ROUTER = "router"
+    SUPERVISOR = "pipeline-supervisor"
+    INBOX = "pipeline-inbox"
 
 
 class Origin(msgspec.Struct, frozen=True, array_like=True):
@@ -75,7 +87,7 @@ class Generate(Message):
     """
 
     rid: str
-    reply_to: ActorRef[Any]
+    reply_to: ActorRef[RequestOutputs]
     text: str | None = None
     input_ids: list[int] | None = None
     sampling: SamplingParams = SamplingParams()
@@ -100,6 +112,8 @@ class RequestOutput(Message, array_like=True):
         completion_tokens: Tokens generated so far.
         finish_reason: ``None`` while running; ``"stop"``, ``"length"`` or ``"abort"`` at the end.
         error: Why the request failed, if it did.
+        lost_to: The member whose death or stall cost the request its output (the caller
+            may resubmit it if none had reached it yet); ``None`` for any other failure.
     """
 
     rid: str
@@ -110,6 +124,7 @@ class RequestOutput(Message, array_like=True):
     completion_tokens: int
     finish_reason: str | None = None
     error: str | None = None
+    lost_to: Member | None = None
 
 
 class RequestOutputs(Message, array_like=True):
@@ -145,9 +160,16 @@ class Abort(Message):
 
 
 class AbortAll(Message):
-    """Abort every request the scheduler holds (the detokenizer it streams to died)."""
+    """Abort every request the scheduler holds (the detokenizer it streams to died); each
+    is reported to its worker, which tells its caller.
+
+    Attributes:
+        reason: Why, for the callers.
+        lost_to: The member whose death caused it, if one did (its callers may resubmit).
+    """
 
     reason: str = "abort"
+    lost_to: Member | None = None
 
 
 # -- engine output batches ------------------------------------------------------------------
@@ -351,7 +373,7 @@ class FlushCache(Message):
     request_id: int
 
 
-class LoadReply(Message):
+class LoadReply(Request[None]):
     """The scheduler's load, for the worker that asked."""
 
     origin: Origin
@@ -361,7 +383,7 @@ class LoadReply(Message):
     step: int
 
 
-class FlushReply(Message):
+class FlushReply(Request[None]):
     """Whether the flush happened, for the worker that asked."""
 
     origin: Origin
@@ -369,23 +391,25 @@ class FlushReply(Message):
     success: bool
 
 
-class AbortNotice(Message):
-    """The scheduler aborted a request on its own; the router passes it to its worker."""
+class AbortNotice(Request[None]):
+    """The scheduler aborted or dropped requests of one worker on its own (refused on
+    arrival, or dropped by an ``AbortAll``); the router passes it to that worker, which fails
+    them to their callers.
+
+    Attributes:
+        origin: The worker incarnation the requests belong to.
+        rids: The requests.
+        reason: Why.
+        lost_to: The member whose death caused it, if one did (callers may resubmit).
+    """
 
     origin: Origin
-    rid: str
+    rids: list[str]
     reason: str
+    lost_to: Member | None = None
 
 
 # -- registration and routes ----------------------------------------------------------------
-
-
-class RegisterWorker(Message):
-    """A starting worker asks to be routed to; acknowledged once every router holds it."""
-
-    worker_id: int
-    incarnation: int
-    address: ActorRef[Any]
 
 
 class Registered(Message):
@@ -395,11 +419,12 @@ class Registered(Message):
     incarnation: int
 
 
-class RouteUpdate(Message):
-    """Add (``ref`` set) or drop (``ref`` None) the route of one worker incarnation."""
+class RegisterWorker(Request[Registered]):
+    """A starting worker asks to be routed to; acknowledged once every router holds it."""
 
-    origin: Origin
-    ref: ActorRef[Any] | None
+    worker_id: int
+    incarnation: int
+    address: ActorRef[WorkerMessage]
 
 
 class RouteAck(Message):
@@ -408,17 +433,22 @@ class RouteAck(Message):
     origin: Origin
 
 
+class RouteUpdate(Request[RouteAck]):
+    """Add (``ref`` set) or drop (``ref`` None) the route of one worker incarnation."""
+
+    origin: Origin
+    ref: ActorRef[WorkerMessage] | None
+
+
 class WorkerDown(Message):
-    """Told to callers: a pipeline member died; requests on it must be resolved.
+    """Told to callers: a worker incarnation died; the requests it held must be resolved.
 
     Attributes:
-        member: ``"worker"``, ``"detokenizer"``, ``"scheduler"`` or ``"router"``.
-        origin: The dead worker incarnation (workers only).
+        origin: The dead worker incarnation.
         reason: The death's reason.
     """
 
-    member: str
-    origin: Origin | None
+    origin: Origin
     reason: str
 
 
@@ -426,30 +456,38 @@ class WorkerUp(Message):
     """Told to callers: a worker incarnation is registered and serves."""
 
     worker_id: int
-    ref: ActorRef[Any]
+    ref: ActorRef[WorkerMessage]
+
+
+class MemberStuck(Message):
+    """Told to the supervisor: a worker incarnation has not taken its output for too long;
+    it is killed, so that stuck ends as dead does (its requests resolved, it restarted)."""
+
+    origin: Origin
+    reason: str
 
 
 class Topology(Message):
     """Told by the supervisor to every member: the live refs of the shared members (None
     while one restarts). Members address each other only through the latest topology."""
 
-    scheduler: ActorRef[Any] | None
-    detokenizer: ActorRef[Any] | None
-    router: ActorRef[Any] | None
+    scheduler: ActorRef[SchedulerMessage] | None
+    detokenizer: ActorRef[DetokenizerMessage] | None
+    router: ActorRef[RouterMessage] | None
 
 
 class CheckLoad(Message):
     """Ask a worker to ask the scheduler for its load; the ``LoadReply`` comes back to this
     worker through the router and is passed on to ``reply_to``."""
 
-    reply_to: ActorRef[Any]
+    reply_to: ActorRef[LoadReply]
 
 
 class CheckFlush(Message):
     """Ask a worker to ask the scheduler to flush its cache; the ``FlushReply`` comes back to
     this worker through the router and is passed on to ``reply_to``."""
 
-    reply_to: ActorRef[Any]
+    reply_to: ActorRef[FlushReply]
 
 
 class RouterStats(Message):
@@ -460,15 +498,11 @@ class RouterStats(Message):
     routes: int
 
 
-class GetRouterStats(Message):
+class GetRouterStats(Request[RouterStats]):
     """Ask a router for its counters."""
 
 
 # -- detokenizer statistics -----------------------------------------------------------------
-
-
-class GetDetokenizerStats(Message):
-    """Ask the detokenizer for its counters; the reply is a `DetokenizerStats`."""
 
 
 class DetokenizerStats(Message):
@@ -484,6 +518,7 @@ class DetokenizerStats(Message):
         rejected_over_cap: Requests aborted because the cap on live states was reached.
         undeliverable: Sub-batches that could not be told to their worker (it died, or
             its mailbox stayed full).
+        backlog: Sub-batches waiting right now for a worker whose mailbox is full.
     """
 
     batches: int
@@ -493,13 +528,14 @@ class DetokenizerStats(Message):
     stopped_by_string: int
     rejected_over_cap: int
     undeliverable: int = 0
+    backlog: int = 0
+
+
+class GetDetokenizerStats(Request[DetokenizerStats]):
+    """Ask the detokenizer for its counters; the reply is a `DetokenizerStats`."""
 
 
 # -- scheduler statistics -------------------------------------------------------------------
-
-
-class GetSchedulerStats(Message):
-    """Ask the scheduler for its counters; the reply is a `SchedulerStats`."""
 
 
 class SchedulerStats(Message):
@@ -534,11 +570,11 @@ class SchedulerStats(Message):
     generated_tokens: int = 0
 
 
+class GetSchedulerStats(Request[SchedulerStats]):
+    """Ask the scheduler for its counters; the reply is a `SchedulerStats`."""
+
+
 # -- tokenizer worker statistics ------------------------------------------------------------
-
-
-class GetWorkerStats(Message):
-    """Ask a tokenizer worker for its counters; the reply is a `WorkerStats`."""
 
 
 class WorkerStats(Message):
@@ -565,3 +601,41 @@ class WorkerStats(Message):
     released: int = 0
     requests: int = 0
     control_pending: int = 0
+
+
+class GetWorkerStats(Request[WorkerStats]):
+    """Ask a tokenizer worker for its counters; the reply is a `WorkerStats`."""
+
+
+# -- what each member accepts ---------------------------------------------------------------
+
+CallerMessage = RequestOutputs | WorkerUp | WorkerDown | Down
+"""What a caller's inbox accepts."""
+
+WorkerMessage = (
+    Generate
+    | AbortRequest
+    | BatchStrOutput
+    | AbortNotice
+    | CheckLoad
+    | CheckFlush
+    | LoadReply
+    | FlushReply
+    | Topology
+    | GetWorkerStats
+)
+"""What a tokenizer worker accepts."""
+
+SchedulerMessage = (
+    TokenizedGenerate | Abort | AbortAll | Topology | GetLoad | FlushCache | GetSchedulerStats
+)
+"""What the scheduler accepts."""
+
+DetokenizerMessage = BatchTokenIDOutput | RouteUpdate | Topology | AbortAll | GetDetokenizerStats
+"""What a detokenizer accepts."""
+
+RouterMessage = RouteUpdate | LoadReply | FlushReply | AbortNotice | GetRouterStats
+"""What the router accepts."""
+
+PipelineSupervisorMessage = SupervisorMessage | RegisterWorker | MemberStuck
+"""What the pipeline supervisor accepts."""

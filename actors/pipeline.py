@@ -13,6 +13,7 @@ told apart and dropped, and the abandoned attempt is let go at the worker still 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -25,17 +26,35 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from runtime import Actor, ActorRef, ActorSystem, Down, TokenyardError, handler
+from runtime import (
+    Actor,
+    ActorDeadError,
+    ActorRef,
+    ActorSystem,
+    Down,
+    TokenyardError,
+    handler,
+)
 
-from ._errors import PipelineClosedError, WorkerDiedError
+from ._errors import (
+    InvalidRequestError,
+    PipelineBusyError,
+    PipelineClosedError,
+    RequestFailedError,
+    SlowReaderError,
+    WorkerDiedError,
+)
 from .messages import (
     AbortRequest,
+    CallerMessage,
     Generate,
+    Member,
     Origin,
     RequestOutput,
     RequestOutputs,
     SamplingParams,
     WorkerDown,
+    WorkerMessage,
     WorkerUp,
 )
 from .pipeline_supervisor import PipelineConfig, PipelineSupervisor, worker_name
@@ -48,6 +67,8 @@ logger = logging.getLogger("tokenyard.pipeline")
 
 #: How many times one request may be resubmitted after losing its worker before output.
 MAX_RESUBMITS = 3
+#: Seconds a request waits for a worker to take it before it fails with PipelineBusyError.
+SUBMIT_TIMEOUT = 30.0
 
 
 class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +95,21 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     resubmitted: int = 0
 
 
+class _Signal:
+    """Wakes every task waiting for "something changed" (a condition without a lock: the
+    waiters and the notifiers share one event loop)."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
 @dataclass(eq=False)
 class _Request:
     rid: str
@@ -84,62 +120,90 @@ class _Request:
     origin: Origin | None = None
     got_output: bool = False
     resubmits: int = 0
-    pieces: list[str] = field(default_factory=list)
+    #: Text not yet read: every piece of a stream, the whole text of a generate.
+    pieces: collections.deque[str] = field(default_factory=collections.deque)
+    unread: int = 0
+    #: All ids of a generate (a stream's go to its reader only as text).
     ids: list[int] = field(default_factory=list)
     last: RequestOutput | None = None
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
-    changed: anyio.Event = field(default_factory=anyio.Event)
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
+    changed: _Signal = field(default_factory=_Signal)
 
 
 class _CallerState:
     """Requests in flight and live workers, shared by the Pipeline and its inbox actor (both
     run in the caller's event loop, so no lock is needed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
         #: By the rid of their current attempt.
         self.requests: dict[str, _Request] = {}
-        self.workers: dict[int, ActorRef[Any]] = {}
-        self.workers_changed = anyio.Event()
+        self.workers: dict[int, ActorRef[WorkerMessage]] = {}
+        self.workers_changed = _Signal()
         self._rr = itertools.count()
-        self.inbox: ActorRef[Any] | None = None
+        self.inbox: ActorRef[CallerMessage] | None = None
         self.closed = False
         self.resubmitted = 0
         self.failed = 0
 
-    def workers_notify(self) -> None:
-        self.workers_changed.set()
-        self.workers_changed = anyio.Event()
+    async def submit(self, req: _Request, wait: float = SUBMIT_TIMEOUT) -> None:
+        """Send a request to a live worker (round robin), skipping a worker whose mailbox
+        is full and waiting for one if none is up.
 
-    async def submit(self, req: _Request, wait: float = 30.0) -> None:
-        """Send a request to a live worker (round robin), waiting for one if none is up."""
-        assert self.inbox is not None
-        with anyio.fail_after(wait):
-            while True:
-                if self.closed:
-                    raise PipelineClosedError("the pipeline is closed")
-                live = sorted(self.workers)
-                if not live:
-                    await self.workers_changed.wait()
-                    continue
-                k = live[next(self._rr) % len(live)]
-                ref = self.workers[k]
-                try:
-                    await ref.tell(req.request)
-                    req.origin = Origin(k, ref.incarnation)
-                    return
-                except TokenyardError:
-                    # Dead but not yet reported down: forget it and try another.
-                    if self.workers.get(k) == ref:
-                        del self.workers[k]
+        Raises:
+            PipelineBusyError: No worker took it within ``wait`` seconds.
+            PipelineClosedError: The pipeline closed meanwhile.
+        """
+        try:
+            with anyio.fail_after(wait):
+                while True:
+                    if self.closed:
+                        raise PipelineClosedError("the pipeline is closed")
+                    live = sorted(self.workers)
+                    if not live:
+                        await self.workers_changed.wait()
+                        continue
+                    start = next(self._rr)
+                    for i in range(len(live)):
+                        k = live[(start + i) % len(live)]
+                        if self._offer(req, k, self.workers[k]):
+                            return
+                    # Every live worker is full: wait for room at one of them.
+                    k = live[start % len(live)]
+                    ref = self.workers.get(k)
+                    if ref is not None:
+                        with contextlib.suppress(TokenyardError):
+                            await ref.tell(req.request, timeout=1.0)
+                            req.origin = Origin(k, ref.incarnation)
+                            return
+        except TimeoutError as err:
+            raise PipelineBusyError(
+                f"no worker took request {req.rid!r} within {wait:g} s: every worker's "
+                "mailbox stayed full (the pipeline is overloaded)"
+            ) from err
 
-    def resolve(self, req: _Request, member: str, reason: str) -> bool:
-        """Decide a request's fate after ``member`` died; True when it must be resubmitted
-        (under a new attempt rid, already in ``requests``)."""
+    def _offer(self, req: _Request, k: int, ref: ActorRef[WorkerMessage]) -> bool:
+        try:
+            if ref.try_tell(req.request):
+                req.origin = Origin(k, ref.incarnation)
+                return True
+        except ActorDeadError:
+            # Dead but not yet reported down: forget it (its WorkerUp brings it back).
+            if self.workers.get(k) == ref:
+                del self.workers[k]
+        return False
+
+    def fail(self, req: _Request, error: BaseException) -> None:
+        """End ``req`` with ``error``."""
+        self.requests.pop(req.request.rid, None)
+        req.error = error
+        req.done.set()
+        req.changed.notify()
+
+    def resolve(self, req: _Request, member: Member, reason: str) -> bool:
+        """Decide a request's fate after it was lost to ``member``; True when it must be
+        resubmitted (under a new attempt rid, already in ``requests``)."""
         self.requests.pop(req.request.rid, None)
         req.origin = None
         if not req.got_output and req.resubmits < MAX_RESUBMITS:
@@ -150,13 +214,29 @@ class _CallerState:
             self.requests[attempt] = req
             return True
         self.failed += 1
-        req.error = WorkerDiedError(req.rid, member, reason)
-        req.done.set()
-        req.notify()
+        self.fail(req, WorkerDiedError(req.rid, member, reason))
         return False
 
+    def release(self, req: _Request) -> None:
+        """Let the request's current attempt go at the worker holding it (if it lives)."""
+        self.requests.pop(req.request.rid, None)
+        origin, req.origin = req.origin, None
+        ref = self.workers.get(origin.worker) if origin is not None else None
+        if origin is not None and ref is not None and ref.incarnation == origin.incarnation:
+            with contextlib.suppress(TokenyardError):  # dead or full: its own end frees it
+                ref.try_tell(AbortRequest(rid=req.request.rid))
 
-class PipelineInbox(Actor):
+    def close(self, error: BaseException) -> None:
+        """Nothing will be served any more: every waiting request fails now."""
+        self.closed = True
+        for req in list(self.requests.values()):
+            self.fail(req, error)
+        self.requests.clear()
+        self.workers.clear()
+        self.workers_changed.notify()
+
+
+class PipelineInbox(Actor[CallerMessage]):
     """The caller's inbox (in the caller's process): outputs, worker ups and downs."""
 
     def __init__(self, state: _CallerState) -> None:
@@ -165,91 +245,78 @@ class PipelineInbox(Actor):
     @handler
     def outputs(self, msg: RequestOutputs) -> None:
         """Hand each output to the request waiting for it."""
-        requests = self.state.requests
+        state = self.state
+        requests = state.requests
+        limit = state.config.max_stream_buffer
         for out in msg.outputs:
             req = requests.get(out.rid)
             if req is None:
                 continue  # cancelled, or already failed over
-            if out.error is not None and not req.got_output and out.finish_reason == "abort":
-                req.error = TokenyardError(f"request {out.rid!r} failed: {out.error}")
+            if out.error is not None and out.finish_reason == "abort":
+                self._failed(req, out)
+                continue
             req.got_output = True
-            req.pieces.append(out.text)
-            req.ids.extend(out.output_ids)
+            if out.text:
+                req.pieces.append(out.text)
+                req.unread += len(out.text)
+            if not req.stream:
+                req.ids.extend(out.output_ids)
             req.last = out
             if out.finish_reason is not None:
                 req.done.set()
                 del requests[out.rid]
-            req.notify()
+            elif req.stream and req.unread > limit:
+                state.release(req)
+                state.fail(
+                    req,
+                    SlowReaderError(
+                        f"request {req.rid!r}: its reader fell {req.unread} bytes behind, "
+                        f"past max_stream_buffer={limit}; the request was aborted"
+                    ),
+                )
+            req.changed.notify()
+
+    def _failed(self, req: _Request, out: RequestOutput) -> None:
+        state = self.state
+        reason = out.error or "aborted"
+        if out.lost_to is None:
+            state.fail(req, RequestFailedError(req.rid, reason))
+        elif state.resolve(req, out.lost_to, reason):
+            self.start_soon(self._resubmit, req)
 
     @handler
     def worker_up(self, msg: WorkerUp) -> None:
         """A worker serves: new requests may go to it."""
         self.state.workers[msg.worker_id] = msg.ref
-        self.state.workers_notify()
+        self.state.workers_changed.notify()
 
     @handler
-    async def worker_down(self, msg: WorkerDown) -> None:
-        """A member died: resubmit or fail every request that depended on it.
-
-        A worker's death concerns the requests it held. The detokenizer's or the
-        scheduler's concerns every request a worker holds (told once the successor is up):
-        those workers live on, so each is first told to let its attempt go, which frees its
-        table and stops what a live scheduler may still generate for it.
-        """
+    def worker_down(self, msg: WorkerDown) -> None:
+        """A worker died: resubmit or fail every request it held."""
         state = self.state
         origin = msg.origin
-        if origin is not None:
-            current = state.workers.get(origin.worker)
-            if current is not None and current.incarnation == origin.incarnation:
-                del state.workers[origin.worker]
-        hit = [
-            req
-            for req in state.requests.values()
-            if req.origin is not None and (origin is None or req.origin == origin)
-        ]
-        if origin is None:
-            await self._release(hit)
-        reason = msg.reason
-        if origin is not None:
-            reason = f"{worker_name(origin.worker)} (incarnation {origin.incarnation}) {reason}"
+        current = state.workers.get(origin.worker)
+        if current is not None and current.incarnation == origin.incarnation:
+            del state.workers[origin.worker]
+        hit = [req for req in state.requests.values() if req.origin == origin]
+        reason = f"{worker_name(origin.worker)} (incarnation {origin.incarnation}) {msg.reason}"
         for req in hit:
-            if state.requests.get(req.request.rid) is not req:
-                continue  # finished or abandoned meanwhile
-            if state.resolve(req, msg.member, reason):
+            if state.resolve(req, Member.WORKER, reason):
                 self.start_soon(self._resubmit, req)
-
-    async def _release(self, reqs: list[_Request]) -> None:
-        """Tell each request's worker to let its current attempt go."""
-        workers = self.state.workers
-        for req in reqs:
-            origin = req.origin
-            ref = workers.get(origin.worker) if origin is not None else None
-            if origin is not None and ref is not None and ref.incarnation == origin.incarnation:
-                with contextlib.suppress(TokenyardError):  # dead too: its own Down follows
-                    await ref.tell(AbortRequest(rid=req.request.rid))
 
     @handler
     def supervisor_down(self, msg: Down) -> None:
         """The pipeline supervisor failed (restart intensity exceeded): nothing will be
         served any more, so every waiting request fails now rather than hang."""
-        state = self.state
-        state.closed = True
-        for req in list(state.requests.values()):
-            req.error = WorkerDiedError(req.rid, "pipeline-supervisor", msg.reason)
-            req.done.set()
-            req.notify()
-        state.requests.clear()
-        state.workers.clear()
-        state.workers_notify()
+        self.state.close(WorkerDiedError("*", Member.SUPERVISOR, msg.reason))
 
     async def _resubmit(self, req: _Request) -> None:
         try:
             await self.state.submit(req)
-        except (TokenyardError, TimeoutError) as err:
-            req.error = WorkerDiedError(req.rid, "worker", f"no worker to resubmit to: {err}")
-            req.done.set()
-            req.notify()
-            self.state.requests.pop(req.request.rid, None)
+        except TokenyardError as err:
+            self.state.fail(
+                req, WorkerDiedError(req.rid, Member.WORKER, f"no worker to resubmit to: {err}")
+            )
 
 
 class Pipeline:
@@ -262,7 +329,7 @@ class Pipeline:
         step_time: Seconds per step of the stand-in engine.
         max_batch_size: Most requests the engine runs at once.
         ready_timeout: Seconds to wait for every worker to register.
-        **config: Other ``PipelineConfig`` fields.
+        **config: Other ``PipelineConfig`` fields (limits, timeouts, ...).
 
     Example:
         >>> async with Pipeline(workers=4) as p:
@@ -281,8 +348,6 @@ class Pipeline:
         ready_timeout: float = 60.0,
         **config: Any,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers={workers}: a pipeline needs at least one worker")
         self.config = PipelineConfig(
             workers=workers,
             tokenizer=None if tokenizer is None else os.fspath(tokenizer),
@@ -292,16 +357,22 @@ class Pipeline:
         )
         self.ready_timeout = ready_timeout
         self.system = ActorSystem(name="pipeline")
-        self._state = _CallerState()
+        self._state = _CallerState(self.config)
         self._supervisor: ActorRef[Any] | None = None
 
     async def __aenter__(self) -> Pipeline:
         await self.system.__aenter__()
+        state = self._state
         try:
             inbox = await self.system.spawn(
-                PipelineInbox, self._state, name="pipeline-inbox", process=False
+                PipelineInbox, state, name="pipeline-inbox", process=False
             )
-            self._state.inbox = inbox
+            state.inbox = inbox
+            # The inbox and the supervisor run in this loop: if either dies anyway, every
+            # request fails at once instead of waiting for what will never come.
+            self.system.watch(inbox).on_down(
+                lambda down: state.close(WorkerDiedError("*", Member.INBOX, down.reason))
+            )
             self._supervisor = await self.system.spawn(
                 PipelineSupervisor,
                 self.config,
@@ -312,8 +383,8 @@ class Pipeline:
             )
             self.system.watch(self._supervisor, notify=inbox)
             with anyio.fail_after(self.ready_timeout):
-                while len(self._state.workers) < self.config.workers:
-                    await self._state.workers_changed.wait()
+                while len(state.workers) < self.config.workers:
+                    await state.workers_changed.wait()
         except BaseException as err:
             await self.system.__aexit__(type(err), err, err.__traceback__)
             raise
@@ -325,13 +396,7 @@ class Pipeline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        state = self._state
-        state.closed = True
-        for req in state.requests.values():
-            req.error = PipelineClosedError("the pipeline closed before the request finished")
-            req.done.set()
-            req.notify()
-        state.requests.clear()
+        self._state.close(PipelineClosedError("the pipeline closed before the request finished"))
         await self.system.__aexit__(exc_type, exc, tb)
 
     # -- requests -------------------------------------------------------------------------
@@ -340,6 +405,14 @@ class Pipeline:
         state = self._state
         if state.closed or state.inbox is None:
             raise PipelineClosedError("the pipeline is not open: use `async with Pipeline()`")
+        limits = self.config.limits
+        refusal = limits.refusal(
+            text if isinstance(text, str) else None,
+            None if isinstance(text, str) else text,
+            sampling.max_new_tokens,
+        )
+        if refusal is not None:
+            raise InvalidRequestError(refusal)
         rid = uuid.uuid4().hex
         if isinstance(text, str):
             msg = Generate(
@@ -368,9 +441,12 @@ class Pipeline:
         """Generate a completion of ``text`` (or of a list of token ids).
 
         Raises:
+            InvalidRequestError: The request breaks a limit (``max_new_tokens``, the prompt's
+                size); nothing was sent.
             WorkerDiedError: Its worker died after output had reached this caller.
+            RequestFailedError: The pipeline refused it (e.g. an empty prompt).
+            PipelineBusyError: No worker took it in time.
             PipelineClosedError: The pipeline closed meanwhile.
-            TokenyardError: The request was refused (e.g. an empty prompt).
         """
         params = SamplingParams(max_new_tokens=max_new_tokens, stop=tuple(stop), **sampling)
         req = self._new(text, False, params)
@@ -378,7 +454,7 @@ class Pipeline:
             await self._state.submit(req)
             await req.done.wait()
         except BaseException:
-            await self._abandon(req)
+            self._state.release(req)
             raise
         if req.error is not None:
             raise req.error
@@ -406,20 +482,24 @@ class Pipeline:
     ) -> AsyncGenerator[str, None]:
         """Yield the text of a completion piece by piece as it is decoded.
 
+        Output the reader has not taken yet is held up to ``max_stream_buffer`` bytes; a
+        reader further behind gets `SlowReaderError` after the pieces held, and the engine
+        stops generating for it.
+
         Raises:
+            InvalidRequestError: The request breaks a limit; nothing was sent.
             WorkerDiedError: Its worker died after pieces had been yielded.
+            SlowReaderError: The reader fell too far behind.
         """
         params = SamplingParams(max_new_tokens=max_new_tokens, stop=tuple(stop), **sampling)
         req = self._new(text, True, params)
-        sent = 0
         try:
             await self._state.submit(req)
             while True:
-                while sent < len(req.pieces):
-                    piece = req.pieces[sent]
-                    sent += 1
-                    if piece:
-                        yield piece
+                while req.pieces:
+                    piece = req.pieces.popleft()
+                    req.unread -= len(piece)
+                    yield piece
                 if req.error is not None:
                     raise req.error
                 if req.done.is_set():
@@ -427,18 +507,7 @@ class Pipeline:
                 await req.changed.wait()
         finally:
             if not req.done.is_set():
-                await self._abandon(req)
-
-    async def _abandon(self, req: _Request) -> None:
-        """The caller gave up (cancelled, or stopped iterating): abort it at its worker."""
-        state = self._state
-        state.requests.pop(req.request.rid, None)
-        origin = req.origin
-        ref = state.workers.get(origin.worker) if origin is not None else None
-        if origin is not None and ref is not None and ref.incarnation == origin.incarnation:
-            with anyio.CancelScope(shield=True):
-                with contextlib.suppress(TokenyardError):
-                    await ref.tell(AbortRequest(rid=req.request.rid))
+                self._state.release(req)
 
     # -- operations -----------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The pipeline's supervisor: starts every member, keeps the registry, publishes routes,
-restarts the dead and makes sure no request waits on a dead member."""
+restarts the dead, kills the stuck, and makes sure no request waits on a dead member."""
 
 from __future__ import annotations
 
@@ -8,27 +8,44 @@ from typing import Any
 
 import msgspec
 
-from runtime import ActorDeadError, ActorRef, ChildSpec, Down, Supervisor, TokenyardError, handler
+from runtime import (
+    ActorDeadError,
+    ActorRef,
+    ChildSpec,
+    Down,
+    Supervisor,
+    TokenyardError,
+    handler,
+)
 
 from .detokenizer import Detokenizer
 from .messages import (
     Abort,
     AbortAll,
+    CallerMessage,
+    Member,
+    MemberStuck,
     Origin,
     Registered,
     RegisterWorker,
     RouteUpdate,
     Topology,
     WorkerDown,
+    WorkerMessage,
     WorkerUp,
 )
 from .router import Router
 from .scheduler import Scheduler
-from .tokenizer_worker import TokenizerWorker
+from .tokenizer_worker import Limits, TokenizerWorker
 
 logger = logging.getLogger("tokenyard.pipeline")
 
-SHARED = ("detokenizer", "router", "scheduler")
+#: The members every worker talks to, by the name their child spec has.
+SHARED = {
+    Member.DETOKENIZER.value: Member.DETOKENIZER,
+    Member.ROUTER.value: Member.ROUTER,
+    Member.SCHEDULER.value: Member.SCHEDULER,
+}
 
 
 def worker_name(k: int) -> str:
@@ -51,6 +68,14 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             before the worker would give up on its own.
         max_restarts: Restart intensity: restarts allowed within ``period``.
         period: Restart intensity window, in seconds.
+        stall_timeout: Seconds a member's process may leave liveness probes unanswered
+            (stopped, or its loop blocked) before it is killed and restarted.
+        deliver_timeout: Seconds a worker may take none of its output before it is killed.
+        max_prompt_bytes: Most UTF-8 bytes of a prompt, checked before tokenizing.
+        max_prompt_tokens: Most tokens of a prompt.
+        max_new_tokens: Upper bound of a request's ``max_new_tokens``.
+        max_stream_buffer: Most bytes of a stream's output the caller holds unread; past
+            it the request is aborted (``SlowReaderError``).
     """
 
     workers: int = 4
@@ -61,9 +86,34 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     register_timeout: float = 10.0
     max_restarts: int = 20
     period: float = 30.0
+    stall_timeout: float = 10.0
+    deliver_timeout: float = 10.0
+    max_prompt_bytes: int = 1 << 20
+    max_prompt_tokens: int = 32_768
+    max_new_tokens: int = 32_768
+    max_stream_buffer: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers}: a pipeline needs at least one worker")
+        for name in (
+            "stall_timeout",
+            "deliver_timeout",
+            "max_prompt_bytes",
+            "max_prompt_tokens",
+            "max_new_tokens",
+            "max_stream_buffer",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")
+
+    @property
+    def limits(self) -> Limits:
+        """What one request may ask for."""
+        return Limits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
 
 
-class PipelineSupervisor(Supervisor):
+class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
     """Starts detokenizer, router, scheduler and N workers; one-for-one restarts.
 
     Registration: a worker asks ``RegisterWorker``; the route goes to the detokenizer and the
@@ -78,81 +128,92 @@ class PipelineSupervisor(Supervisor):
     routes stay as they are.
 
     Deaths: a worker's route is dropped, its requests are aborted at the scheduler and its
-    callers are told (``WorkerDown``) so they resubmit or fail each request; the death of the
-    detokenizer or the scheduler is told to the callers the same way.
+    callers are told (``WorkerDown``) so they resubmit or fail each request. The
+    detokenizer's death makes the scheduler drop and report everything it held (each
+    worker fails its requests to their callers, who resubmit those that had no output); the
+    scheduler's makes each worker do the same for the requests it had forwarded, once the
+    ``Topology`` without it arrives. A member stalled past ``stall_timeout``, or a worker
+    that takes no output for ``deliver_timeout`` (``MemberStuck``), is killed: stuck ends
+    as dead does.
 
     Args:
         config: The pipeline's shape.
         client: The caller inbox told of ``WorkerUp`` / ``WorkerDown``.
     """
 
-    def __init__(self, config: PipelineConfig, client: ActorRef[Any]) -> None:
+    def __init__(self, config: PipelineConfig, client: ActorRef[CallerMessage]) -> None:
+        #: Each worker's index, by the name of its child spec (kept, never parsed).
+        self.worker_ids = {worker_name(k): k for k in range(config.workers)}
+        stall = config.stall_timeout
         specs = [
-            ChildSpec(Detokenizer, name="detokenizer"),
-            ChildSpec(Router, name="router"),
-            ChildSpec(Scheduler, name="scheduler"),
-            *(ChildSpec(TokenizerWorker, name=worker_name(k)) for k in range(config.workers)),
+            ChildSpec(Detokenizer, name=Member.DETOKENIZER.value, stall_timeout=stall),
+            ChildSpec(Router, name=Member.ROUTER.value, stall_timeout=stall),
+            ChildSpec(Scheduler, name=Member.SCHEDULER.value, stall_timeout=stall),
+            *(ChildSpec(TokenizerWorker, name=n, stall_timeout=stall) for n in self.worker_ids),
         ]
         super().__init__(specs, max_restarts=config.max_restarts, period=config.period)
         self.config = config
         self.client = client
-        self.routes: dict[Origin, ActorRef[Any]] = {}
+        self.routes: dict[Origin, ActorRef[WorkerMessage]] = {}
         self.duplicate_registrations = 0
         self.failed_registrations = 0
-        #: Shared members that died, told to the callers once their successor is up (so a
-        #: resubmitted request never reaches a pipeline still missing them).
-        self.pending_downs: dict[str, str] = {}
+        self.killed_stuck = 0
 
     # -- starting -------------------------------------------------------------------------
 
     def spec_for(self, spec: ChildSpec) -> ChildSpec:
         """Fill in what each member needs: the tokenizer, its siblings, this supervisor."""
         cfg = self.config
-        if spec.name == "detokenizer":
-            kwargs: dict[str, Any] = {"tokenizer": cfg.tokenizer, "max_states": cfg.max_states}
-        elif spec.name == "router":
+        member = SHARED.get(spec.name)
+        if member is Member.DETOKENIZER:
+            kwargs: dict[str, Any] = {
+                "tokenizer": cfg.tokenizer,
+                "max_states": cfg.max_states,
+                "supervisor": self.ref,
+                "deliver_timeout": cfg.deliver_timeout,
+            }
+        elif member is Member.ROUTER:
             kwargs = {}
-        elif spec.name == "scheduler":
+        elif member is Member.SCHEDULER:
             kwargs = {
-                "detokenizer": self.child("detokenizer"),
-                "router": self.child("router"),
+                "detokenizer": self.child(Member.DETOKENIZER.value),
+                "router": self.child(Member.ROUTER.value),
                 "tokenizer": cfg.tokenizer,
                 "step_time": cfg.step_time,
                 "max_batch_size": cfg.max_batch_size,
             }
         else:
             kwargs = {
-                "worker_id": int(spec.name.rpartition(":")[2]),
+                "worker_id": self.worker_ids[spec.name],
                 "supervisor": self.ref,
                 "tokenizer": cfg.tokenizer,
                 "register_timeout": cfg.register_timeout,
+                "limits": cfg.limits,
             }
         return msgspec.structs.replace(spec, kwargs=kwargs)
 
     def topology(self) -> Topology:
         """The live refs of the shared members."""
         return Topology(
-            scheduler=self.child("scheduler"),
-            detokenizer=self.child("detokenizer"),
-            router=self.child("router"),
+            scheduler=self.child(Member.SCHEDULER.value),
+            detokenizer=self.child(Member.DETOKENIZER.value),
+            router=self.child(Member.ROUTER.value),
         )
 
     async def on_child_started(self, name: str, ref: ActorRef[Any]) -> None:
-        if name in SHARED:
-            if name in ("detokenizer", "router"):
-                for origin, worker in self.routes.items():
-                    await self._route(ref, origin, worker)
-            await self._broadcast(self.topology())
-            reason = self.pending_downs.pop(name, None)
-            if reason is not None:
-                await self._tell(self.client, WorkerDown(member=name, origin=None, reason=reason))
-        else:
+        member = SHARED.get(name)
+        if member is None:
             await self._tell(ref, self.topology())
+            return
+        if member is not Member.SCHEDULER:
+            for origin, worker in self.routes.items():
+                await self._route(ref, origin, worker)
+        await self._broadcast(self.topology())
 
     async def _broadcast(self, msg: Topology) -> None:
         # Everyone but the router addresses another member; the router only answers.
         for entry in self.entries:
-            if entry.ref is not None and entry.spec.name != "router":
+            if entry.ref is not None and entry.spec.name != Member.ROUTER.value:
                 await self._tell(entry.ref, msg)
 
     # -- registration ---------------------------------------------------------------------
@@ -180,7 +241,7 @@ class PipelineSupervisor(Supervisor):
         await self._tell(self.client, WorkerUp(worker_id=msg.worker_id, ref=msg.address))
         return ack
 
-    async def _publish(self, origin: Origin, address: ActorRef[Any]) -> None:
+    async def _publish(self, origin: Origin, address: ActorRef[WorkerMessage]) -> None:
         """Give a new worker's route to the detokenizer and the router, each acknowledging.
 
         Raises:
@@ -189,8 +250,8 @@ class PipelineSupervisor(Supervisor):
         """
         timeout = self.config.register_timeout / 4
         asked: list[ActorRef[Any]] = []
-        for member in ("detokenizer", "router"):
-            ref = self.child(member)
+        for member in (Member.DETOKENIZER, Member.ROUTER):
+            ref = self.child(member.value)
             if ref is None:
                 continue  # restarting: its start publishes every route, this one too
             asked.append(ref)
@@ -203,14 +264,14 @@ class PipelineSupervisor(Supervisor):
                 for other in asked:  # queued behind the update: a late one is undone too
                     await self._tell(other, RouteUpdate(origin=origin, ref=None))
                 raise TokenyardError(
-                    f"worker {origin} not registered: the {member} did not take its route "
-                    f"within {timeout:g} s, a quarter of register_timeout ({err}); the worker "
-                    "restarts and registers again (raise PipelineConfig.register_timeout if "
-                    "members are this slow)"
+                    f"worker {origin} not registered: the {member.value} did not take its "
+                    f"route within {timeout:g} s, a quarter of register_timeout ({err}); the "
+                    "worker restarts and registers again (raise "
+                    "PipelineConfig.register_timeout if members are this slow)"
                 ) from err
 
     async def _route(
-        self, member: ActorRef[Any], origin: Origin, ref: ActorRef[Any] | None
+        self, member: ActorRef[Any], origin: Origin, ref: ActorRef[WorkerMessage] | None
     ) -> None:
         try:
             await member.ask(RouteUpdate(origin=origin, ref=ref), timeout=10)
@@ -218,33 +279,53 @@ class PipelineSupervisor(Supervisor):
             # The member died meanwhile: its restart republishes every route.
             logger.warning("route %s not published to %s: %s", origin, member.name, err)
 
-    # -- deaths ---------------------------------------------------------------------------
+    # -- deaths and stalls ----------------------------------------------------------------
+
+    @handler
+    async def stuck(self, msg: MemberStuck) -> None:
+        """A worker takes none of its output: kill it, so it ends (and restarts) as dead."""
+        name = worker_name(msg.origin.worker)
+        ref = self.child(name) if name in self.worker_ids else None
+        if ref is None or ref.incarnation != msg.origin.incarnation:
+            return  # already gone
+        self.killed_stuck += 1
+        logger.warning("killing worker %s: %s", msg.origin, msg.reason)
+        try:
+            await self.system.kill(ref, f"stuck: {msg.reason}")
+        except TokenyardError as err:
+            logger.debug("worker %s was gone before it could be killed: %s", msg.origin, err)
 
     async def on_child_died(self, name: str, down: Down) -> None:
-        if name.startswith("tokenizer_worker:"):
-            origin = Origin(int(name.rpartition(":")[2]), down.ref.incarnation)
+        worker_id = self.worker_ids.get(name)
+        if worker_id is not None:
+            origin = Origin(worker_id, down.ref.incarnation)
             if self.routes.pop(origin, None) is not None:
-                for member in ("detokenizer", "router"):
-                    ref = self.child(member)
+                for member in (Member.DETOKENIZER, Member.ROUTER):
+                    ref = self.child(member.value)
                     if ref is not None:
                         await self._route(ref, origin, None)
-            scheduler = self.child("scheduler")
+            scheduler = self.child(Member.SCHEDULER.value)
             if scheduler is not None:
                 await self._tell(scheduler, Abort(origin=origin, rid=None, reason=down.reason))
-            await self._tell(
-                self.client, WorkerDown(member="worker", origin=origin, reason=down.reason)
-            )
+            await self._tell(self.client, WorkerDown(origin=origin, reason=down.reason))
             return
-        if name == "detokenizer":
-            scheduler = self.child("scheduler")
+        member = SHARED[name]
+        if member is Member.DETOKENIZER:
+            # Everything the scheduler holds streamed to the dead detokenizer: it drops and
+            # reports it all, and each worker fails those requests to their callers.
+            scheduler = self.child(Member.SCHEDULER.value)
             if scheduler is not None:
-                await self._tell(scheduler, AbortAll(reason=down.reason))
-        elif name == "scheduler":
-            detokenizer = self.child("detokenizer")
+                await self._tell(
+                    scheduler,
+                    AbortAll(reason=f"the detokenizer died: {down.reason}", lost_to=member),
+                )
+        elif member is Member.SCHEDULER:
+            detokenizer = self.child(Member.DETOKENIZER.value)
             if detokenizer is not None:
-                await self._tell(detokenizer, AbortAll(reason=down.reason))
-        if name in ("detokenizer", "scheduler"):
-            self.pending_downs[name] = down.reason
+                await self._tell(detokenizer, AbortAll(reason=down.reason, lost_to=member))
+        # Each worker fails what depended on the dead member (forwarded to a dead scheduler,
+        # or streaming through a dead detokenizer), and keeps what arrives meanwhile.
+        await self._broadcast(self.topology())
         # The router's death needs no caller told: no request waits on it alone. The
         # scheduler keeps what it had for the router until the router confirms it, and the
         # workers ask their unanswered control requests again, both once the Topology that

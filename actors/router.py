@@ -7,19 +7,19 @@ a router's death loses none of what it was given.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 
 from runtime import Actor, ActorDeadError, ActorRef, RemoteActorError, TokenyardError, handler
 
+from ._routes import Routes
 from .messages import (
     AbortNotice,
     FlushReply,
     GetRouterStats,
     LoadReply,
-    Origin,
     RouteAck,
+    RouterMessage,
     RouterStats,
     RouteUpdate,
 )
@@ -32,7 +32,7 @@ logger = logging.getLogger("tokenyard.router")
 Routed = LoadReply | FlushReply | AbortNotice
 
 
-class Router(Actor):
+class Router(Actor[RouterMessage]):
     """Forwards each control reply to the worker incarnation named by its ``origin``.
 
     A reply for an origin without a route (a dead or unknown incarnation) is dropped and
@@ -49,58 +49,34 @@ class Router(Actor):
     """
 
     def __init__(self, *, forward_timeout: float = 10.0) -> None:
-        self.routes: dict[Origin, ActorRef[Any]] = {}
+        self.routes = Routes()
         self.forward_timeout = forward_timeout
         self.forwarded = 0
         self.dropped = 0
 
     @handler
     def route(self, msg: RouteUpdate) -> RouteAck:
-        """Add or drop a worker incarnation's route; acknowledged once the table changed.
+        """Add or drop a worker incarnation's route; acknowledged once the table changed
+        (a route for a new incarnation drops the worker's older ones)."""
+        self.routes.update(msg.origin, msg.ref)
+        return RouteAck(origin=msg.origin)
 
-        A worker index has one live incarnation at a time: a route for incarnation ``n``
-        drops the routes of the worker's older incarnations, as the detokenizer does, so a
-        reply meant for a dead one is dropped and counted even if its drop was missed.
-        """
-        origin = msg.origin
-        if msg.ref is None:
-            self.routes.pop(origin, None)
-            return RouteAck(origin=origin)
-        for old in [o for o in self.routes if o.worker == origin.worker]:
-            if old.incarnation < origin.incarnation:
-                del self.routes[old]
-        self.routes[origin] = msg.ref
-        return RouteAck(origin=origin)
-
-    async def _forward(self, origin: Origin, msg: Routed) -> None:
-        ref = self.routes.get(origin)
+    @handler
+    async def forward(self, msg: LoadReply | FlushReply | AbortNotice) -> None:
+        """Pass a control reply or an abort notice to the worker incarnation it is for."""
+        ref = self.routes.get(msg.origin)
         if ref is None:
             self.dropped += 1
             return
         try:
             await ref.ask(msg, timeout=self.forward_timeout)
         except RemoteActorError as err:
-            logger.warning("router: the worker of %s failed on %r: %s", origin, msg, err)
+            logger.warning("router: the worker of %s failed on %r: %s", msg.origin, msg, err)
         except TokenyardError as err:
             self.dropped += 1
-            logger.debug("router: reply for %s dropped: %s", origin, err)
+            logger.debug("router: reply for %s dropped: %s", msg.origin, err)
             return
         self.forwarded += 1
-
-    @handler
-    async def load(self, msg: LoadReply) -> None:
-        """Pass a load reply to the worker that asked."""
-        await self._forward(msg.origin, msg)
-
-    @handler
-    async def flush(self, msg: FlushReply) -> None:
-        """Pass a flush reply to the worker that asked."""
-        await self._forward(msg.origin, msg)
-
-    @handler
-    async def abort(self, msg: AbortNotice) -> None:
-        """Pass the scheduler's abort of a request to the request's worker."""
-        await self._forward(msg.origin, msg)
 
     @handler
     def stats(self, msg: GetRouterStats) -> RouterStats:
@@ -130,7 +106,11 @@ class RouterLink:
     """
 
     def __init__(
-        self, router: ActorRef[Any], *, confirm_timeout: float = 60.0, retry_after: float = 1.0
+        self,
+        router: ActorRef[RouterMessage],
+        *,
+        confirm_timeout: float = 60.0,
+        retry_after: float = 1.0,
     ) -> None:
         self._router = router
         self._confirm_timeout = confirm_timeout
@@ -142,7 +122,7 @@ class RouterLink:
         self.resent = 0
 
     @property
-    def router(self) -> ActorRef[Any]:
+    def router(self) -> ActorRef[RouterMessage]:
         """The router delivered to now."""
         return self._router
 
@@ -156,7 +136,7 @@ class RouterLink:
         self._queue.append(msg)
         self._pending.set()
 
-    def retarget(self, router: ActorRef[Any]) -> None:
+    def retarget(self, router: ActorRef[RouterMessage]) -> None:
         """Deliver to ``router`` from now on (the supervisor published a successor)."""
         if router != self._router:
             self._router = router
@@ -188,7 +168,7 @@ class RouterLink:
                 )
                 await self._wait_for_successor(router, dead=isinstance(err, ActorDeadError))
 
-    async def _wait_for_successor(self, router: ActorRef[Any], *, dead: bool) -> None:
+    async def _wait_for_successor(self, router: ActorRef[RouterMessage], *, dead: bool) -> None:
         if self._router != router:
             return  # already retargeted
         changed = self._changed = anyio.Event()

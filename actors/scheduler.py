@@ -14,9 +14,11 @@
   or on eos, which the stand-in draws now and then after a few tokens (unless
   ``ignore_eos``). Stop strings are the detokenizer's business: they only travel along.
 - **Aborts, control and bounds.** ``Abort`` by rid reports the request once more with the
-  abort's reason; ``Abort`` of an origin and ``AbortAll`` drop silently (nobody is
-  listening). Load and flush replies, and notices of requests refused on arrival (queue
-  full, malformed), go to the router, which passes them to the worker that owns them;
+  abort's reason; ``Abort`` of an origin drops silently (that worker incarnation is dead:
+  nobody is listening); ``AbortAll`` drops everything and reports it, per worker, so no
+  request vanishes whoever sent it. Load and flush replies, and notices of requests
+  refused on arrival (queue full, malformed) or dropped, go to the router, which passes
+  them to the worker that owns them;
   they are delivered at least once (`actors.router.RouterLink`): a router that dies holding
   them, or before it got them, costs no caller its answer.
 """
@@ -28,11 +30,11 @@ import logging
 import random
 from array import array
 from collections import OrderedDict
-from typing import Any
 
 import anyio
 
-from runtime import Actor, ActorRef, TokenyardError, handler
+from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
+from runtime._throttle import Throttle
 
 from ._fake_model import MIN_TOKENS_BEFORE_EOS, SPLIT_SHARE, WIDE_SHARE, PrefixCache, Vocabulary
 from ._tokenizer import load_tokenizer
@@ -41,13 +43,16 @@ from .messages import (
     AbortAll,
     AbortNotice,
     BatchTokenIDOutput,
+    DetokenizerMessage,
     FlushCache,
     FlushReply,
     GetLoad,
     GetSchedulerStats,
     LoadReply,
     Origin,
+    RouterMessage,
     SamplingParams,
+    SchedulerMessage,
     SchedulerStats,
     TokenizedGenerate,
     Topology,
@@ -126,7 +131,7 @@ class _Columns:
         )
 
 
-class Scheduler(Actor):
+class Scheduler(Actor[SchedulerMessage]):
     """The stand-in model engine: continuous batching of deterministic fake tokens.
 
     Handles `TokenizedGenerate`, `Abort`, `AbortAll`, `GetLoad` and `FlushCache` (tells) and
@@ -136,12 +141,15 @@ class Scheduler(Actor):
 
     A request ends in exactly one way: finished (``"stop"``/``"length"``, in a batch),
     aborted by rid (reported once more in the next batch, finish reason the abort's
-    ``reason``, no new ids, waiting or running alike), dropped silently with its origin or
-    by ``AbortAll``, or refused on arrival with an `AbortNotice` (queue full, a rid its
-    origin already has scheduled, a prompt id outside the vocabulary).
+    ``reason``, no new ids, waiting or running alike), dropped silently with its (dead)
+    origin, dropped by ``AbortAll`` and reported in an `AbortNotice` to its worker, or
+    refused on arrival with an `AbortNotice` (queue full, a rid its origin already has
+    scheduled, a prompt id outside the vocabulary).
 
-    A step whose batch cannot be told to the detokenizer (dead, or its mailbox full past
-    the send timeout) is held, and steps pause, until a `Topology` names its successor.
+    A step whose batch the detokenizer cannot take is held, and steps pause, until it is
+    taken: tried again every ``retry_after`` seconds while the detokenizer lives (so a
+    stalled one that resumes is served again within that), and sent to its successor as
+    soon as a `Topology` names one.
     What goes to the router waits in order until the router confirms it (`RouterLink`):
     after the router's death it goes to the successor a `Topology` names.
 
@@ -156,6 +164,7 @@ class Scheduler(Actor):
         max_waiting: Most requests waiting; one more is refused.
         seed: Mixed into every request's draws (same seed, same outputs).
         eos_probability: Chance per token, after a few tokens, that eos is drawn (0: never).
+        retry_after: Seconds a held step waits before it is offered again.
 
     Raises:
         ValueError: A setting is out of range; the message names it.
@@ -163,8 +172,8 @@ class Scheduler(Actor):
 
     def __init__(
         self,
-        detokenizer: ActorRef[Any],
-        router: ActorRef[Any],
+        detokenizer: ActorRef[DetokenizerMessage],
+        router: ActorRef[RouterMessage],
         *,
         tokenizer: str | None = None,
         step_time: float = 0.0,
@@ -172,6 +181,7 @@ class Scheduler(Actor):
         max_waiting: int = 100_000,
         seed: int = 0,
         eos_probability: float = 0.02,
+        retry_after: float = 0.5,
     ) -> None:
         if step_time < 0:
             raise ValueError(f"step_time must be at least 0 seconds, got {step_time}")
@@ -181,10 +191,16 @@ class Scheduler(Actor):
             raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
         if not 0 <= eos_probability <= 1:
             raise ValueError(f"eos_probability must be within [0, 1], got {eos_probability}")
+        if retry_after <= 0:
+            raise ValueError(f"retry_after must be positive, got {retry_after}")
         self._detokenizer = detokenizer
         self._undelivered = 0
+        self._retry_after = retry_after
         #: A step's batch the detokenizer could not take; steps pause until it is sent.
         self._held: BatchTokenIDOutput | None = None
+        #: Set when a Topology names another detokenizer, or AbortAll drops the held step.
+        self._retarget = anyio.Event()
+        self._holding = Throttle(logger)
         self._router = RouterLink(router)
         self._tokenizer_path = tokenizer
         self._step_time = step_time
@@ -240,7 +256,7 @@ class Scheduler(Actor):
         if refusal is not None:
             self._rejected += 1
             logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
-            self._router.put(AbortNotice(origin=msg.origin, rid=msg.rid, reason=refusal))
+            self._router.put(AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal))
             return
         self._waiting[key] = _Request(msg, self._rng(msg), self._stop_ids(msg.sampling))
         self._wake.set()
@@ -265,29 +281,37 @@ class Scheduler(Actor):
         """Follow a restarted detokenizer or router (the supervisor publishes their refs)."""
         if msg.detokenizer is not None and msg.detokenizer != self._detokenizer:
             self._detokenizer = msg.detokenizer
-            if self._held is not None:
-                self.start_soon(self._resend_held)
+            self._retarget.set()
         if msg.router is not None:
             self._router.retarget(msg.router)
 
-    async def _resend_held(self) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            try:
-                await self._detokenizer.tell(held)
-            except TokenyardError:
-                self._held = held
-                return
-        self._wake.set()
-
     @handler
     def on_abort_all(self, msg: AbortAll) -> None:
-        """Drop every request silently: the detokenizer they streamed to is gone."""
+        """Drop every request (the detokenizer they streamed to is gone, say) and report
+        them, per worker, so that each caller hears of its request."""
+        dropped: dict[Origin, list[str]] = {}
+        for queue in (self._waiting, self._running):
+            for origin, rid in queue:
+                dropped.setdefault(origin, []).append(rid)
+        for req in self._reports:
+            dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
+        if self._held is not None:
+            held = self._held
+            for origin, rid, reason in zip(
+                held.origins, held.rids, held.finished_reasons, strict=True
+            ):
+                if reason is not None:  # finished in the held step: its end is lost too
+                    dropped.setdefault(origin, []).append(rid)
         self._dropped_for_abort_all += len(self._waiting) + len(self._running)
         self._waiting.clear()
         self._running.clear()
         self._reports.clear()
         self._held = None
+        self._retarget.set()
+        for origin, rids in dropped.items():
+            self._router.put(
+                AbortNotice(origin=origin, rids=rids, reason=msg.reason, lost_to=msg.lost_to)
+            )
         self._wake.set()
 
     @handler
@@ -380,18 +404,39 @@ class Scheduler(Actor):
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue  # the work may have been dropped again before this task resumed
-            batch = self._step()
-            try:
-                await self._detokenizer.tell(batch)
-            except TokenyardError as err:
-                # The detokenizer died (or is stuck). Its supervisor tells this scheduler to
-                # drop what it had streamed (AbortAll) and publishes the new detokenizer
-                # (Topology); meanwhile nothing runs, so no output goes nowhere.
-                self._held = batch
-                self._undelivered += 1
-                logger.warning("step %d held: the detokenizer is unreachable: %s", batch.step, err)
+            self._held = self._step()
+            await self._deliver()
             # New requests and aborts are handled here, between steps.
             await anyio.sleep(self._step_time)
+
+    async def _deliver(self) -> None:
+        """Tell the held step to the detokenizer, waiting while it cannot take it.
+
+        A full mailbox (the detokenizer is busy, or stalled) is tried again every
+        ``retry_after`` seconds; a dead detokenizer waits for the `Topology` that names its
+        successor. Its supervisor, meanwhile, tells this scheduler to drop what it had
+        streamed (`AbortAll`, which ends the wait): nothing runs, so no output goes nowhere.
+        """
+        while (batch := self._held) is not None:
+            detokenizer = self._detokenizer
+            self._retarget = anyio.Event()
+            try:
+                await detokenizer.tell(batch, timeout=self._retry_after)
+            except ActorDeadError as err:
+                self._undelivered += 1
+                self._holding.warning("step %d held: the detokenizer died: %s", batch.step, err)
+                await self._retarget.wait()
+                continue
+            except TokenyardError as err:
+                self._undelivered += 1
+                self._holding.warning(
+                    "step %d held: the detokenizer does not take it: %s", batch.step, err
+                )
+                with anyio.move_on_after(self._retry_after):
+                    await self._retarget.wait()
+                continue
+            if self._held is batch:
+                self._held = None
 
     def _step(self) -> BatchTokenIDOutput:
         """Admit, generate one token per running request, and build the step's batch.

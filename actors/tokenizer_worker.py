@@ -8,6 +8,17 @@ A request leaves the worker's table when it finishes, fails, or when its caller 
 (``AbortRequest``): the caller does so when it gives up, and when a pipeline member died
 and it resolved the request elsewhere (resubmitted under a new rid, or failed), so nothing
 stays in the table for a request nobody serves.
+
+When the scheduler dies, the requests forwarded to it are lost with it: the worker fails
+each to its caller (``lost_to`` the scheduler, so a caller that had no output yet resubmits
+it), and keeps the ones that arrive meanwhile until a `Topology` names the successor. When
+the detokenizer dies, so are the requests forwarded while it lived (their output, finished
+or not, may have died inside it): the worker fails them the same way, ``lost_to`` the
+detokenizer, once a `Topology` says it is gone.
+
+A prompt is bounded before it costs anything: its bytes before tokenizing, its tokens after,
+and ``max_new_tokens`` against an upper bound; a request past one is refused with an error
+naming the limit.
 """
 
 from __future__ import annotations
@@ -36,12 +47,16 @@ from .messages import (
     GetLoad,
     GetWorkerStats,
     LoadReply,
+    Member,
     Origin,
+    PipelineSupervisorMessage,
     RegisterWorker,
     RequestOutput,
     RequestOutputs,
+    SchedulerMessage,
     TokenizedGenerate,
     Topology,
+    WorkerMessage,
     WorkerStats,
 )
 
@@ -50,20 +65,65 @@ logger = logging.getLogger("tokenyard.worker")
 
 @dataclass(slots=True)
 class _Request:
-    reply_to: ActorRef[Any]
+    reply_to: ActorRef[RequestOutputs]
     stream: bool
     prompt_tokens: int
+    #: The tokenized request, until it is forwarded to a scheduler (held while none is up).
+    tokenized: TokenizedGenerate | None
+    #: The scheduler holding it (None: not forwarded yet).
+    scheduler: ActorRef[SchedulerMessage] | None = None
+    #: The detokenizer its output goes through (the one live when it was forwarded).
+    detokenizer: ActorRef[Any] | None = None
     text: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Control:
+    #: Who asked: an ``ActorRef[LoadReply]`` for a `GetLoad`, ``[FlushReply]`` for a flush.
     reply_to: ActorRef[Any]
     request: GetLoad | FlushCache
 
 
-class TokenizerWorker(Actor):
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may ask of a worker.
+
+    Attributes:
+        max_prompt_bytes: Most UTF-8 bytes of a prompt's text, checked before tokenizing.
+        max_prompt_tokens: Most tokens of a prompt.
+        max_new_tokens: Upper bound of ``max_new_tokens``.
+    """
+
+    max_prompt_bytes: int = 1 << 20
+    max_prompt_tokens: int = 32_768
+    max_new_tokens: int = 32_768
+
+    def refusal(self, text: str | None, ids: list[int] | None, max_new_tokens: int) -> str | None:
+        """Why a request breaks a limit (``None``: it does not); ``ids`` once tokenized."""
+        if max_new_tokens > self.max_new_tokens:
+            return (
+                f"max_new_tokens={max_new_tokens} exceeds the limit of {self.max_new_tokens} "
+                "(PipelineConfig.max_new_tokens)"
+            )
+        if max_new_tokens < 0:
+            return f"max_new_tokens={max_new_tokens} must not be negative"
+        if text is not None and len(text) > self.max_prompt_bytes // 4:
+            size = len(text.encode())
+            if size > self.max_prompt_bytes:
+                return (
+                    f"the prompt is {size} bytes, over the limit of {self.max_prompt_bytes} "
+                    "(PipelineConfig.max_prompt_bytes)"
+                )
+        if ids is not None and len(ids) > self.max_prompt_tokens:
+            return (
+                f"the prompt is {len(ids)} tokens, over the limit of {self.max_prompt_tokens} "
+                "(PipelineConfig.max_prompt_tokens)"
+            )
+        return None
+
+
+class TokenizerWorker(Actor[WorkerMessage]):
     """Tokenizes requests, forwards them, streams their output back to their callers.
 
     Handles `Generate`, `AbortRequest`, `BatchStrOutput`, `AbortNotice`, `CheckLoad`,
@@ -82,22 +142,26 @@ class TokenizerWorker(Actor):
         tokenizer: Path of a ``tokenizer.json`` (None: the bundled one).
         register_timeout: Seconds to get registered before it gives up (and dies, so its
             supervisor restarts it).
+        limits: What one request may ask for.
     """
 
     def __init__(
         self,
         worker_id: int,
-        supervisor: ActorRef[Any],
+        supervisor: ActorRef[PipelineSupervisorMessage],
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
+        limits: Limits | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.supervisor = supervisor
+        self.limits = limits or Limits()
         self.tokenizer_path = tokenizer
         self.register_timeout = register_timeout
         self.tokenizer: Any = None
         self.origin = Origin(worker_id, 0)
-        self.scheduler: ActorRef[Any] | None = None
+        self.scheduler: ActorRef[SchedulerMessage] | None = None
+        self.detokenizer: ActorRef[Any] | None = None
         self.router: ActorRef[Any] | None = None
         self.requests: dict[str, _Request] = {}
         self.registered = anyio.Event()
@@ -124,12 +188,30 @@ class TokenizerWorker(Actor):
 
     @handler
     async def topology(self, msg: Topology) -> None:
-        """The supervisor says where the scheduler and the router are now."""
-        moved = (msg.scheduler is not None and msg.scheduler != self.scheduler) or (
+        """The supervisor says where the scheduler and the router are now.
+
+        Requests forwarded to a scheduler that is gone are failed to their callers (lost to
+        the scheduler); requests held while none was up go to the new one.
+        """
+        old, old_detokenizer = self.scheduler, self.detokenizer
+        moved = (msg.scheduler is not None and msg.scheduler != old) or (
             msg.router is not None and msg.router != self.router
         )
-        self.scheduler = msg.scheduler
-        self.router = msg.router
+        self.scheduler, self.detokenizer, self.router = msg.scheduler, msg.detokenizer, msg.router
+        if old is not None and msg.scheduler != old:
+            await self._lose(
+                lambda r: r.scheduler == old, Member.SCHEDULER, "the scheduler died with it"
+            )
+        if old_detokenizer is not None and msg.detokenizer != old_detokenizer:
+            await self._lose(
+                lambda r: r.detokenizer == old_detokenizer,
+                Member.DETOKENIZER,
+                "the detokenizer died with its output",
+            )
+        if msg.scheduler is not None:
+            for request in list(self.requests.values()):
+                if request.tokenized is not None:
+                    await self._forward(request)
         if moved:
             for pending in list(self.control.values()):
                 await self._send_control(pending.request)
@@ -151,6 +233,11 @@ class TokenizerWorker(Actor):
                 "with that rid; give each request its own rid",
             )
             return
+        max_new = msg.sampling.max_new_tokens
+        refusal = self.limits.refusal(msg.text, None, max_new)
+        if refusal is not None:
+            await self._fail(msg.reply_to, msg.rid, 0, refusal)
+            return
         if msg.input_ids is not None:
             ids = list(msg.input_ids)
         elif msg.text is not None:
@@ -161,35 +248,48 @@ class TokenizerWorker(Actor):
         if not ids:
             await self._fail(msg.reply_to, msg.rid, 0, "the prompt tokenizes to nothing")
             return
-        self.requests[msg.rid] = _Request(msg.reply_to, msg.stream, len(ids))
-        await self._forward(
-            TokenizedGenerate(rid=msg.rid, origin=self.origin, input_ids=ids, sampling=msg.sampling)
-        )
-
-    async def _forward(self, request: TokenizedGenerate) -> None:
-        """Send to the scheduler.
-
-        A dead scheduler took its requests with it; one that is not up yet has none: the
-        pipeline resolves every request in flight once its successor is up, this one too,
-        so it stays in the table until then. A live scheduler whose mailbox stayed full is
-        an overloaded pipeline: the request fails rather than wait without bound.
-        """
-        scheduler = self.scheduler
-        if scheduler is None:
+        refusal = self.limits.refusal(None, ids, max_new)
+        if refusal is not None:
+            await self._fail(msg.reply_to, msg.rid, len(ids), refusal)
             return
+        tokenized = TokenizedGenerate(
+            rid=msg.rid, origin=self.origin, input_ids=ids, sampling=msg.sampling
+        )
+        request = self.requests[msg.rid] = _Request(msg.reply_to, msg.stream, len(ids), tokenized)
+        await self._forward(request)
+
+    async def _lose(self, which: Any, member: Member, why: str) -> None:
+        """Fail to their callers the requests ``which`` selects, lost to ``member``."""
+        for rid in [rid for rid, r in self.requests.items() if which(r)]:
+            request = self.requests.pop(rid)
+            await self._fail(request.reply_to, rid, request.prompt_tokens, why, lost_to=member)
+
+    async def _forward(self, request: _Request) -> None:
+        """Send a request to the scheduler, or keep it until one is up.
+
+        A dead scheduler takes its requests with it: the next `Topology` fails them (or
+        hands this one to the successor, when it never got there). A live scheduler whose
+        mailbox stayed full is an overloaded pipeline: the request fails rather than wait
+        without bound.
+        """
+        scheduler, tokenized = self.scheduler, request.tokenized
+        if scheduler is None or tokenized is None:
+            return
+        request.tokenized, request.scheduler = None, scheduler
+        request.detokenizer = self.detokenizer
         try:
-            await scheduler.tell(request)
+            await scheduler.tell(tokenized)
         except ActorDeadError as err:
+            request.tokenized, request.scheduler = tokenized, None
             logger.debug(
-                "%s: %r waits for the scheduler's successor: %s", self.ref.name, request.rid, err
+                "%s: %r waits for the scheduler's successor: %s", self.ref.name, tokenized.rid, err
             )
         except TokenyardError as err:
-            pending = self.requests.pop(request.rid, None)
-            if pending is not None:
+            if self.requests.pop(tokenized.rid, None) is not None:
                 await self._fail(
-                    pending.reply_to,
-                    request.rid,
-                    pending.prompt_tokens,
+                    request.reply_to,
+                    tokenized.rid,
+                    request.prompt_tokens,
                     f"the scheduler did not take the request: {err}",
                 )
 
@@ -209,7 +309,7 @@ class TokenizerWorker(Actor):
     @handler
     async def output(self, msg: BatchStrOutput) -> None:
         """This worker's share of one step: answer each caller with one message."""
-        by_caller: dict[ActorRef[Any], list[RequestOutput]] = {}
+        by_caller: dict[ActorRef[RequestOutputs], list[RequestOutput]] = {}
         for i, rid in enumerate(msg.rids):
             request = self.requests.get(rid)
             if request is None:
@@ -249,10 +349,13 @@ class TokenizerWorker(Actor):
 
     @handler
     async def aborted(self, msg: AbortNotice) -> None:
-        """The scheduler refused or aborted a request on its own: tell its caller."""
-        request = self.requests.pop(msg.rid, None)
-        if request is not None:  # else a second copy of the notice (the router may resend)
-            await self._fail(request.reply_to, msg.rid, request.prompt_tokens, msg.reason)
+        """The scheduler refused or dropped requests on its own: tell their callers."""
+        for rid in msg.rids:
+            request = self.requests.pop(rid, None)
+            if request is not None:  # else a second copy of the notice (the router resends)
+                await self._fail(
+                    request.reply_to, rid, request.prompt_tokens, msg.reason, lost_to=msg.lost_to
+                )
 
     # -- control requests whose replies come back through the router ----------------------
 
@@ -268,7 +371,9 @@ class TokenizerWorker(Actor):
             msg.reply_to, lambda rid: FlushCache(origin=self.origin, request_id=rid)
         )
 
-    async def _control(self, reply_to: ActorRef[Any], make: Any) -> None:
+    async def _control(
+        self, reply_to: ActorRef[LoadReply] | ActorRef[FlushReply], make: Any
+    ) -> None:
         await self.registered.wait()
         request_id = next(self._control_ids)
         request = make(request_id)
@@ -323,7 +428,14 @@ class TokenizerWorker(Actor):
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _fail(self, caller: ActorRef[Any], rid: str, prompt_tokens: int, error: str) -> None:
+    async def _fail(
+        self,
+        caller: ActorRef[RequestOutputs],
+        rid: str,
+        prompt_tokens: int,
+        error: str,
+        lost_to: Member | None = None,
+    ) -> None:
         self.failed += 1
         out = RequestOutput(
             rid=rid,
@@ -334,10 +446,11 @@ class TokenizerWorker(Actor):
             completion_tokens=0,
             finish_reason="abort",
             error=error,
+            lost_to=lost_to,
         )
         await self._send(caller, [out])
 
-    async def _send(self, caller: ActorRef[Any], outputs: list[RequestOutput]) -> None:
+    async def _send(self, caller: ActorRef[RequestOutputs], outputs: list[RequestOutput]) -> None:
         try:
             await caller.tell(RequestOutputs(outputs=outputs))
         except TokenyardError as err:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from runtime import Actor, handler
 
-from ._messages import Ack, BatchTokenIDOutput, CountQuery, SmallRequest
+from ._messages import Ack, BatchAsk, BatchTokenIDOutput, CountQuery, SmallAsk, SmallRequest
 
 
-class Counter(Actor):
+class Counter(Actor[SmallRequest | BatchTokenIDOutput | CountQuery]):
     """Counts what it is told; ``ask(CountQuery())`` returns the count.
 
     The count query travels behind the tells on the same pipe, so its reply proves every
@@ -33,15 +33,15 @@ class Counter(Actor):
         return Ack(n=self.count)
 
 
-class Echo(Actor):
+class Echo(Actor[SmallAsk | BatchAsk]):
     """Answers every ask with a small ``Ack``: the round trip is all transport and codec."""
 
     @handler
-    def small(self, msg: SmallRequest) -> Ack:
+    def small(self, msg: SmallAsk) -> Ack:
         """Acknowledge a small request with its sequence number."""
         return Ack(n=msg.seq)
 
     @handler
-    def batch(self, msg: BatchTokenIDOutput) -> Ack:
+    def batch(self, msg: BatchAsk) -> Ack:
         """Acknowledge a batch with its size."""
         return Ack(n=len(msg.rids))

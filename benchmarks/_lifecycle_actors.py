@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import time
 
-from runtime import Actor, Message, handler
+from runtime import Actor, Message, Request, handler
 
 #: When this module had been imported in this process (after ``runtime``: it is above).
 IMPORTED_AT = time.monotonic()
 
 
-class Ping(Message):
+class Ping(Request["Pong"]):
     """Are you there? Answered with ``Pong``."""
 
 
@@ -43,7 +43,7 @@ class Pong(Message):
     started_at: float
 
 
-class Pinger(Actor):
+class Pinger(Actor[Ping]):
     """Answers ``Ping`` with its pid, incarnation and start times; otherwise idle."""
 
     def __init__(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from runtime import Message
+from runtime import Message, Request
 
 #: Requests in one batch output: a typical running batch of a busy decode step.
 BATCH_SIZE = 32
@@ -75,14 +75,23 @@ class BatchTokenIDOutput(Message, array_like=True):
     placeholder_tokens_val: list[list[int] | None] | None
 
 
-class CountQuery(Message, array_like=True):
-    """Asks a counting actor how many messages it has handled."""
-
-
 class Ack(Message, array_like=True):
     """The reply to an ask: a count (or the sequence number echoed)."""
 
     n: int
+
+
+class CountQuery(Request[Ack], array_like=True):
+    """Asks a counting actor how many messages it has handled."""
+
+
+class SmallAsk(SmallRequest, Request[Ack], array_like=True, tag="SmallRequest"):
+    """``SmallRequest`` asked, answered with an ``Ack``: the same bytes on the wire (its tag
+    is ``SmallRequest``'s), typed as a request."""
+
+
+class BatchAsk(BatchTokenIDOutput, Request[Ack], array_like=True, tag="BatchTokenIDOutput"):
+    """``BatchTokenIDOutput`` asked, answered with an ``Ack``: the same bytes on the wire."""
 
 
 # The pickled twins. SGLang's io_struct classes are plain (non-slots) dataclasses; these
@@ -222,6 +231,13 @@ def make_message(payload: str, seed: int = 0) -> SmallRequest | BatchTokenIDOutp
     if payload in ("batch", "logprobs"):
         return make_batch(seed, logprobs=payload == "logprobs")
     raise ValueError(f"unknown payload {payload!r}; choose one of {PAYLOADS}")
+
+
+def make_ask(payload: str, seed: int = 0) -> SmallAsk | BatchAsk:
+    """The tokenyard request of a payload shape: `make_message`'s fields, asked."""
+    msg = make_message(payload, seed)
+    fields = msgspec.structs.asdict(msg)
+    return SmallAsk(**fields) if isinstance(msg, SmallRequest) else BatchAsk(**fields)
 
 
 def message_type(payload: str) -> type[SmallRequest] | type[BatchTokenIDOutput]:

@@ -13,7 +13,7 @@ import msgspec
 from runtime import ActorSystem
 
 from ._actors import Counter, Echo
-from ._messages import Ack, CountQuery, make_message
+from ._messages import CountQuery, make_ask, make_message
 from ._proc import BenchmarkError, Latency, Measurement, latency_of
 
 #: Seconds an ask may take before the run is declared broken (never reached when healthy).
@@ -41,7 +41,7 @@ async def measure_tell(payload: str, count: int, rounds: int, warmup: int) -> Me
             reply = await ref.ask(CountQuery(), timeout=_ASK_TIMEOUT)
             elapsed = (time.perf_counter_ns() - t0) / 1e9
             sent += n
-            if not isinstance(reply, Ack) or reply.n != sent:
+            if reply.n != sent:
                 raise BenchmarkError(f"the counter handled {reply!r}, {sent} were told")
             return n / elapsed
 
@@ -53,7 +53,7 @@ async def measure_tell(payload: str, count: int, rounds: int, warmup: int) -> Me
 
 async def measure_ask(payload: str, count: int, rounds: int, warmup: int) -> Measurement:
     """Round-trip time of ``ask`` to an actor process that replies with a small ``Ack``."""
-    msg = make_message(payload)
+    msg = make_ask(payload)
     async with ActorSystem(name="bench") as system:
         ref = await system.spawn(Echo, name="echo")
         ask = ref.ask

@@ -418,7 +418,7 @@ def run_receiver(opts: argparse.Namespace) -> None:
         ctx.destroy(linger=1000)
 
 
-class RequestCounter(Actor):
+class RequestCounter(Actor[BatchTokenIDOutput | CountQuery]):
     """A worker stand-in for the actors variant: counts the requests it is told."""
 
     def __init__(self) -> None:

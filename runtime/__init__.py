@@ -6,9 +6,11 @@ Import everything from here: ``from runtime import Actor, ActorSystem, Message, 
 from __future__ import annotations
 
 from ._actor import Actor as Actor
+from ._actor import SystemHandle as SystemHandle
 from ._actor import handler as handler
+from ._auth import Keys as Keys
 from ._batch import Batch as Batch
-from ._children import Watch as Watch
+from ._credentials import Credentials as Credentials
 from ._errors import ActorDeadError as ActorDeadError
 from ._errors import ActorNotFoundError as ActorNotFoundError
 from ._errors import AskTimeoutError as AskTimeoutError
@@ -20,7 +22,10 @@ from ._errors import SpawnError as SpawnError
 from ._errors import TokenyardError as TokenyardError
 from ._mailbox import MailboxStatistics as MailboxStatistics
 from ._message import Message as Message
+from ._message import Request as Request
 from ._message import publish as _publish
+from ._protocol import Cause as Cause
+from ._protocol import Down as Down
 from ._ref import ActorRef as ActorRef
 from ._supervisor import Children as Children
 from ._supervisor import ChildSpec as ChildSpec
@@ -29,10 +34,11 @@ from ._supervisor import Restart as Restart
 from ._supervisor import RestartIntensityError as RestartIntensityError
 from ._supervisor import Strategy as Strategy
 from ._supervisor import Supervisor as Supervisor
+from ._supervisor import SupervisorMessage as SupervisorMessage
 from ._supervisor import SupervisorStatistics as SupervisorStatistics
 from ._supervisor import WhichChildren as WhichChildren
 from ._system import ActorSystem as ActorSystem
-from ._watch import Down as Down
+from ._watch import Watch as Watch
 
 __all__ = (
     "Actor",
@@ -42,22 +48,28 @@ __all__ = (
     "ActorSystem",
     "AskTimeoutError",
     "Batch",
+    "Cause",
     "ChildSpec",
     "Children",
+    "Credentials",
     "Down",
     "GetSupervisorStatistics",
+    "Keys",
     "MailboxClosedError",
     "MailboxFullError",
     "MailboxStatistics",
     "Message",
     "ProtocolError",
     "RemoteActorError",
+    "Request",
     "Restart",
     "RestartIntensityError",
     "SpawnError",
     "Strategy",
     "Supervisor",
+    "SupervisorMessage",
     "SupervisorStatistics",
+    "SystemHandle",
     "TokenyardError",
     "Watch",
     "WhichChildren",

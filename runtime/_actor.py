@@ -1,45 +1,50 @@
-"""``Actor``, the ``@handler`` marker, and the cell that runs one actor's mailbox loop."""
+"""``Actor``, the ``@handler`` marker, and how an actor class's handlers are found and checked.
+
+An actor class declares the messages its ref accepts (``class Echo(Actor[Ping | Stop])``).
+When the class is defined, its handlers are collected by the annotation of their message
+parameter (one type, or a union of types, per handler), each declared message type is
+checked to have a handler, and each handler of a ``Request[R]`` is checked to return ``R``.
+Running an actor is the cell's business (`runtime._cell`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-import logging
+import types
 import typing
-from collections.abc import Awaitable, Callable, Coroutine
-from types import FunctionType
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
-import anyio
-import anyio.abc
-import msgspec
-
-from ._codec import ErrorBody, Header, Kind, MailboxDecoder
-from ._errors import ProtocolError, TokenyardError, sole_error
-from ._message import Message
-from ._node import Node, handling_address
-from ._watch import LookupQuery, LookupReply
+from ._context import current_node
+from ._message import Message, reply_type
 
 if TYPE_CHECKING:
-    from ._mailbox import Item, Mailbox
-    from ._ref import ActorRef
-    from ._system import ActorSystem
+    import anyio.abc
 
-logger = logging.getLogger("tokenyard.actor")
+    from ._mailbox import MailboxStatistics
+    from ._protocol import Down
+    from ._ref import ActorRef
+    from ._watch import Watch
 
 F = TypeVar("F", bound=Callable[..., Any])
+M = TypeVar("M", bound=Message)
+N = TypeVar("N", bound=Message)
 
 _marked: set[Callable[..., Any]] = set()
-_tables: dict[type[Actor], dict[type[Message], tuple[str, bool]]] = {}
+#: Per actor class: each accepted message type -> (method name, is coroutine).
+_tables: dict[type, dict[type[Message], tuple[str, bool]]] = {}
 
 
 def handler(fn: F) -> F:
-    """Mark a method as the handler of the message type its parameter is annotated with.
+    """Mark a method as the handler of the message type(s) its parameter is annotated with.
 
-    The handler may be ``async def`` or plain ``def``; its return value (a ``Message`` or
-    ``None``) is the reply to an ``ask``.
+    The handler may be ``async def`` or plain ``def``; its return value is the reply to an
+    ``ask``. A handler of a ``Request[R]`` returns an ``R``. One handler may take a union
+    (``msg: Start | Resume``).
 
     Example:
-        >>> class Echo(Actor):
+        >>> class Echo(Actor[Ping]):
         ...     @handler
         ...     async def echo(self, msg: Ping) -> Pong:
         ...         return Pong(n=msg.n)
@@ -48,12 +53,13 @@ def handler(fn: F) -> F:
     return fn
 
 
-def handler_table(cls: type[Actor]) -> dict[type[Message], tuple[str, bool]]:
+def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
     """Map each accepted message type to (method name, is coroutine), built once per class.
 
     Raises:
-        TypeError: A handler's parameter is not annotated with a Message subclass, or two
-            handlers claim the same type.
+        TypeError: A handler's parameter is not annotated with Message subclasses, two
+            handlers claim the same type, a handler of a ``Request[R]`` does not return
+            ``R``, or a message type the class declares has no handler.
     """
     table = _tables.get(cls)
     if table is not None:
@@ -61,47 +67,200 @@ def handler_table(cls: type[Actor]) -> dict[type[Message], tuple[str, bool]]:
     table = {}
     for klass in reversed(cls.__mro__):
         for attr, fn in vars(klass).items():
-            if not isinstance(fn, FunctionType) or fn not in _marked:
+            if not isinstance(fn, types.FunctionType) or fn not in _marked:
                 continue
-            msg_type = _message_type(klass, attr, fn)
-            for known, (other, _) in list(table.items()):
-                if known is msg_type and other != attr:
+            hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
+            for msg_type in _message_types(klass, attr, fn, hints):
+                other = table.get(msg_type)
+                if other is not None and other[0] != attr:
                     raise TypeError(
-                        f"{cls.__qualname__}: handlers {other!r} and {attr!r} both take "
+                        f"{cls.__qualname__}: handlers {other[0]!r} and {attr!r} both take "
                         f"{msg_type.__qualname__}; one message type has one handler"
                     )
-            table[msg_type] = (attr, inspect.iscoroutinefunction(fn))
+                _check_reply(klass, attr, msg_type, hints)
+                table[msg_type] = (attr, inspect.iscoroutinefunction(fn))
+    missing = [t.__qualname__ for t in declared_messages(cls) if t not in table]
+    if missing:
+        raise TypeError(
+            f"{cls.__qualname__} declares that it accepts {', '.join(missing)} but has no "
+            "handler for it: add an @handler, or leave it out of Actor[...]"
+        )
     _tables[cls] = table
     return table
 
 
-def _message_type(klass: type, attr: str, fn: Callable[..., Any]) -> type[Message]:
+def _message_types(
+    klass: type, attr: str, fn: Callable[..., Any], hints: dict[str, Any]
+) -> list[type[Message]]:
     params = list(inspect.signature(fn).parameters.values())[1:]
     if len(params) != 1:
         raise TypeError(f"{klass.__qualname__}.{attr}: a handler takes exactly one message")
-    hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
-    msg_type = hints.get(params[0].name)
-    if not (isinstance(msg_type, type) and issubclass(msg_type, Message)):
+    annotation = hints.get(params[0].name)
+    found = _members(annotation)
+    if not found or not all(isinstance(t, type) and issubclass(t, Message) for t in found):
         raise TypeError(
             f"{klass.__qualname__}.{attr}: annotate the parameter {params[0].name!r} with the "
-            f"Message subclass it handles (got {msg_type!r})"
+            f"Message subclass (or union of them) it handles (got {annotation!r})"
         )
-    return msg_type
+    return found
 
 
-class Actor:
-    """Base class of every actor.
+def _members(annotation: Any) -> list[Any]:
+    """The members of a union annotation (the annotation itself when it is not one)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+    return [] if annotation is None else [annotation]
 
-    Subclasses define ``@handler`` methods, one message type each, and may override the
-    async lifecycle hooks ``on_start`` (runs before the actor is reported ready) and
-    ``on_stop`` (runs after the last message was handled). While running, ``self.ref`` is
-    the actor's own ref and ``self.system`` the system it lives in (spawn, watch, stop).
+
+def _check_reply(klass: type, attr: str, msg_type: type[Message], hints: dict[str, Any]) -> None:
+    """A handler of a ``Request[R]`` must be annotated to return ``R`` (or part of it)."""
+    expected = reply_type(msg_type)
+    if expected is NotImplemented or expected is Any:
+        return
+    if "return" not in hints:
+        raise TypeError(
+            f"{klass.__qualname__}.{attr} handles {msg_type.__qualname__}, a request "
+            f"answered with {_name(expected)}: annotate its return type"
+        )
+    returned = hints["return"]
+    if returned is Any or _fits(returned, expected):
+        return
+    raise TypeError(
+        f"{klass.__qualname__}.{attr} returns {_name(returned)}, but "
+        f"{msg_type.__qualname__} is a request answered with {_name(expected)}"
+    )
+
+
+def _fits(returned: Any, expected: Any) -> bool:
+    """Whether every value of type ``returned`` is also of type ``expected``."""
+    wanted = [type(None) if t is None else t for t in _members_or_none(expected)]
+    for got in _members_or_none(returned):
+        got = type(None) if got is None else got
+        origin = typing.get_origin(got) or got
+        if not any(
+            w is Any
+            or got == w
+            or (isinstance(origin, type) and isinstance(w, type) and issubclass(origin, w))
+            for w in wanted
+        ):
+            return False
+    return True
+
+
+def _members_or_none(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return list(typing.get_args(annotation))
+    return [annotation]
+
+
+def _name(annotation: Any) -> str:
+    if annotation is None or annotation is type(None):
+        return "None"
+    return getattr(annotation, "__qualname__", None) or str(annotation)
+
+
+def declared_messages(cls: type) -> list[type[Message]]:
+    """The message types ``cls`` declares in ``Actor[...]`` (empty when it does not say)."""
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Actor):
+                (arg,) = typing.get_args(base)
+                return [t for t in _members(arg) if isinstance(t, type) and issubclass(t, Message)]
+    return []
+
+
+class SystemHandle(Protocol):
+    """What an actor sees of the system it lives in (``self.system``)."""
+
+    @property
+    def name(self) -> str:
+        """The system's name."""
+        ...
+
+    @property
+    def closing(self) -> bool:
+        """Whether the system is shutting down."""
+        ...
+
+    async def spawn(
+        self,
+        actor: type[Actor[N]],
+        *args: Any,
+        name: str | None = None,
+        process: bool = True,
+        spawn_timeout: float | None = None,
+        shutdown_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> ActorRef[N]:
+        """Start a child actor (``ActorSystem.spawn``)."""
+        ...
+
+    async def stop(self, ref: ActorRef[Any], timeout: float | None = None) -> Down:
+        """Stop a child actor (``ActorSystem.stop``)."""
+        ...
+
+    def pid_of(self, ref: ActorRef[Any]) -> int | None:
+        """The process id of a child (``ActorSystem.pid_of``)."""
+        ...
+
+    async def kill(self, ref: ActorRef[Any], reason: str) -> Down:
+        """End a stuck child at once (``ActorSystem.kill``)."""
+        ...
+
+    def watch(self, ref: ActorRef[Any], *, notify: ActorRef[Down] | None = None) -> Watch:
+        """Watch an actor's death (``ActorSystem.watch``)."""
+        ...
+
+    @overload
+    async def lookup(
+        self, name: str, *, timeout: float = ..., missing_ok: Literal[False] = ...
+    ) -> ActorRef[Any]: ...
+
+    @overload
+    async def lookup(
+        self, name: str, *, timeout: float = ..., missing_ok: bool
+    ) -> ActorRef[Any] | None: ...
+
+    async def lookup(
+        self, name: str, *, timeout: float = 5.0, missing_ok: bool = False
+    ) -> ActorRef[Any] | None:
+        """The live incarnation named ``name`` (``ActorSystem.lookup``)."""
+        ...
+
+    async def statistics(self, ref: ActorRef[Any], timeout: float = 5.0) -> MailboxStatistics:
+        """An actor's mailbox counters (``ActorSystem.statistics``)."""
+        ...
+
+
+class Actor(Generic[M]):
+    """Base class of every actor, generic in the messages its ref accepts.
+
+    Subclasses define ``@handler`` methods and may override the async lifecycle hooks
+    ``on_start`` (runs before the actor is reported ready), ``on_stop`` (runs after the last
+    message was handled, on a graceful stop) and ``on_failure`` (runs when the actor dies of
+    an error). While running, ``self.ref`` is the actor's own ref and ``self.system`` the
+    system it lives in (spawn, watch, stop, lookup).
+
+    Example:
+        >>> class Echo(Actor[Ping]):
+        ...     @handler
+        ...     async def ping(self, msg: Ping) -> Pong:
+        ...         return Pong(n=msg.n)
     """
 
-    ref: ActorRef[Any]
-    system: ActorSystem
+    ref: ActorRef[M]
+    system: SystemHandle
     _task_group: anyio.abc.TaskGroup | None = None
     _failure: Exception | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Check the handlers now, so a wrong one fails where the class is written; a class
+        # whose annotations name types defined further down its module is checked at its
+        # first spawn instead.
+        with contextlib.suppress(NameError):
+            handler_table(cls)
 
     async def on_start(self) -> None:
         """Called once before the first message; an exception here fails the spawn."""
@@ -109,11 +268,15 @@ class Actor:
     async def on_stop(self) -> None:
         """Called once after the last message, on a graceful stop."""
 
+    async def on_failure(self, error: BaseException) -> None:
+        """Called once when the actor dies of ``error`` (``on_start`` raised, a background
+        task raised, or ``crash``), before its watchers hear of it; ``on_stop`` does not run
+        then. A handler that raises fails its message only, not the actor."""
+
     async def stop(self) -> None:
         """Stop this actor gracefully, as if asked to: messages already queued are handled,
         ``on_stop`` runs, and the exit is normal (a transient child is not restarted)."""
-        node = self.system.node
-        await node.send_control(self.ref.address, Kind.STOP, 0, b"")
+        await current_node().send_stop(self.ref)
 
     def crash(self, error: Exception) -> None:
         """End this actor with ``error`` as soon as the running handler returns.
@@ -142,157 +305,3 @@ class Actor:
                 f"{type(self).__qualname__} is not running: start tasks from on_start"
             )
         self._task_group.start_soon(fn, *args)
-
-
-class Cell:
-    """Runs one actor: its mailbox loop, its replies and its counters.
-
-    Args:
-        actor: The actor instance.
-        mailbox: Its bound mailbox.
-        node: The node replies are sent from.
-    """
-
-    def __init__(self, actor: Actor, mailbox: Mailbox, node: Node) -> None:
-        self.actor = actor
-        self.mailbox = mailbox
-        self.node = node
-        self.stopping = False
-        table = handler_table(type(actor))
-        self._handlers: dict[type[Message], tuple[Callable[[Any], Any], bool]] = {
-            t: (getattr(actor, name), is_async) for t, (name, is_async) in table.items()
-        }
-
-    @staticmethod
-    def decoder_for(cls: type[Actor]) -> MailboxDecoder:
-        """Build the mailbox decoder of an actor class."""
-        types = list(handler_table(cls))
-        if not types:
-            raise TypeError(f"{cls.__qualname__} has no @handler methods")
-        return MailboxDecoder(types)
-
-    async def run(self, on_ready: Callable[[], Awaitable[None]]) -> Header | None:
-        """The actor's whole life: ``on_start``, ready, serve until stopped, ``on_stop``.
-
-        Returns:
-            The stop request, to acknowledge once everything is closed.
-
-        Raises:
-            Exception: ``on_start`` failed (before ``on_ready``), or a background task of
-                the actor failed (the actor crashed).
-        """
-        actor = self.actor
-        try:
-            async with anyio.create_task_group() as tg:
-                actor._task_group = tg
-                try:
-                    await actor.on_start()
-                    await on_ready()
-                    stop = await self.serve()
-                    try:
-                        await actor.on_stop()
-                    except Exception:
-                        logger.exception("%s: on_stop raised", self.mailbox.owner)
-                finally:
-                    actor._task_group = None
-                tg.cancel_scope.cancel()
-        except ExceptionGroup as group:
-            # One failure (on_start, or a background task) is the actor's error: raise it
-            # as itself so reasons and SpawnErrors read plainly.
-            err = sole_error(group)
-            if err is not group and isinstance(err, Exception):
-                raise err from None
-            raise
-        return stop
-
-    async def serve(self) -> Header | None:
-        """Handle messages until a stop request; return it (after draining what is queued)."""
-        handling_address.set(self.mailbox.address)
-        mailbox = self.mailbox
-        handlers = self._handlers
-        stop: Header | None = None
-        while stop is None:
-            items = await mailbox.receive()
-            stop = await self._handle_items(items, handlers)
-        # Everything already queued was accepted before the stop: handle it too.
-        while items := mailbox.drain():
-            await self._handle_items(items, handlers)
-        return stop
-
-    async def _handle_items(
-        self,
-        items: list[Item],
-        handlers: dict[type[Message], tuple[Callable[[Any], Any], bool]],
-    ) -> Header | None:
-        mailbox = self.mailbox
-        actor = self.actor
-        decode = mailbox.decoder.decode
-        stop: Header | None = None
-        for header, body in items:
-            if header is None:
-                mailbox.queued -= 1
-                try:
-                    msg = decode(body)  # type: ignore[arg-type]  # a tell's body is its frame
-                except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                    mailbox.reject(err, body)  # type: ignore[arg-type]
-                    continue
-                fn, is_async = handlers[type(msg)]
-                try:
-                    if is_async:
-                        await fn(msg)
-                    else:
-                        fn(msg)
-                except Exception:  # a handler's error fails its message only
-                    mailbox.failed += 1
-                    logger.exception("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
-                else:
-                    mailbox.handled += 1
-                if actor._failure is not None:
-                    raise actor._failure  # crash() was called: nothing more is handled
-                continue
-            mailbox.queued -= 1
-            decoded = body if not isinstance(body, bytes) else None
-            if header.kind is Kind.ASK:
-                await self._handle_ask(header, decoded)
-                if self.actor._failure is not None:
-                    raise self.actor._failure
-            elif header.kind is Kind.FLUSH:
-                # A sender about to exit: everything it sent before this is handled.
-                await self.node.reply(header, None)
-            elif header.kind is Kind.STOP:
-                stop = header
-                self.stopping = True
-            elif header.kind is Kind.STATS:
-                await self.node.reply(header, mailbox.statistics())
-            elif header.kind is Kind.LOOKUP and isinstance(decoded, LookupQuery):
-                found = await self.actor.system.lookup(decoded.name, missing_ok=True)
-                await self.node.reply(header, LookupReply(ref=found))
-            else:
-                mailbox.rejected += 1
-                logger.warning("%s: unexpected control frame %s", mailbox.owner, header.kind)
-        return stop
-
-    async def _handle_ask(self, header: Header, msg: Message | ErrorBody | None) -> None:
-        mailbox = self.mailbox
-        node = self.node
-        try:
-            if isinstance(msg, ErrorBody) or msg is None:
-                await node.reply_error(header, msg or ErrorBody("runtime.ProtocolError", "", ""))
-                return
-            fn, is_async = self._handlers[type(msg)]
-            try:
-                result = await fn(msg) if is_async else fn(msg)
-            except Exception as err:  # noqa: BLE001 - the asker gets the error as data
-                mailbox.failed += 1
-                logger.debug("%s: handler of %s raised", mailbox.owner, type(msg).__name__)
-                await node.reply_error(header, err)
-                return
-            mailbox.handled += 1
-            try:
-                await node.reply(header, result)
-            except ProtocolError as err:
-                await node.reply_error(header, err)
-        except TokenyardError as err:
-            # The asker is unreachable (gone, or its inbox stayed full): it will time out or
-            # learn of the failure some other way; this actor carries on.
-            logger.warning("%s: could not reply to %s: %s", mailbox.owner, header.sender, err)

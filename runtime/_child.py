@@ -1,8 +1,17 @@
-"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``)."""
+"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``).
+
+The actor lives the same life as an in-process one (`runtime._cell.host`); this module adds
+only what a process needs: reading its spawn spec, its title, its ready report and last
+words to the parent, its exit status, and dying with its parent.
+
+Parent death is seen two ways: the kernel's parent-death signal (SIGTERM), and EOF on the
+spec's pipe, read by a thread so that it is seen even when the event loop is stuck. Either
+way the process removes its socket files, kills its own children outright, and dies; on the
+pipe's EOF it dies by SIGKILL, so an actor that ignores SIGTERM cannot outlive its root.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import logging
@@ -10,19 +19,22 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 from setproctitle import setproctitle
 
-from ._codec import ErrorBody, Kind, ReadyBody, body_encoder
 from ._errors import sole_error
+from ._protocol import ErrorBody, Kind, ReadyBody, body_encoder
 from ._spawn import SpawnSpec, read_spec, resolve_class
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
+
+    from ._system import ActorSystem
 
 logger = logging.getLogger("tokenyard.child")
 
@@ -34,12 +46,10 @@ _spec: SpawnSpec | None = None
 _children: Callable[[], list[int]] = list
 
 
-def _die_by_signal(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (an escalated stop, or the parent died): clean up our files and go.
-
-    Our own children are killed outright: they would get only the parent-death SIGTERM,
-    which an actor that ignores SIGTERM would survive, outliving the whole tree.
-    """
+def _clean_up() -> None:
+    """Before dying of a signal: kill our own children outright (they would get only the
+    parent-death SIGTERM, which one ignoring SIGTERM would survive), remove our socket
+    files, and the system directory too when the root is gone."""
     for pid in _children():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -47,10 +57,23 @@ def _die_by_signal(signum: int, frame: FrameType | None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
     if _spec is not None and not _alive(_spec.root_pid):
-        # The root cannot clean its directory any more: the tree it owned is going away.
         shutil.rmtree(_spec.ipc_dir, ignore_errors=True)
+
+
+def _die_by_signal(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (an escalated stop, or the parent died): clean up our files and go."""
+    _clean_up()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _watch_parent_pipe(fd: int) -> None:
+    """EOF on the spec's pipe means the parent is gone: clean up, and die for sure."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 4096):
+            pass
+    _clean_up()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -76,20 +99,13 @@ def _set_parent_death_signal() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-async def _report_failure(system: object, spec: SpawnSpec, err: BaseException) -> None:
-    import traceback
-
-    from ._system import ActorSystem
-
-    assert isinstance(system, ActorSystem)
-    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    body = ErrorBody(f"{type(err).__module__}.{type(err).__qualname__}", str(err), tb)
-    await system.node.send_control(
-        spec.parent_reply, Kind.FAILED, spec.token, body_encoder.encode(body)
-    )
+async def _report_failure(system: ActorSystem, spec: SpawnSpec, err: BaseException) -> None:
+    body = body_encoder.encode(ErrorBody.of(err))
+    await system.node.send_control(spec.parent_reply, Kind.FAILED, spec.token, body)
 
 
 async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
+    from ._actor import Actor
     from ._system import ActorSystem
 
     global _children
@@ -100,6 +116,8 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
         try:
             if isinstance(cls, BaseException):
                 raise cls
+            if not issubclass(cls, Actor):
+                raise TypeError(f"{spec.actor} is not an Actor class")
             cell = system._make_cell(
                 cls, spec.args, spec.kwargs, spec.name, spec.incarnation, owner=spec.parent_reply
             )
@@ -107,64 +125,31 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
             await _report_failure(system, spec, err)
             return 1
         _bound.extend(system.bound_paths())
-        started = False
 
         async def on_ready() -> None:
-            nonlocal started
-            started = True
             ready = ReadyBody(cell.mailbox.address, os.getpid(), system.node.reply_address)
             await system.node.send_control(
                 spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
             )
 
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_parent_pipe)
-                stop = await cell.run(on_ready)
-                tg.cancel_scope.cancel()
-        except Exception as group:  # the actor crashed: say why, then exit 1
-            cause = sole_error(group)
+        ending = await system._host(cell, on_ready)
+        if ending.error is not None:  # the actor crashed: say why, then exit 1
+            cause = sole_error(ending.error)
             logger.error(
                 "actor %s %s",
                 spec.name,
-                "crashed" if started else "failed to start",
+                "crashed" if ending.started else "failed to start",
                 exc_info=cause,
             )
             # Before ready, this fails the spawn; after, these are the actor's last words,
             # which its parent puts in the Down reason.
             await _report_failure(system, spec, cause)
             return 1
-        finally:
-            system._drop_cell(cell)
         system.closing = True
-        await system._close_children()
         await system.deliver_tells(skip=[cell.mailbox.address])
-        if stop is not None:
-            await system.node.reply(stop, None)
+        if ending.stop is not None:
+            await system.node.reply(ending.stop, None)
     return 0
-
-
-async def _watch_parent_pipe() -> None:
-    """EOF on stdin means the parent is gone (the portable half of parent-death)."""
-    fd = sys.stdin.fileno()
-    loop = asyncio.get_running_loop()
-    while True:
-        # A plain loop reader: anyio.wait_readable would import anyio's socket modules,
-        # about 15 ms more on every actor start.
-        readable: asyncio.Future[None] = loop.create_future()
-
-        def wake(future: asyncio.Future[None] = readable) -> None:
-            if not future.done():  # the reader may fire again before this task resumes
-                future.set_result(None)
-
-        loop.add_reader(fd, wake)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(fd)
-        if not os.read(fd, 4096):
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
 
 
 def main() -> None:
@@ -175,6 +160,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)
+    threading.Thread(
+        target=_watch_parent_pipe, args=(sys.stdin.fileno(),), name="parent-pipe", daemon=True
+    ).start()
     setproctitle(f"tokenyard::{spec.name}:{os.getpid()}")
     sys.path[:] = spec.sys_path
     logging.basicConfig(

@@ -11,19 +11,17 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 
-from ._codec import DownBody, Kind
 from ._errors import TokenyardError
-from ._watch import Down, reason_for_status
+from ._exit import reason_for_status
+from ._protocol import Cause, Down, Kind
 
 if TYPE_CHECKING:
-    from ._actor import Cell
+    from ._cell import Cell
     from ._node import Node
     from ._ref import ActorRef
     from ._spawn import ChildProcess
@@ -36,7 +34,15 @@ TERM_GRACE = 2.0
 
 @dataclass(eq=False)
 class Child:
-    """One child actor: in its own process (``process``) or in-process (``cell``)."""
+    """One child actor: in its own process (``process``) or in-process (``cell``).
+
+    Attributes:
+        parent: Address of the in-process actor that started it ('' for the system): when
+            that actor ends, this child is stopped.
+        stall_timeout: Seconds its process may leave liveness probes unanswered before it
+            is killed as unresponsive (``None``: never probed).
+        unresponsive: Set when it was killed for not answering: the ``Down``'s reason.
+    """
 
     ref: ActorRef[Any]
     shutdown_timeout: float
@@ -47,21 +53,10 @@ class Child:
     cell: Cell | None = None
     scope: anyio.CancelScope | None = None
     down: Down | None = None
+    parent: str = ""
+    stall_timeout: float | None = None
+    unresponsive: str = ""
     exited: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class Watch(Awaitable[Down]):
-    """A registered interest in one incarnation's death; ``await`` it for the ``Down``."""
-
-    def __init__(self, future: asyncio.Future[Down]) -> None:
-        self._future = future
-
-    def __await__(self) -> Generator[Any, None, Down]:
-        return self._future.__await__()
-
-    def cancel(self) -> None:
-        """Stop watching."""
-        self._future.cancel()
 
 
 class Children:
@@ -97,9 +92,31 @@ class Children:
         words = None
         if self.node is not None and not self.node.closed:
             self.node.read_replies()
-            words = self.node.last_words.pop(child.token, None)
-        reason, signum = reason_for_status(code, words, child.oom_before)
-        self.died(child, Down(ref=child.ref, reason=reason, exitcode=code, signal=signum))
+            words = self.node.take_last_words(child.token)
+        cause, reason, signum = reason_for_status(code, words, child.oom_before)
+        if child.unresponsive and cause is Cause.SIGNAL:
+            cause, reason = Cause.UNRESPONSIVE, child.unresponsive
+        down = Down(ref=child.ref, cause=cause, reason=reason, exitcode=code, signal=signum)
+        self.died(child, down)
+
+    async def probe(self, child: Child) -> None:
+        """Kill ``child``'s process when it leaves liveness probes unanswered for its
+        ``stall_timeout`` (stopped, or its event loop blocked): stuck ends as dead does."""
+        node, limit = self.node, child.stall_timeout
+        assert node is not None
+        assert limit is not None
+        assert child.process is not None
+        while not child.exited.is_set():
+            with anyio.move_on_after(limit / 4):
+                await child.exited.wait()
+            if child.exited.is_set() or await node.ping(child.node_address, limit):
+                continue
+            if child.exited.is_set():
+                return
+            child.unresponsive = f"unresponsive for {limit:g} s (killed)"
+            logger.warning("actor %s %s", child.ref.name, child.unresponsive)
+            child.process.kill()
+            return
 
     def died(self, child: Child, down: Down) -> None:
         """Record a death: the ``Down``, the node's dead set, its watchers, a log line."""
@@ -108,11 +125,9 @@ class Children:
         self.live.pop(child.ref.address, None)
         node = self.node
         if node is not None and not node.closed:
-            ref = child.ref
-            body = DownBody(ref.address, ref.name, down.reason, down.exitcode, down.signal)
-            node.mark_dead(ref.address, body)
+            node.mark_dead(down)
             if child.node_address:
-                node.owner_died(child.node_address, ref.name)
+                node.owner_died(child.node_address, child.ref.name)
         if not down.normal:
             logger.warning("actor %s died: %s", child.ref.name, down.reason)
 
@@ -126,7 +141,7 @@ class Children:
             with anyio.move_on_after(timeout):
                 await node.send_control(child.ref.address, Kind.STOP, corr, timeout=timeout)
                 await acked
-        except (TokenyardError, msgspec.DecodeError):
+        except TokenyardError:
             logger.debug("stop request to %s failed", child.ref.name, exc_info=True)
         finally:
             node.drop_request(corr)
@@ -155,7 +170,9 @@ class Children:
         elif child.scope is not None:
             child.scope.cancel()
 
-    async def stop_all(self) -> None:
-        """Stop every child, in reverse start order."""
+    async def stop_all(self, parent: str | None = None) -> None:
+        """Stop every child (of the in-process actor at ``parent`` only, when given), in
+        reverse start order."""
         for child in reversed(list(self.live.values())):
-            await self.stop(child, child.shutdown_timeout)
+            if parent is None or child.parent == parent:
+                await self.stop(child, child.shutdown_timeout)

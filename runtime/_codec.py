@@ -1,15 +1,10 @@
-"""Wire encoding: the frame header, control bodies and the per-mailbox decoder.
+"""Message encoding: the per-mailbox decoder of an actor's accepted union, and spawn values.
 
-A ``tell`` travels as one frame: the msgpack body alone. Everything else (asks, replies,
-control) travels as ``[header, body, *buffers]`` so a router can read the header and pass the
-body on as ``msgspec.Raw`` without decoding it. A header frame starts with 0xC1, the one byte
-msgpack never uses, so a receiver tells the two apart from the first byte alone and never
-has to ask the socket whether more frames follow (a libzmq round trip costing microseconds).
+The frame layout and the control bodies are the protocol's (`runtime._protocol`).
 """
 
 from __future__ import annotations
 
-import enum
 from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Any
@@ -21,109 +16,6 @@ if TYPE_CHECKING:
 
     from ._message import Message
 
-
-class Kind(enum.IntEnum):
-    """What a multi-frame message is."""
-
-    ASK = 1
-    REPLY = 2
-    ERROR = 3
-    STOP = 4
-    READY = 5
-    FAILED = 6
-    STATS = 7
-    WATCH = 8
-    DOWN = 9
-    LOOKUP = 10
-    FLUSH = 11
-
-
-class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """The small typed header of a multi-frame message.
-
-    Attributes:
-        kind: What the message is.
-        corr: Correlation id: an ask and its reply carry the same one.
-        reply_to: Address the reply goes to ('' when none is wanted).
-        sender: Name of the sending actor or system, for logs.
-        body_type: ``module:QualName`` of a reply body ('' for ``None``).
-        frames: How many frames follow the header (the body, then extra buffers).
-        cookie: The system's secret; control frames (stop, statistics) without it are
-            refused, so stray bytes can never stop an actor.
-    """
-
-    kind: Kind
-    corr: int = 0
-    reply_to: str = ""
-    sender: str = ""
-    body_type: str = ""
-    frames: int = 1
-    cookie: bytes = b""
-
-
-#: First byte of every header frame (msgpack never emits it).
-HEADER_MARK = 0xC1
-HEADER_BYTE = bytes([HEADER_MARK])
-#: Most frames a header may announce (body plus extra buffers).
-MAX_FRAMES = 64
-
-
-def encode_header(header: Header) -> bytearray:
-    """The header frame: the mark byte, then the msgpack header."""
-    buf = bytearray(b"\xc1")
-    header_encoder.encode_into(header, buf, 1)
-    return buf
-
-
-def decode_header(frame: bytes) -> Header:
-    """Decode a header frame (the caller has checked the mark byte)."""
-    return header_decoder.decode(memoryview(frame)[1:])
-
-
-#: Kinds that act on the actor itself: only accepted with the system's cookie.
-CONTROL_KINDS = frozenset({Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.WATCH, Kind.DOWN})
-
-
-class ErrorBody(msgspec.Struct, array_like=True, frozen=True):
-    """A failure carried as data: the remote exception's type, text and traceback."""
-
-    type_name: str
-    message: str
-    traceback: str
-
-
-class ReadyBody(msgspec.Struct, array_like=True, frozen=True):
-    """Sent by a freshly started actor once ``on_start`` has finished."""
-
-    address: str
-    pid: int
-    node: str = ""
-
-
-class WatchBody(msgspec.Struct, array_like=True, frozen=True):
-    """Asks an actor's owning node to report its death to ``subscriber``."""
-
-    address: str
-    subscriber: str
-
-
-class DownBody(msgspec.Struct, array_like=True, frozen=True):
-    """An owning node's report that the actor at ``address`` died."""
-
-    address: str
-    name: str
-    reason: str
-    exitcode: int | None = None
-    signal: int | None = None
-
-
-header_encoder = msgspec.msgpack.Encoder()
-header_decoder = msgspec.msgpack.Decoder(Header)
-error_decoder = msgspec.msgpack.Decoder(ErrorBody)
-ready_decoder = msgspec.msgpack.Decoder(ReadyBody)
-watch_decoder = msgspec.msgpack.Decoder(WatchBody)
-down_decoder = msgspec.msgpack.Decoder(DownBody)
-body_encoder = msgspec.msgpack.Encoder()
 
 # msgpack's first byte tells an array (fixarray 0x90-0x9f, array16 0xdc, array32 0xdd) from
 # a map; msgspec cannot decode a union mixing array-like and map-like structs, so a mailbox
@@ -179,6 +71,9 @@ def _union(types: list[type[Message]]) -> Any:
     return reduce(or_, types) if len(types) > 1 else types[0]
 
 
+_spawn_encoder = msgspec.msgpack.Encoder()
+
+
 def encode_spawn_value(value: object, what: str) -> bytes:
     """Encode a spawn argument, naming it when it cannot be encoded.
 
@@ -186,6 +81,6 @@ def encode_spawn_value(value: object, what: str) -> bytes:
         TypeError: With the argument's name and type when msgspec cannot encode it.
     """
     try:
-        return body_encoder.encode(value)
+        return _spawn_encoder.encode(value)
     except (TypeError, msgspec.EncodeError) as err:
         raise TypeError(f"{what} ({type(value).__name__}) is not msgspec-encodable: {err}") from err

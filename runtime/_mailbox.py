@@ -1,38 +1,43 @@
-"""An actor's mailbox: a bound PULL socket, its decoder, and its counters."""
+"""An actor's mailbox: a bound PULL socket, its decoder, its byte budget and its counters.
+
+The mailbox is the only writer of its counters: the cell that runs the actor takes each
+message through `Mailbox.open` (a tell) or `Mailbox.take` (a framed message), and reports a
+failed handler with `Mailbox.fail`.
+
+Nothing a peer sends can end the actor: every frame that does not decode, or breaks the
+framing or the trust rules, whatever the error (a ``RecursionError`` from deep nesting
+included), is counted as rejected, logged at most once per few seconds, and skipped.
+"""
 
 from __future__ import annotations
 
-import logging
-import time
+from typing import TYPE_CHECKING
 
-import msgspec
 import zmq
 
-from ._codec import (
-    CONTROL_KINDS,
+from ._errors import ProtocolError
+from ._message import Message
+from ._protocol import (
     HEADER_MARK,
     MAX_FRAMES,
     ErrorBody,
     Header,
     Kind,
-    MailboxDecoder,
+    cookie_ok,
     decode_header,
+    lookup_decoder,
 )
-from ._message import Message
+from ._throttle import Throttle
 from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame, recv_rest
-from ._watch import LookupQuery
 
-logger = logging.getLogger("tokenyard.mailbox")
+if TYPE_CHECKING:
+    import logging
+    from collections.abc import Callable
 
-#: One received item: the header and its decoded body (or an ``ErrorBody`` saying why an
-#: ask's body was refused: the asker is told, not left waiting); for a plain tell, ``None``
-#: and the raw frame, decoded only just before its handler runs. Decoding a whole drained
-#: run up front would keep hundreds of decoded messages alive at once, and the garbage
-#: collector would walk them all on every collection (measured: 10x slower for batches).
-Item = tuple[Header | None, Message | ErrorBody | bytes | None]
+    from ._codec import MailboxDecoder
 
-_LOG_EVERY = 5.0
-_lookup_decoder = msgspec.msgpack.Decoder(LookupQuery)
+#: Kinds a mailbox reads (the rest go to a node's reply inbox).
+_MAILBOX_KINDS = frozenset({Kind.ASK, Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.FLUSH})
 
 
 class MailboxStatistics(Message):
@@ -40,10 +45,13 @@ class MailboxStatistics(Message):
 
     Attributes:
         received: Frames read off the socket (control frames included).
-        rejected: Frames refused: undecodable, or of a type this actor does not accept.
-        handled: Messages whose handler returned.
+        rejected: Frames refused: undecodable, of a type this actor does not accept, or
+            breaking the framing or trust rules.
+        handled: Messages handed to their handler that did not fail (the running one
+            included).
         failed: Messages whose handler raised.
         queued: Messages read off the socket and not yet handled.
+        queued_bytes: Bytes of those messages (bounded by ``mailbox_bytes``).
     """
 
     received: int
@@ -51,6 +59,39 @@ class MailboxStatistics(Message):
     handled: int
     failed: int
     queued: int
+    queued_bytes: int = 0
+
+
+class Envelope:
+    """A framed message taken off the socket: its header, and its decoded body.
+
+    Attributes:
+        header: The header.
+        message: The decoded body of an ask or a lookup; ``None`` for other kinds.
+        refusal: Why an ask's body was refused (the asker is told, not left waiting).
+        size: Bytes it arrived as.
+    """
+
+    __slots__ = ("header", "message", "refusal", "size")
+
+    def __init__(
+        self,
+        header: Header,
+        size: int,
+        message: Message | None = None,
+        refusal: ErrorBody | None = None,
+    ) -> None:
+        self.header = header
+        self.size = size
+        self.message = message
+        self.refusal = refusal
+
+
+#: One received item: a tell's frame, decoded only just before its handler runs (decoding a
+#: whole drained run up front would keep hundreds of decoded messages alive at once, and the
+#: garbage collector would walk them all on every collection: 10x slower for batches), or a
+#: framed message.
+Item = bytes | Envelope
 
 
 class Mailbox:
@@ -61,7 +102,10 @@ class Mailbox:
         address: The address it is bound to.
         decoder: Decoder of the actor's accepted message union.
         owner: The actor's name, for logs.
-        cookie: The system's secret, required on control frames.
+        cookie: The system's secret, required on every framed message.
+        allows: Whether an address is the system's own (an ask's reply address must be).
+        budget: Most bytes read off the socket and not yet handled.
+        logger: Where rejections are logged.
     """
 
     def __init__(
@@ -71,52 +115,67 @@ class Mailbox:
         decoder: MailboxDecoder,
         owner: str,
         cookie: bytes,
+        allows: Callable[[str], bool],
+        budget: int,
+        logger: logging.Logger,
     ) -> None:
         self.sock = sock
-        self.cookie = cookie
         self.address = address
         self.decoder = decoder
         self.owner = owner
-        self.received = 0
-        self.rejected = 0
-        self.handled = 0
-        self.failed = 0
-        self.queued = 0
+        self._cookie = cookie
+        self._allows = allows
+        self._budget = budget
+        self._received = 0
+        self._rejected = 0
+        self._opened = 0
+        self._failed = 0
+        self._queued = 0
+        self._queued_bytes = 0
         self._waiter = ReadinessWaiter(sock)
         #: The last drain emptied the socket: the next receive waits (its readiness check
         #: is cheaper than a ``recv`` that fails) instead of draining again.
         self._emptied = False
-        self._unlogged = 0
-        self._last_log = 0.0
+        self._throttle = Throttle(logger)
+        self._decode = decoder.decode
 
     def statistics(self) -> MailboxStatistics:
         """A snapshot of the counters."""
         return MailboxStatistics(
-            received=self.received,
-            rejected=self.rejected,
-            handled=self.handled,
-            failed=self.failed,
-            queued=self.queued,
+            received=self._received,
+            rejected=self._rejected,
+            handled=self._opened - self._failed,
+            failed=self._failed,
+            queued=self._queued,
+            queued_bytes=self._queued_bytes,
         )
 
+    # -- reading ----------------------------------------------------------------------------
+
     def drain(self, limit: int = 1024) -> list[Item]:
-        """Read up to ``limit`` queued messages without waiting (tells stay undecoded)."""
+        """Read up to ``limit`` queued messages without waiting (tells stay undecoded), and
+        no more once the unhandled bytes pass the budget (one at the least)."""
         items: list[Item] = []
         sock = self.sock
-        while len(items) < limit:
+        size = 0
+        budget = self._budget - self._queued_bytes
+        while len(items) < limit and (size < budget or not items):
             try:
                 frame = recv_frame(sock, NOBLOCK)
             except zmq.Again:
                 self._emptied = True
                 break
-            self.received += 1
+            self._received += 1
             if frame and frame[0] == HEADER_MARK:
-                item = self._framed(frame)
-                if item is not None:
-                    items.append(item)
+                envelope = self._framed(frame)
+                if envelope is not None:
+                    items.append(envelope)
+                    size += envelope.size
                 continue
-            items.append((None, frame))
-        self.queued += len(items)
+            items.append(frame)
+            size += len(frame)
+        self._queued += len(items)
+        self._queued_bytes += size
         return items
 
     async def receive(self, limit: int = 1024) -> list[Item]:
@@ -129,54 +188,75 @@ class Mailbox:
             if items:
                 return items
 
-    def _framed(self, first: bytes) -> Item | None:
+    def _framed(self, first: bytes) -> Envelope | None:
         rest = recv_rest(self.sock, MAX_FRAMES)
         try:
             header = decode_header(first)
             if not rest or len(rest) != header.frames:
                 parts = f"more than {MAX_FRAMES}" if rest is None else len(rest)
-                raise msgspec.ValidationError(
+                raise ProtocolError(
                     f"a header announcing {header.frames} frames, followed by {parts}"
                 )
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            if not cookie_ok(header, self._cookie):
+                raise ProtocolError(f"a {header.kind.name} frame without the system's cookie")
+            if header.kind not in _MAILBOX_KINDS:
+                raise ProtocolError(f"a {header.kind.name} frame sent to a mailbox")
+            if header.reply_to and not self._allows(header.reply_to):
+                raise ProtocolError(f"a reply address outside the system: {header.reply_to!r}")
+        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, first)
             return None
-        if header.kind in CONTROL_KINDS and header.cookie != self.cookie:
-            self.reject(msgspec.ValidationError("a control frame without the cookie"), first)
-            return None
+        size = len(first) + sum(map(len, rest))
+        body = rest[0]
         if header.kind is Kind.LOOKUP:
             try:
-                return (header, _lookup_decoder.decode(rest[0]))
-            except (msgspec.DecodeError, msgspec.ValidationError) as err:
-                self.reject(err, rest[0])
+                return Envelope(header, size, lookup_decoder.decode(body))
+            except Exception as err:  # noqa: BLE001
+                self.reject(err, body)
                 return None
         if header.kind is not Kind.ASK:
-            return (header, None)
-        if not header.reply_to.startswith(("ipc://", "tcp://")):
-            self.reject(msgspec.ValidationError("an ask with no usable reply address"), first)
+            return Envelope(header, size)
+        if not header.reply_to:
+            self.reject(ProtocolError("an ask with no reply address"), first)
             return None
         try:
-            return (header, self.decoder.decode(rest[0]))
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            self.reject(err, rest[0])
+            return Envelope(header, size, self._decode(body))
+        except Exception as err:  # noqa: BLE001 - the asker is told why
+            self.reject(err, body)
             text = f"{self.owner} refused the message: {err}"
-            return (header, ErrorBody("runtime.ProtocolError", text, ""))
+            return Envelope(header, size, refusal=ErrorBody("runtime.ProtocolError", text, ""))
 
-    def reject(self, err: Exception, frame: bytes) -> None:
+    # -- taking messages (the cell) ---------------------------------------------------------
+
+    def open(self, frame: bytes) -> Message | None:
+        """Take a tell off the queue and decode it; ``None`` when it is refused."""
+        self._queued -= 1
+        self._queued_bytes -= len(frame)
+        try:
+            msg = self._decode(frame)
+        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
+            self.reject(err, frame)
+            return None
+        self._opened += 1
+        return msg
+
+    def take(self, envelope: Envelope) -> None:
+        """Take a framed message off the queue (an ask's handler counts as opened)."""
+        self._queued -= 1
+        self._queued_bytes -= envelope.size
+        if envelope.message is not None and envelope.header.kind is Kind.ASK:
+            self._opened += 1
+
+    def fail(self) -> None:
+        """Count the handler of the message opened last as failed."""
+        self._failed += 1
+
+    def reject(self, err: BaseException, frame: bytes) -> None:
         """Count a refused frame and log it (at most one line per few seconds)."""
-        self.rejected += 1
-        self._unlogged += 1
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_EVERY:
-            logger.warning(
-                "%s rejected %d message(s); latest: %s (first bytes %r)",
-                self.owner,
-                self._unlogged,
-                err,
-                frame[:16],
-            )
-            self._unlogged = 0
-            self._last_log = now
+        self._rejected += 1
+        self._throttle.warning(
+            "%s rejected a message: %s (first bytes %r)", self.owner, err, bytes(frame[:16])
+        )
 
     def close(self) -> None:
         """Close the socket (libzmq removes an ipc socket file when its listener closes)."""

@@ -1,19 +1,21 @@
-"""The per-process core of an actor system: zmq context, outbox, reply inbox, pending asks.
+"""The per-process core of an actor system: zmq context, outbox, reply inbox, pending asks,
+and what this process knows of deaths.
 
-Every process that runs actors has one ``Node`` per open ``ActorSystem``. Refs find the node
-to send from through a context variable, falling back to the most recently opened node, so
-code running in tasks the system did not start (a web framework's request handlers) works.
+Every process that runs actors has one ``Node`` per open ``ActorSystem``. Refs find it
+through `runtime._context`. Its reply inbox takes everything that is not a mailbox's: replies
+and errors, readiness reports and last words of its child processes, watch requests and
+death notices from other nodes, and liveness probes, which it answers from the event loop at
+once. Like a mailbox, it survives any bytes: whatever fails to decode, or lacks the
+system's cookie, is counted and skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import itertools
 import logging
 import os
-import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,21 +23,9 @@ import anyio
 import msgspec
 import zmq
 
-from ._codec import (
-    HEADER_BYTE,
-    MAX_FRAMES,
-    DownBody,
-    ErrorBody,
-    Header,
-    Kind,
-    WatchBody,
-    body_encoder,
-    decode_header,
-    down_decoder,
-    encode_header,
-    error_decoder,
-    watch_decoder,
-)
+from . import _context
+from ._auth import AddressPolicy, Keys, ZapHandler
+from ._context import handling_address
 from ._errors import (
     ActorDeadError,
     AskTimeoutError,
@@ -46,6 +36,26 @@ from ._errors import (
 )
 from ._message import Message, type_path
 from ._message import registry as message_registry
+from ._protocol import (
+    HEADER_BYTE,
+    MAX_FRAMES,
+    Cause,
+    Down,
+    ErrorBody,
+    Header,
+    Kind,
+    WatchBody,
+    body_encoder,
+    cookie_ok,
+    decode_header,
+    down_decoder,
+    encode_header,
+    error_decoder,
+    new_corr,
+    watch_decoder,
+)
+from ._ref import ActorRef
+from ._throttle import Throttle
 from ._transport import (
     NOBLOCK,
     POLLIN,
@@ -60,33 +70,19 @@ from ._transport import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Container
 
-    from ._ref import ActorRef
+    from ._context import RefLike
 
 logger = logging.getLogger("tokenyard.node")
 #: How many dead addresses a node remembers (to refuse sends to them).
 _DEAD_KEPT = 100_000
+#: How many addresses the tell path remembers having subscribed for.
+_KNOWN_KEPT = 100_000
+#: How many other nodes may watch one actor here (the oldest are forgotten first).
+_SUBSCRIBERS_KEPT = 1_024
+#: How many child processes' last words are kept until their monitors read them.
+_WORDS_KEPT = 1_024
 _encode = body_encoder.encode
 _NONE = _encode(None)
-_current: contextvars.ContextVar[Node] = contextvars.ContextVar("tokenyard_node")
-_open_nodes: list[Node] = []
-#: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
-handling_address: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_handling")
-
-
-def current_node() -> Node:
-    """The node that sends on behalf of the running code.
-
-    Raises:
-        MailboxClosedError: No actor system is open in this process.
-    """
-    node = _current.get(None)
-    if node is not None and not node.closed:
-        return node
-    if _open_nodes:
-        return _open_nodes[-1]
-    raise MailboxClosedError(
-        "no ActorSystem is open in this process: use `async with ActorSystem()`"
-    )
 
 
 def _succeeded(future: asyncio.Future[Any]) -> bool:
@@ -107,41 +103,60 @@ class Node:
         ipc_dir: The system's private directory for ipc socket files.
         options: Transport settings.
         name: Used in socket names and logs.
-        cookie: The system's secret, sent on control frames.
+        cookie: The system's secret, carried by every header.
+        keys: The system's CURVE keys (tcp only).
     """
 
-    def __init__(self, ipc_dir: str, options: TransportOptions, name: str, cookie: bytes) -> None:
+    def __init__(
+        self,
+        ipc_dir: str,
+        options: TransportOptions,
+        name: str,
+        cookie: bytes,
+        keys: Keys | None = None,
+    ) -> None:
         self.ipc_dir = ipc_dir
         self.cookie = cookie
         self.options = options
         self.name = name
+        self.keys = keys
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self.outbox = Outbox(self.ctx, options)
+        tcp_hosts = frozenset({options.tcp_host}) if options.transport == "tcp" else frozenset()
+        self.policy = AddressPolicy(ipc_dir if options.transport == "ipc" else "", tcp_hosts)
+        #: Answers CURVE handshakes for this process's servers (it must exist first).
+        self.zap = ZapHandler(self.ctx, keys) if keys is not None else None
+        self.outbox = Outbox(self.ctx, options, self.policy, keys)
         self._stems = itertools.count()
-        self.reply_sock, self.reply_address = bind_pull(
-            self.ctx, ipc_dir, self.new_stem("r"), options
-        )
+        try:
+            self.reply_sock, self.reply_address = bind_pull(
+                self.ctx, ipc_dir, self.new_stem("r"), options, keys
+            )
+        except ProtocolError:
+            self._close_context()
+            raise
         self._reply_fd = int(self.reply_sock.getsockopt(zmq.FD))
-        self._corr = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         #: Why a child process said it is exiting, by its spawn token.
         self.last_words: dict[int, str] = {}
-        #: Known deaths, by address: the whole record, so a late watcher gets the exit
-        #: status and signal too, not only the reason.
-        self._dead: dict[str, DownBody] = {}
-        #: Addresses this node has sent to (the hot path's one check before subscribing).
+        #: Known deaths, by address: the whole record, so a late watcher gets it all.
+        self._dead: dict[str, Down] = {}
+        #: Addresses the tell path has subscribed for (its one check before subscribing).
         self._known: set[str] = set()
-        #: Addresses this node asked an owner about, and that owner's reply address.
-        self._watched: dict[str, str] = {}
+        #: Refs owned elsewhere whose deaths this node asked to hear of, by address.
+        self._watched: dict[str, ActorRef[Any]] = {}
         #: Local callbacks waiting for a death, by address.
-        self._listeners: dict[str, list[Callable[[DownBody], None]]] = {}
+        self._listeners: dict[str, list[Callable[[Down], None]]] = {}
         #: Other nodes to tell when an actor this node owns dies, by address.
-        self._subscribers: dict[str, set[str]] = {}
+        self._subscribers: dict[str, dict[str, None]] = {}
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._token: contextvars.Token[Node] | None = None
+        self._token: Any = None
+        self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
-        self.bound_paths: list[str] = []
+        #: Frames the reply inbox refused (undecodable, no cookie, unexpected).
+        self.rejected = 0
+        self._rejections = Throttle(logger)
+        self._sends = Throttle(logger)
 
     def new_stem(self, prefix: str) -> str:
         """A socket file name unique within the system directory."""
@@ -150,30 +165,37 @@ class Node:
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current node."""
         self._loop = asyncio.get_running_loop()
+        if self.zap is not None:
+            self.zap.start(self._loop)
         self._loop.add_reader(self._reply_fd, self._on_replies)
-        self._token = _current.set(self)
-        _open_nodes.append(self)
+        self._token = _context.enter(self)
         # The fd is edge-triggered: anything that arrived before the reader existed must be
         # read now or it would wait for the next arrival.
         self._loop.call_soon(self._on_replies)
+        self._sweeper = self._loop.call_later(self.options.peer_idle / 2, self._sweep)
+
+    def _sweep(self) -> None:
+        if self.closed or self._loop is None:
+            return
+        self.outbox.sweep()
+        self._sweeper = self._loop.call_later(self.options.peer_idle / 2, self._sweep)
 
     # -- sending --------------------------------------------------------------------------
 
-    def check_alive(self, ref: ActorRef[Any]) -> None:
+    def check_alive(self, ref: RefLike) -> None:
         """Raise ``ActorDeadError`` if ``ref``'s incarnation is known to be dead."""
         down = self._dead.get(ref.address)
         if down is not None:
-            reason = down.reason
             raise ActorDeadError(
-                f"actor {ref.name!r} (incarnation {ref.incarnation}) is dead: {reason}",
-                reason=reason,
+                f"actor {ref.name!r} (incarnation {ref.incarnation}) is dead: {down.reason}",
+                reason=down.reason,
             )
 
-    def try_tell(self, ref: ActorRef[Any], msg: Message) -> bytes | None:
+    def try_tell(self, ref: RefLike, msg: Message) -> bytes | None:
         """Encode and send a one-way message (one frame) if its queue has room now.
 
         Returns:
-            ``None`` when sent; else the encoded frame, for ``outbox.send`` to wait with.
+            ``None`` when sent; else the encoded frame, for `tell_when_room` to wait with.
         """
         address = ref.address
         if address not in self._known:
@@ -185,17 +207,26 @@ class Node:
             return None
         return frame
 
-    def _learn(self, ref: ActorRef[Any]) -> None:
+    async def tell_when_room(self, ref: RefLike, frame: bytes, timeout: float | None) -> None:
+        """Send an encoded tell, waiting while its mailbox is full (failing if it dies)."""
+        await self.outbox.send(ref.address, frame, timeout, lambda: self.check_alive(ref))
+
+    def _learn(self, ref: RefLike) -> None:
         """First message to an address: subscribe to its death if another node owns it."""
+        if len(self._known) >= _KNOWN_KEPT:
+            self._known.clear()  # subscribing again is harmless; remembering all is not
         self._known.add(ref.address)
         if ref.owner and ref.owner != self.reply_address:
             self.subscribe(ref)
 
     def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
-        """Register a pending reply (an ask, a readiness or stop handshake)."""
+        """Register a pending reply (an ask, a readiness or stop handshake) under a fresh
+        unguessable correlation id."""
         if self.closed or self._loop is None:
             raise MailboxClosedError("the actor system is closed")
-        corr = next(self._corr)
+        corr = new_corr()
+        while corr in self._pending:
+            corr = new_corr()
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[corr] = _Pending(future, target)
         return corr, future
@@ -206,7 +237,13 @@ class Node:
         if pending is not None and pending.timer is not None:
             pending.timer.cancel()
 
-    async def ask(self, ref: ActorRef[Any], msg: Message, timeout: float) -> Any:
+    def header(self, kind: Kind, corr: int = 0, body_type: str = "") -> bytearray:
+        """An encoded header from this node, with the cookie."""
+        return encode_header(
+            Header(kind, corr, self.reply_address, self.name, body_type, cookie=self.cookie)
+        )
+
+    async def ask(self, ref: RefLike, msg: Message, timeout: float) -> Any:
         """Send ``msg`` with a correlation id and wait for the matching reply."""
         self.check_alive(ref)
         if handling_address.get(None) == ref.address:
@@ -216,11 +253,10 @@ class Node:
             )
         self.subscribe(ref)
         corr, future = self.new_request(ref.address)
-        header = Header(Kind.ASK, corr, self.reply_address, self.name)
         try:
             await self.outbox.send_frames(
                 ref.address,
-                (encode_header(header), _encode(msg)),
+                (self.header(Kind.ASK, corr), _encode(msg)),
                 timeout,
                 lambda: self.check_alive(ref),
             )
@@ -235,6 +271,10 @@ class Node:
             self.drop_request(corr)
             if future.done() and not future.cancelled():
                 future.exception()  # failed while sending (a death): the caller has that
+
+    async def send_stop(self, ref: RefLike) -> None:
+        """Ask ``ref`` to stop gracefully, expecting no acknowledgement."""
+        await self.send_control(ref.address, Kind.STOP, 0)
 
     async def flush(self, timeout: float, skip: Container[str] = ()) -> list[str]:
         """Wait until every mailbox this node told has handled all it was told.
@@ -258,9 +298,10 @@ class Node:
                     if address not in self._known or address in self._dead or address in skip:
                         continue
                     corr, future = acks[address] = self.new_request(address)
-                    header = Header(Kind.FLUSH, corr, self.reply_address, self.name)
                     with contextlib.suppress(TokenyardError):  # dead or stuck: late below
-                        await self.outbox.send_frames(address, (encode_header(header), _NONE))
+                        await self.outbox.send_frames(
+                            address, (self.header(Kind.FLUSH, corr), _NONE)
+                        )
                 for _, future in acks.values():
                     with contextlib.suppress(TokenyardError):
                         await future
@@ -270,7 +311,7 @@ class Node:
         return [a for a, (_, f) in acks.items() if not _succeeded(f) and a not in self._dead]
 
     async def ask_control(
-        self, ref: ActorRef[Any], kind: Kind, timeout: float, body: Message | None = None
+        self, ref: RefLike, kind: Kind, timeout: float, body: Message | None = None
     ) -> Any:
         """Send a control request (no handler involved) and wait for its reply."""
         self.check_alive(ref)
@@ -287,6 +328,20 @@ class Node:
         finally:
             self.drop_request(corr)
 
+    async def ping(self, node_address: str, timeout: float) -> bool:
+        """Probe the node at ``node_address``: whether its event loop answered in time."""
+        corr, future = self.new_request(node_address)
+        try:
+            with anyio.move_on_after(timeout):
+                await self.send_control(node_address, Kind.PING, corr, timeout=timeout)
+                await future
+                return True
+        except TokenyardError:
+            return False
+        finally:
+            self.drop_request(corr)
+        return False
+
     def _expire(self, corr: int, name: str, timeout: float) -> None:
         pending = self._pending.pop(corr, None)
         if pending is not None and not pending.future.done():
@@ -298,41 +353,39 @@ class Node:
             )
 
     async def reply(self, header: Header, result: object, timeout: float | None = None) -> None:
-        """Send a handler's return value back to an asker."""
+        """Send a handler's return value back to an asker.
+
+        Raises:
+            ProtocolError: ``result`` is not a ``Message`` (or ``None``), or too large.
+        """
         if not header.reply_to:
             return
         if result is not None and not isinstance(result, Message):
-            err = ProtocolError(
+            raise ProtocolError(
                 f"a handler returned {type(result).__name__}; handlers return a Message or None"
             )
-            await self.reply_error(header, err)
-            return
         body_type = "" if result is None else type_path(type(result))
-        out = Header(Kind.REPLY, header.corr, "", self.name, body_type)
         await self.outbox.send_frames(
-            header.reply_to, (encode_header(out), _encode(result)), timeout
+            header.reply_to,
+            (self.header(Kind.REPLY, header.corr, body_type), _encode(result)),
+            timeout,
         )
 
     async def reply_error(
-        self, header: Header, err: BaseException | ErrorBody, timeout: float | None = None
+        self, header: Header, body: ErrorBody, timeout: float | None = None
     ) -> None:
         """Send a failure back to an asker, as data."""
         if not header.reply_to:
             return
-        if isinstance(err, ErrorBody):
-            body = err
-        else:
-            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-            body = ErrorBody(f"{type(err).__module__}.{type(err).__qualname__}", str(err), tb)
-        out = Header(Kind.ERROR, header.corr, "", self.name)
-        await self.outbox.send_frames(header.reply_to, (encode_header(out), _encode(body)), timeout)
+        await self.outbox.send_frames(
+            header.reply_to, (self.header(Kind.ERROR, header.corr), _encode(body)), timeout
+        )
 
     async def send_control(
         self, address: str, kind: Kind, corr: int, body: bytes = b"", timeout: float | None = None
     ) -> None:
-        """Send a control frame (stop, ready, failed) that needs no handler."""
-        header = Header(kind, corr, self.reply_address, self.name, cookie=self.cookie)
-        await self.outbox.send_frames(address, (encode_header(header), body), timeout)
+        """Send a control frame (stop, ready, failed, ...) that needs no handler."""
+        await self.outbox.send_frames(address, (self.header(kind, corr), body), timeout)
 
     # -- receiving replies ----------------------------------------------------------------
 
@@ -351,44 +404,68 @@ class Node:
                 first = recv_frame(sock, NOBLOCK)
             except zmq.Again:
                 continue
-            self._resolve(first)
+            frames = recv_rest(sock, MAX_FRAMES)
+            try:
+                self._resolve(first, frames)
+            except Exception as err:  # noqa: BLE001 - no bytes may end the reply inbox
+                self.rejected += 1
+                self._rejections.warning(
+                    "%s: refused a frame on its reply inbox: %s (first bytes %r)",
+                    self.name,
+                    err,
+                    bytes(first[:16]),
+                )
 
-    def _resolve(self, first: bytes) -> None:
-        pending: _Pending | None = None
-        frames = recv_rest(self.reply_sock, MAX_FRAMES)
-        try:
-            if first[:1] != HEADER_BYTE:
-                raise ProtocolError("a reply without a header")
-            header = decode_header(first)
-            if not frames or len(frames) != header.frames:
-                raise ProtocolError(f"a header announcing {header.frames} frames, not what came")
-            body = frames[0]
-            if header.kind in (Kind.WATCH, Kind.DOWN):
-                self._on_watch_frame(header, body)
-                return
-            pending = self._pending.pop(header.corr, None)
-            if pending is None and header.kind is Kind.FAILED:
-                # A child's last words: why it is about to exit (read by its monitor).
+    def _resolve(self, first: bytes, frames: list[bytes] | None) -> None:
+        if first[:1] != HEADER_BYTE:
+            raise ProtocolError("a frame without a header")
+        header = decode_header(first)
+        if not frames or len(frames) != header.frames:
+            raise ProtocolError(f"a header announcing {header.frames} frames, not what came")
+        if not cookie_ok(header, self.cookie):
+            raise ProtocolError(f"a {header.kind.name} frame without the system's cookie")
+        body = frames[0]
+        kind = header.kind
+        if kind is Kind.PING:
+            if header.reply_to:
+                self._notify(header.reply_to, Kind.PONG, b"", header.corr)
+            return
+        if kind is Kind.WATCH:
+            self._on_watch(watch_decoder.decode(body))
+            return
+        if kind is Kind.DOWN:
+            down = down_decoder.decode(body)
+            # Only the node we asked may report a death, and of the ref we asked about.
+            watched = self._watched.get(down.ref.address)
+            if watched is not None and header.reply_to == watched.owner:
+                self.mark_dead(msgspec.structs.replace(down, ref=watched))
+            return
+        pending = self._pending.get(header.corr)
+        if pending is None and kind is Kind.FAILED:
+            # A child's last words after it was ready: why it is about to exit (read by
+            # its monitor, which registered the token).
+            if header.corr in self.last_words:
                 err = error_decoder.decode(body)
                 self.last_words[header.corr] = f"{err.type_name}: {err.message}"
-                return
-            if pending is None or pending.future.done():
-                return  # the asker gave up (timeout, cancellation): a late reply is dropped
-            if pending.timer is not None:
-                pending.timer.cancel()
-            if header.kind is Kind.REPLY:
-                pending.future.set_result(self._decode_reply(header.body_type, body))
-            elif header.kind in (Kind.ERROR, Kind.FAILED):
-                err = error_decoder.decode(body)
-                pending.future.set_exception(
-                    RemoteActorError(err.type_name, err.message, err.traceback)
-                )
-            else:
-                pending.future.set_result((header, body))
-        except (msgspec.DecodeError, msgspec.ValidationError, ProtocolError) as err:
-            logger.warning("%s: dropped an undecodable reply: %s", self.name, err)
-            if pending is not None and not pending.future.done():
-                pending.future.set_exception(ProtocolError(f"undecodable reply: {err}"))
+            return
+        if pending is None or pending.future.done():
+            return  # the asker gave up (timeout, cancellation): a late reply is dropped
+        if kind is Kind.REPLY:
+            result = self._decode_reply(header.body_type, body)
+        elif kind in (Kind.ERROR, Kind.FAILED):
+            err = error_decoder.decode(body)
+            result = RemoteActorError(err.type_name, err.message, err.traceback)
+        elif kind in (Kind.READY, Kind.PONG):
+            result = (header, body)
+        else:
+            raise ProtocolError(f"a {kind.name} frame sent to a reply inbox")
+        del self._pending[header.corr]
+        if pending.timer is not None:
+            pending.timer.cancel()
+        if isinstance(result, RemoteActorError):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)
 
     def _decode_reply(self, body_type: str, body: bytes) -> Any:
         if not body_type:
@@ -403,14 +480,25 @@ class Node:
             decoder = self._reply_decoders[body_type] = msgspec.msgpack.Decoder(cls)
         return decoder.decode(body)
 
+    def expect_last_words(self, token: int) -> None:
+        """Keep the last words a child process with spawn ``token`` may send."""
+        if len(self.last_words) >= _WORDS_KEPT:
+            del self.last_words[next(iter(self.last_words))]
+        self.last_words[token] = ""
+
+    def take_last_words(self, token: int) -> str | None:
+        """The last words of the child with spawn ``token`` (``None`` when it sent none)."""
+        return self.last_words.pop(token, "") or None
+
     # -- death and shutdown ---------------------------------------------------------------
 
-    def mark_dead(self, address: str, body: DownBody) -> None:
+    def mark_dead(self, down: Down) -> None:
         """Record a death: fail every request pending on it, tell listeners and subscribers."""
+        address = down.ref.address
         if address in self._dead:
             return
-        reason = body.reason
-        self._dead[address] = body
+        reason = down.reason
+        self._dead[address] = down
         if len(self._dead) > _DEAD_KEPT:
             del self._dead[next(iter(self._dead))]
         for corr, pending in list(self._pending.items()):
@@ -419,17 +507,17 @@ class Node:
                 if pending.timer is not None:
                     pending.timer.cancel()
                 pending.future.set_exception(
-                    ActorDeadError(f"actor {body.name!r} died: {reason}", reason=reason)
+                    ActorDeadError(f"actor {down.ref.name!r} died: {reason}", reason=reason)
                 )
         self.outbox.forget(address)
         self._watched.pop(address, None)
         for listener in self._listeners.pop(address, []):
-            listener(body)
-        frame = _encode(body)
-        for subscriber in self._subscribers.pop(address, set()):
+            listener(down)
+        frame = _encode(down)
+        for subscriber in self._subscribers.pop(address, {}):
             self._notify(subscriber, Kind.DOWN, frame)
 
-    def on_death(self, address: str, listener: Callable[[DownBody], None]) -> None:
+    def on_death(self, address: str, listener: Callable[[Down], None]) -> None:
         """Call ``listener`` once when the actor at ``address`` is known dead."""
         down = self._dead.get(address)
         if down is not None:
@@ -437,13 +525,24 @@ class Node:
             return
         self._listeners.setdefault(address, []).append(listener)
 
-    def subscribe(self, ref: ActorRef[Any]) -> None:
+    def subscribe(self, ref: RefLike) -> None:
         """Ask the node owning ``ref`` to report its death here (once per address)."""
         owner = ref.owner
         if not owner or owner == self.reply_address or ref.address in self._watched:
             return
-        self._watched[ref.address] = owner
-        self._notify(owner, Kind.WATCH, _encode(WatchBody(ref.address, self.reply_address)))
+        full: ActorRef[Any] = ActorRef(ref.name, ref.address, ref.incarnation, owner)
+        self._watched[ref.address] = full
+        self._notify(owner, Kind.WATCH, _encode(WatchBody(full, self.reply_address)))
+
+    def _on_watch(self, watch: WatchBody) -> None:
+        dead = self._dead.get(watch.ref.address)
+        if dead is not None:
+            self._notify(watch.subscriber, Kind.DOWN, _encode(dead))
+            return
+        subscribers = self._subscribers.setdefault(watch.ref.address, {})
+        subscribers[watch.subscriber] = None
+        if len(subscribers) > _SUBSCRIBERS_KEPT:
+            del subscribers[next(iter(subscribers))]
 
     def owner_died(self, node_address: str, name: str) -> None:
         """A child process (whose node is ``node_address``) died: the actors it owned died
@@ -452,33 +551,21 @@ class Node:
         The socket to its reply inbox (made to answer its asks) is closed too: libzmq would
         otherwise keep reconnecting to the dead path for as long as this process lives.
         """
-        orphans = [a for a, owner in self._watched.items() if owner == node_address]
+        orphans = [ref for ref in self._watched.values() if ref.owner == node_address]
         for orphan in orphans:
-            self.mark_dead(orphan, DownBody(orphan, "", f"its owner {name!r} died"))
+            self.mark_dead(
+                Down(ref=orphan, cause=Cause.OWNER_DIED, reason=f"its owner {name!r} died")
+            )
         self.outbox.forget(node_address)
 
-    def _notify(self, address: str, kind: Kind, body: bytes) -> None:
+    def _notify(self, address: str, kind: Kind, body: bytes, corr: int = 0) -> None:
         """Best-effort control frame from a loop callback (never blocks)."""
-        header = Header(kind, 0, self.reply_address, self.name, cookie=self.cookie)
         try:
-            self.outbox.try_send_frames(address, (encode_header(header), body))
+            self.outbox.try_send_frames(address, (self.header(kind, corr), body))
         except TokenyardError as err:
-            logger.debug("%s: could not send %s to %s: %s", self.name, kind.name, address, err)
-
-    def _on_watch_frame(self, header: Header, body: bytes) -> None:
-        if header.cookie != self.cookie:
-            logger.warning("%s: refused a %s frame without the cookie", self.name, header.kind)
-            return
-        if header.kind is Kind.WATCH:
-            watch = watch_decoder.decode(body)
-            dead = self._dead.get(watch.address)
-            if dead is not None:
-                self._notify(watch.subscriber, Kind.DOWN, _encode(dead))
-            else:
-                self._subscribers.setdefault(watch.address, set()).add(watch.subscriber)
-        else:
-            down = down_decoder.decode(body)
-            self.mark_dead(down.address, down)
+            self._sends.warning(
+                "%s: could not send %s to %s: %s", self.name, kind.name, address, err
+            )
 
     def is_dead(self, address: str) -> bool:
         """Whether the actor at ``address`` is known to be dead."""
@@ -489,6 +576,8 @@ class Node:
         if self.closed:
             return
         self.closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._loop is not None:
             self._loop.remove_reader(self._reply_fd)
         for pending in self._pending.values():
@@ -499,14 +588,16 @@ class Node:
                 # Whoever awaits it still gets the error; nobody awaiting is no news.
                 pending.future.exception()
         self._pending.clear()
+        self._close_sockets()
+        _context.leave(self, self._token)
+        self._token = None
+
+    def _close_sockets(self) -> None:
         self.reply_sock.close(0)
+        self._close_context()
+
+    def _close_context(self) -> None:
         self.outbox.close(0)
+        if self.zap is not None:
+            self.zap.close()
         self.ctx.term()
-        if self in _open_nodes:
-            _open_nodes.remove(self)
-        if self._token is not None:
-            # Closing from another context than the opening one cannot reset the variable;
-            # current_node() skips a closed node anyway.
-            with contextlib.suppress(ValueError):
-                _current.reset(self._token)
-            self._token = None

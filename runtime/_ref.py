@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 
+from ._context import current_node
 from ._message import Message
-from ._node import current_node
 
-M = TypeVar("M", bound=Message)
+if TYPE_CHECKING:
+    from ._message import Request
+
+#: Contravariant: a ref that accepts ``A | B`` serves wherever one accepting ``A`` is asked for.
+M = TypeVar("M", bound=Message, contravariant=True)
+R = TypeVar("R")
 
 
 class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
-    """A handle on one incarnation of an actor.
+    """A handle on one incarnation of an actor, generic in the messages it accepts.
 
+    ``ActorRef[Ping | Stop]`` takes a ``Ping`` or a ``Stop`` in ``tell``; ``spawn`` returns
+    the ref typed with the union the actor class declares (``class Echo(Actor[Ping])``).
     A ref is itself a ``msgspec.Struct``: put it in a message and the receiver can use it.
     Sending through a ref uses the actor system running in the sending process.
 
@@ -47,21 +54,33 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
         node = current_node()
         frame = node.try_tell(self, msg)
         if frame is not None:  # the mailbox is full: wait for room, up to the timeout
-            await node.outbox.send(self.address, frame, timeout, lambda: node.check_alive(self))
+            await node.tell_when_room(self, frame, timeout)
 
-    async def ask(self, msg: M, *, timeout: float = 5.0) -> Any:
+    def try_tell(self, msg: M) -> bool:
+        """Send ``msg`` one-way if the mailbox has room now; never waits.
+
+        Returns:
+            Whether it was queued (``False``: the mailbox is full; nothing was sent).
+
+        Raises:
+            ActorDeadError: This incarnation is known to be dead.
+        """
+        return current_node().try_tell(self, msg) is None
+
+    async def ask(self, msg: Request[R], *, timeout: float = 5.0) -> R:
         """Send ``msg`` and wait for the handler's return value.
 
         Args:
-            msg: A message the actor accepts.
+            msg: A request the actor accepts; ``Request[R]`` names the reply type ``R``.
             timeout: Seconds to wait for the reply.
 
         Returns:
-            The handler's return value (a ``Message``, or ``None``).
+            The handler's return value, an ``R``.
 
         Raises:
             AskTimeoutError: No reply within ``timeout`` seconds.
             RemoteActorError: The handler raised; carries the remote type, text, traceback.
             ActorDeadError: The actor died before replying.
         """
-        return await current_node().ask(self, msg, timeout)
+        reply: R = await current_node().ask(self, msg, timeout)
+        return reply

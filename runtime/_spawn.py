@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
-from ._codec import Header, Kind, ReadyBody, encode_spawn_value, ready_decoder
+from ._auth import Keys
+from ._codec import encode_spawn_value
 from ._errors import RemoteActorError, SpawnError
 from ._message import type_path
+from ._protocol import Header, Kind, ReadyBody, ready_decoder
 from ._transport import TransportOptions
 
 if TYPE_CHECKING:
@@ -60,7 +62,8 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
         log_level: Root logging level to use.
         spawn_timeout: Default readiness timeout for the child's own spawns.
         shutdown_timeout: Default graceful-stop timeout for the child's own children.
-        cookie: The system's secret for control frames.
+        cookie: The system's secret, carried by every header.
+        keys: The system's CURVE keys (tcp only).
     """
 
     actor: str
@@ -80,6 +83,7 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     spawn_timeout: float
     shutdown_timeout: float
     cookie: bytes
+    keys: Keys | None = None
 
 
 def encode_arguments(

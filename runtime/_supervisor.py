@@ -18,18 +18,21 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from ._actor import Actor, handler
 from ._errors import SpawnError, TokenyardError
-from ._message import Message
+from ._message import Message, Request
+from ._protocol import Down
 from ._ref import ActorRef
 from ._spawn import actor_path, main_reference, resolve_class
-from ._watch import Down  # noqa: TC001 - the Down handler's annotation is resolved at run time
 
 logger = logging.getLogger("tokenyard.supervisor")
+
+#: The messages a supervisor subclass handles besides a supervisor's own.
+E = TypeVar("E", bound=Message)
 
 
 class Strategy(enum.Enum):
@@ -65,6 +68,8 @@ class ChildSpec(msgspec.Struct, kw_only=False):
         restart: When to restart it.
         process: Run it in its own process (default) or in the supervisor's loop.
         shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
+        stall_timeout: For a process child: seconds it may leave liveness probes unanswered
+            before it is killed (and restarted like any dead child); ``None``: not probed.
 
     Example:
         >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
@@ -78,6 +83,7 @@ class ChildSpec(msgspec.Struct, kw_only=False):
     process: bool = True
     shutdown_timeout: float | None = None
     main: str = ""
+    stall_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):
@@ -89,10 +95,6 @@ class ChildSpec(msgspec.Struct, kw_only=False):
             raise TypeError(f"ChildSpec.actor must be an Actor class, got {self.actor!r}")
         if not self.name:
             self.name = self.actor.rpartition(":")[2]
-
-
-class GetSupervisorStatistics(Message):
-    """Ask a supervisor for its counters."""
 
 
 class SupervisorStatistics(Message):
@@ -115,14 +117,22 @@ class SupervisorStatistics(Message):
     children: list[str]
 
 
-class WhichChildren(Message):
-    """Ask a supervisor for the live incarnation of each child."""
+class GetSupervisorStatistics(Request[SupervisorStatistics]):
+    """Ask a supervisor for its counters."""
 
 
 class Children(Message):
     """The refs of a supervisor's live children, in start order (None: not running)."""
 
     refs: dict[str, ActorRef[Any] | None]
+
+
+class WhichChildren(Request[Children]):
+    """Ask a supervisor for the live incarnation of each child."""
+
+
+SupervisorMessage = Down | GetSupervisorStatistics | WhichChildren
+"""The messages every supervisor accepts: its ref is an ``ActorRef[SupervisorMessage]``."""
 
 
 class RestartIntensityError(TokenyardError):
@@ -136,8 +146,11 @@ class _Entry:
     restarts: deque[float] = field(default_factory=deque)
 
 
-class Supervisor(Actor):
+class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
     """Starts children, watches them, restarts them by strategy within a restart intensity.
+
+    Generic in the messages a subclass handles on top of a supervisor's own
+    (``class Registry(Supervisor[Register])``); a plain supervisor is spawned as is.
 
     Args:
         children: The child specs, in start order.
@@ -209,6 +222,7 @@ class Supervisor(Actor):
             name=spec.name,
             process=spec.process,
             shutdown_timeout=spec.shutdown_timeout,
+            stall_timeout=spec.stall_timeout,
             **spec.kwargs,
         )
         entry.ref = ref
@@ -305,11 +319,7 @@ class Supervisor(Actor):
 
     def _count_restart(self, child: str) -> None:
         """Count one restart (caused by ``child``); past the intensity, fail."""
-        now = time.monotonic()
-        self.intensity.append(now)
-        while self.intensity and now - self.intensity[0] > self.period:
-            self.intensity.popleft()
-        if len(self.intensity) > self.max_restarts:
+        if _count_in_window(self.intensity, self.period) > self.max_restarts:
             self.intensity_exceeded += 1
             text = (
                 f"supervisor {self.ref.name!r}: more than {self.max_restarts} restarts in "
@@ -319,11 +329,8 @@ class Supervisor(Actor):
             raise RestartIntensityError(text)
 
     def _backoff(self, entry: _Entry) -> float:
-        now = time.monotonic()
-        entry.restarts.append(now)
-        while entry.restarts and now - entry.restarts[0] > self.period:
-            entry.restarts.popleft()
-        return restart_delay(len(entry.restarts), self.backoff, self.backoff_max, self._rng)
+        attempt = _count_in_window(entry.restarts, self.period)
+        return restart_delay(attempt, self.backoff, self.backoff_max, self._rng)
 
     # -- introspection --------------------------------------------------------------------
 
@@ -343,6 +350,15 @@ class Supervisor(Actor):
     def which_children(self, msg: WhichChildren) -> Children:
         """The live incarnation of each child."""
         return Children(refs={e.spec.name: e.ref for e in self.entries})
+
+
+def _count_in_window(times: deque[float], period: float) -> int:
+    """Record one event now in ``times`` and return how many fall within ``period`` s."""
+    now = time.monotonic()
+    times.append(now)
+    while times and now - times[0] > period:
+        times.popleft()
+    return len(times)
 
 
 def restart_delay(attempt: int, backoff: float, cap: float, rng: random.Random) -> float:

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import anyio
+import anyio.abc
 
-from ._actor import Actor, Cell
-from ._children import Child, Children, Watch
-from ._codec import DownBody, Kind
+from ._auth import Keys
+from ._cell import Cell, Ending, host
+from ._children import Child, Children
+from ._credentials import Credentials
 from ._errors import (
     ActorDeadError,
     ActorNotFoundError,
     SpawnError,
     TokenyardError,
-    sole_error,
 )
+from ._exit import oom_kills
 from ._mailbox import Mailbox, MailboxStatistics
+from ._message import Message
 from ._node import Node
+from ._protocol import Cause, Down, Kind, LookupQuery, LookupReply, new_cookie
 from ._ref import ActorRef
 from ._spawn import (
     SpawnSpec,
@@ -35,33 +41,51 @@ from ._spawn import (
     start_process,
 )
 from ._transport import TransportOptions, bind_pull, ipc_path
-from ._watch import Down, LookupQuery, LookupReply, oom_kills
+from ._watch import Watch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import TracebackType
 
+    from ._actor import Actor
+
 
 logger = logging.getLogger("tokenyard.system")
 
-A = TypeVar("A", bound=Actor)
+M = TypeVar("M", bound=Message)
+
+#: The in-process actor whose code is running (its mailbox address): what it spawns is its
+#: own, and stopped when it ends.
+_spawning_parent: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_parent")
 
 
 class ActorSystem:
     """Owns a zmq context, a private ipc directory and every actor spawned through it.
 
     Use it as an async context manager; leaving it stops every child in reverse start order
-    (stop request, bounded wait, SIGTERM, SIGKILL) and removes the directory.
+    (stop request, bounded wait, SIGTERM, SIGKILL) and removes the directory. A small
+    guardian process removes the directory too if this process is killed outright.
 
     Args:
         name: Name used in logs and socket names.
-        transport: ``"ipc"`` (default) or ``"tcp"``.
+        transport: ``"ipc"`` (default) or ``"tcp"`` (encrypted and authenticated with
+            CURVE: see ``keys``).
         tcp_host: Interface ``tcp`` mailboxes bind to.
-        hwm: High-water mark of every queue, in messages.
+        hwm: High-water mark of every send queue, in messages.
+        rcvhwm: High-water mark of every mailbox's receive queue, in messages.
         max_message_size: Largest message accepted, in bytes.
+        mailbox_bytes: Byte budget of each mailbox (read but not yet handled).
         send_timeout: Default seconds a ``tell`` waits on a full mailbox.
         spawn_timeout: Seconds a spawned actor has to become ready.
         shutdown_timeout: Default seconds a stopping actor has before SIGTERM.
+        max_peers: Most outgoing sockets a process keeps open.
+        peer_idle: Seconds an unused outgoing socket stays open.
+        keys: The system's CURVE keys for tcp: a ``Keys``, or a directory holding (or
+            receiving, mode 0600) ``system.key``; ``None`` generates a pair for this system.
+        curve: Use CURVE on tcp (the default; off only to measure its cost).
+        attach: Join the running system these credentials describe (`credentials`), as a
+            member that owns nothing of it, instead of starting a system of its own; the
+            transport settings above are then the system's.
 
     Example:
         >>> async with ActorSystem() as system:
@@ -75,26 +99,40 @@ class ActorSystem:
         name: str = "system",
         transport: str = "ipc",
         tcp_host: str = "127.0.0.1",
-        hwm: int = 10_000,
-        max_message_size: int = 64 * 1024 * 1024,
+        hwm: int = 1_000,
+        rcvhwm: int = 1_000,
+        max_message_size: int = 16 * 1024 * 1024,
+        mailbox_bytes: int = 64 * 1024 * 1024,
         send_timeout: float = 10.0,
         spawn_timeout: float = 30.0,
         shutdown_timeout: float = 5.0,
+        max_peers: int = 512,
+        peer_idle: float = 60.0,
+        keys: Keys | str | os.PathLike[str] | None = None,
+        curve: bool = True,
+        attach: Credentials | None = None,
     ) -> None:
         self.name = name
         self.options = TransportOptions(
             hwm=hwm,
+            rcvhwm=rcvhwm,
             max_message_size=max_message_size,
+            mailbox_bytes=mailbox_bytes,
             send_timeout=send_timeout,
             transport=transport,
             tcp_host=tcp_host,
+            max_peers=max_peers,
+            peer_idle=peer_idle,
+            curve=curve,
         )
         self.spawn_timeout = spawn_timeout
         self.shutdown_timeout = shutdown_timeout
         self.ipc_dir = ""
         self.root_pid = os.getpid()
         self._owns_dir = True
-        self._cookie = os.urandom(16)
+        self._cookie = new_cookie()
+        self._keys_source = keys
+        self._keys: Keys | None = None
         #: An actor process's system: it reports to a parent and lingers on close.
         self._in_child = False
         self._node: Node | None = None
@@ -103,7 +141,16 @@ class ActorSystem:
         self._cells: dict[str, Cell] = {}
         self._incarnations: dict[str, int] = {}
         self._names = itertools.count(1)
+        #: The write end of the guardian's pipe (-1: none).
+        self._guardian = -1
         self.closing = False
+        if attach is not None:
+            self.options = attach.options
+            self.ipc_dir = attach.ipc_dir
+            self.root_pid = attach.root_pid
+            self._owns_dir = False
+            self._cookie = attach.cookie
+            self._keys_source = attach.keys
 
     @classmethod
     def _for_child(cls, spec: SpawnSpec) -> ActorSystem:
@@ -118,6 +165,7 @@ class ActorSystem:
         system.root_pid = spec.root_pid
         system._owns_dir = False
         system._cookie = spec.cookie
+        system._keys_source = spec.keys
         system._in_child = True
         return system
 
@@ -133,11 +181,43 @@ class ActorSystem:
         addresses = [self.node.reply_address, *self._cells]
         return [p for p in map(ipc_path, addresses) if p is not None]
 
+    def credentials(self) -> Credentials:
+        """What another process of this user needs to join this system
+        (``ActorSystem(attach=...)``); `Credentials.save` writes them to a 0600 file.
+
+        Raises:
+            TokenyardError: The system is not open.
+        """
+        node = self.node
+        return Credentials(
+            ipc_dir=self.ipc_dir,
+            cookie=node.cookie,
+            options=self.options,
+            root_pid=self.root_pid,
+            keys=node.keys,
+        )
+
+    def _resolve_keys(self) -> Keys | None:
+        if self.options.transport != "tcp" or not self.options.curve:
+            return None
+        source = self._keys_source
+        if isinstance(source, Keys):
+            return source
+        if source is None:
+            return Keys.generate()
+        return Keys.load(source)
+
     async def __aenter__(self) -> ActorSystem:
         if self._owns_dir:
             # Created 0700; the pid in the name tells whose it is.
             self.ipc_dir = tempfile.mkdtemp(prefix=f"tokenyard-{os.getpid()}-")
-        self._node = Node(self.ipc_dir, self.options, self.name, self._cookie)
+            self._guardian = _start_guardian(self.ipc_dir)
+        try:
+            self._keys = self._resolve_keys()
+            self._node = Node(self.ipc_dir, self.options, self.name, self._cookie, self._keys)
+        except BaseException:
+            self._remove_dir()
+            raise
         self._node.open()
         self._children.node = self._node
         self._tg = anyio.create_task_group()
@@ -164,21 +244,29 @@ class ActorSystem:
             if self._in_child:
                 node.outbox.close()
             node.close()
-            if self._owns_dir:
-                shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self._remove_dir()
+
+    def _remove_dir(self) -> None:
+        if not self._owns_dir:
+            return
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        guardian, self._guardian = self._guardian, -1
+        if guardian >= 0:
+            os.close(guardian)
 
     # -- spawning -------------------------------------------------------------------------
 
     async def spawn(
         self,
-        actor: type[A],
+        actor: type[Actor[M]],
         *args: Any,
         name: str | None = None,
         process: bool = True,
         spawn_timeout: float | None = None,
         shutdown_timeout: float | None = None,
+        stall_timeout: float | None = None,
         **kwargs: Any,
-    ) -> ActorRef[Any]:
+    ) -> ActorRef[M]:
         """Start an actor and return its ref once its ``on_start`` has finished.
 
         Args:
@@ -189,6 +277,9 @@ class ActorSystem:
             process: Run it in its own OS process (default) or as a task in this loop.
             spawn_timeout: Seconds it has to become ready (default: the system's).
             shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
+            stall_timeout: For a process: seconds its event loop may leave liveness probes
+                unanswered (stopped, or blocked) before it is killed and reported ``Down``
+                with `Cause.UNRESPONSIVE`; ``None`` (default) never probes.
             **kwargs: Keyword arguments of its constructor.
 
         Raises:
@@ -199,6 +290,8 @@ class ActorSystem:
         incarnation = self._incarnations.get(name, 0) + 1
         self._incarnations[name] = incarnation
         stop_after = self.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
+        if stall_timeout is not None and stall_timeout <= 0:
+            raise ValueError(f"stall_timeout={stall_timeout} must be positive (or None)")
         if not process:
             return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
         return await self._spawn_process(
@@ -209,6 +302,7 @@ class ActorSystem:
             incarnation,
             stop_after,
             self.spawn_timeout if spawn_timeout is None else spawn_timeout,
+            stall_timeout,
         )
 
     @property
@@ -219,14 +313,15 @@ class ActorSystem:
 
     async def _spawn_process(
         self,
-        actor: type[Actor],
+        actor: type[Actor[M]],
         args: Sequence[Any],
         kwargs: dict[str, Any],
         name: str,
         incarnation: int,
         stop_after: float,
         timeout: float,
-    ) -> ActorRef[Any]:
+        stall_timeout: float | None,
+    ) -> ActorRef[M]:
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
         path, main = actor_path(actor), main_reference(actor)
@@ -250,13 +345,18 @@ class ActorSystem:
             spawn_timeout=self.spawn_timeout,
             shutdown_timeout=self.shutdown_timeout,
             cookie=node.cookie,
+            keys=self._keys,
         )
         oom_before = oom_kills()
+        node.expect_last_words(token)
         try:
             proc, started = await start_process(spec, ready, timeout)
+        except BaseException:
+            node.take_last_words(token)
+            raise
         finally:
             node.drop_request(token)
-        ref: ActorRef[Any] = ActorRef(name, started.address, incarnation, node.reply_address)
+        ref: ActorRef[M] = ActorRef(name, started.address, incarnation, node.reply_address)
         child = Child(
             ref,
             stop_after,
@@ -264,14 +364,18 @@ class ActorSystem:
             token=token,
             node_address=started.node,
             oom_before=oom_before,
+            parent=_spawning_parent.get(""),
+            stall_timeout=stall_timeout,
         )
         self._children.add(child)
-        self._task_group.start_soon(self._monitor, child)
+        self._task_group.start_soon(self._children.await_exit, child)
+        if stall_timeout is not None:
+            self._task_group.start_soon(self._children.probe, child)
         return ref
 
     def _make_cell(
         self,
-        actor: type[Actor],
+        actor: type[Actor[Any]],
         args: Sequence[Any],
         kwargs: dict[str, Any],
         name: str,
@@ -291,29 +395,48 @@ class ActorSystem:
             args, kwargs = decode_arguments(actor, args, kwargs)
         instance = actor(*args, **kwargs)
         node = self.node
-        sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), self.options)
-        mailbox = Mailbox(sock, address, decoder, name, node.cookie)
+        options = self.options
+        sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), options, node.keys)
+        mailbox = Mailbox(
+            sock,
+            address,
+            decoder,
+            name,
+            node.cookie,
+            node.outbox.allows,
+            options.mailbox_bytes,
+            logging.getLogger("tokenyard.mailbox"),
+        )
         instance.ref = ActorRef(name, address, incarnation, owner or node.reply_address)
         instance.system = self
         cell = Cell(instance, mailbox, node)
         self._cells[address] = cell
         return cell
 
-    def _drop_cell(self, cell: Cell) -> None:
-        self._cells.pop(cell.mailbox.address, None)
-        cell.mailbox.close()
+    async def _host(self, cell: Cell, on_ready: Any) -> Ending:
+        """Live the actor's life in ``cell`` (`runtime._cell.host`) as this system's member:
+        what it spawns is its own, and stopped when it ends."""
+        address = cell.mailbox.address
+        _spawning_parent.set(address)
+        try:
+            return await host(cell, on_ready, lambda: self._children.stop_all(parent=address))
+        finally:
+            self._cells.pop(address, None)
 
     async def _spawn_local(
         self,
-        actor: type[Actor],
+        actor: type[Actor[M]],
         args: Sequence[Any],
         kwargs: dict[str, Any],
         name: str,
         incarnation: int,
         stop_after: float,
-    ) -> ActorRef[Any]:
+    ) -> ActorRef[M]:
         cell = self._make_cell(actor, args, kwargs, name, incarnation, encoded=False)
-        child = Child(cell.actor.ref, stop_after, cell=cell)
+        ref: ActorRef[M] = ActorRef(
+            name, cell.mailbox.address, incarnation, self.node.reply_address
+        )
+        child = Child(ref, stop_after, cell=cell, parent=_spawning_parent.get(""))
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._children.add(child)
         self._task_group.start_soon(self._run_local, child, ready)
@@ -322,7 +445,7 @@ class ActorSystem:
         except BaseException:
             self._children.live.pop(child.ref.address, None)
             raise
-        return child.ref
+        return ref
 
     async def _run_local(self, child: Child, ready: asyncio.Future[None]) -> None:
         cell = child.cell
@@ -331,38 +454,30 @@ class ActorSystem:
         async def on_ready() -> None:
             ready.set_result(None)
 
-        reason = "normal"
+        ending: Ending | None = None
         try:
             with anyio.CancelScope() as child.scope:
-                stop = await cell.run(on_ready)
-                self._drop_cell(cell)
-                if stop is not None:
-                    await self.node.reply(stop, None)
-            if child.scope.cancelled_caught:
-                reason = "cancelled: it did not stop in time"
-        except Exception as err:
-            if not ready.done():
-                ready.set_exception(
-                    SpawnError(f"actor {child.ref.name!r} failed in on_start: {err!r}")
-                )
-                return
-            cause = sole_error(err)
-            reason = f"exception: {type(cause).__module__}.{type(cause).__qualname__}: {cause}"
-            logger.exception("in-process actor %s crashed", child.ref.name)
+                ending = await self._host(cell, on_ready)
+                if ending.stop is not None:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await self.node.reply(ending.stop, None)
+                        except TokenyardError as err:
+                            logger.debug("stop of %s not acknowledged: %s", child.ref.name, err)
         finally:
-            self._drop_cell(cell)
             if not ready.done():
-                ready.cancel()
+                if ending is not None and ending.error is not None:
+                    ready.set_exception(
+                        SpawnError(f"actor {child.ref.name!r} failed in on_start: {ending.error!r}")
+                    )
+                else:
+                    ready.cancel()
             elif ready.exception() is None:
-                self._children.died(child, Down(ref=child.ref, reason=reason))
-
-    async def _monitor(self, child: Child) -> None:
-        """Wait for a process child's death (its pidfd) and report it."""
-        await self._children.await_exit(child)
+                self._children.died(child, _local_down(child, ending))
 
     # -- watching and stopping ------------------------------------------------------------
 
-    def watch(self, ref: ActorRef[Any], *, notify: ActorRef[Any] | None = None) -> Watch:
+    def watch(self, ref: ActorRef[Any], *, notify: ActorRef[Down] | None = None) -> Watch:
         """Register interest in ``ref``'s death; ``await`` the result for its ``Down``.
 
         Works for any actor whose ref names its owner: a child of this system, or one
@@ -389,10 +504,17 @@ class ActorSystem:
                 "child of this system"
             )
 
-        def deliver(body: DownBody) -> None:
+        def deliver(down: Down) -> None:
             if fut.done():
                 return
-            down = Down(ref=ref, reason=body.reason, exitcode=body.exitcode, signal=body.signal)
+            if down.ref != ref:
+                down = Down(
+                    ref=ref,
+                    cause=down.cause,
+                    reason=down.reason,
+                    exitcode=down.exitcode,
+                    signal=down.signal,
+                )
             fut.set_result(down)
             if notify is not None and self._tg is not None:
                 self._tg.start_soon(self._tell_down, notify, down)
@@ -401,7 +523,7 @@ class ActorSystem:
         node.subscribe(ref)
         return Watch(fut)
 
-    async def _tell_down(self, notify: ActorRef[Any], down: Down) -> None:
+    async def _tell_down(self, notify: ActorRef[Down], down: Down) -> None:
         try:
             await notify.tell(down)
         except TokenyardError as err:
@@ -430,8 +552,25 @@ class ActorSystem:
             child, child.shutdown_timeout if timeout is None else timeout
         )
 
-    async def _close_children(self) -> None:
-        await self._children.stop_all()
+    async def kill(self, ref: ActorRef[Any], reason: str) -> Down:
+        """End a child at once, without a graceful stop: SIGKILL its process (or cancel an
+        in-process one). For a process, the ``Down`` has `Cause.UNRESPONSIVE` and ``reason``:
+        this is how a supervisor ends a child that is alive but stuck.
+
+        Raises:
+            ActorDeadError: It is dead already, or not a child of this system.
+        """
+        child = self._children.get(ref.address)
+        if child is None:
+            raise ActorDeadError(f"actor {ref.name!r} is not a live child of this system")
+        if child.process is not None:
+            child.unresponsive = reason
+            child.process.kill()
+        elif child.scope is not None:
+            child.scope.cancel()
+        await self._children.await_exit(child)
+        assert child.down is not None
+        return child.down
 
     async def deliver_tells(self, skip: Sequence[str] = ()) -> None:
         """Wait, up to ``shutdown_timeout``, until every actor this process told has handled
@@ -511,3 +650,50 @@ class ActorSystem:
         result = await self.node.ask_control(ref, Kind.STATS, timeout)
         assert isinstance(result, MailboxStatistics)
         return result
+
+
+def _local_down(child: Child, ending: Ending | None) -> Down:
+    """The ``Down`` of an in-process actor that had started, from how it ended."""
+    ref = child.ref
+    if ending is None:  # cancelled by the stop's escalation
+        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: it did not stop in time")
+    if ending.error is None:
+        return Down(ref=ref, cause=Cause.NORMAL, reason="normal")
+    err = ending.error
+    logger.error("in-process actor %s crashed", ref.name, exc_info=err)
+    return Down(
+        ref=ref,
+        cause=Cause.EXCEPTION,
+        reason=f"exception: {type(err).__module__}.{type(err).__qualname__}: {err}",
+    )
+
+
+def _start_guardian(ipc_dir: str) -> int:
+    """Start a tiny process that removes ``ipc_dir`` once this one is gone, however it goes.
+
+    It waits for EOF on a pipe only this process holds the write end of, which the kernel
+    closes when this process ends; then it removes the directory (already gone after a clean
+    exit). It is detached (the shell that starts it exits at once and is reaped here), so it
+    is nobody's child and in a process group of its own: a terminal's Ctrl-C does not end it
+    early, and it never shows among this process's children.
+
+    Returns:
+        The write end of the pipe: close it to let the guardian go.
+    """
+    read, write = os.pipe()
+    try:
+        shell = subprocess.Popen(
+            ["/bin/sh", "-c", f'(cat <&{read} >/dev/null; rm -rf -- "$1") &', "guardian", ipc_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(read,),
+            process_group=0,
+        )
+    except BaseException:
+        os.close(write)
+        raise
+    finally:
+        os.close(read)
+    shell.wait()
+    return write

@@ -14,56 +14,99 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
+from ._auth import make_client, make_server
 from ._errors import MailboxClosedError, MailboxFullError, ProtocolError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from ._auth import AddressPolicy, Keys
 
 
 class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Socket settings shared by every socket of a system (they travel to child processes).
 
     Attributes:
-        hwm: High-water mark, in messages, of every send and receive queue (never 0).
-        max_message_size: Largest frame accepted, in bytes; larger ones are refused.
+        hwm: High-water mark, in messages, of every send queue (never 0).
+        rcvhwm: High-water mark, in messages, of every mailbox's receive queue in libzmq
+            (never 0): with ``max_message_size`` it bounds what libzmq holds for a mailbox.
+        max_message_size: Largest message accepted, in bytes; larger ones are refused.
+        mailbox_bytes: Byte budget of a mailbox: messages read off its socket but not yet
+            handled; past it, the mailbox reads no more until its handlers catch up.
         linger_ms: How long a closing socket may keep trying to deliver.
         send_timeout: Default seconds a ``tell`` waits on a full mailbox before failing.
         transport: ``"ipc"`` (default) or ``"tcp"``.
         tcp_host: Interface that ``tcp`` mailboxes bind to.
+        max_peers: Most outgoing sockets a process keeps open; the least recently used is
+            closed to make room (and reopened when needed again).
+        peer_idle: Seconds an outgoing socket may go unused before it is closed (so a
+            process never keeps reconnecting to an address that is gone).
+        curve: Encrypt and authenticate tcp with CURVE (the default). Turning it off is
+            for measuring its cost only: anyone who can reach a port can then send to it.
     """
 
-    hwm: int = 10_000
-    max_message_size: int = 64 * 1024 * 1024
+    hwm: int = 1_000
+    rcvhwm: int = 1_000
+    max_message_size: int = 16 * 1024 * 1024
+    mailbox_bytes: int = 64 * 1024 * 1024
     linger_ms: int = 1_000
     send_timeout: float = 10.0
     transport: str = "ipc"
     tcp_host: str = "127.0.0.1"
+    max_peers: int = 512
+    peer_idle: float = 60.0
+    curve: bool = True
 
     def __post_init__(self) -> None:
-        if self.hwm <= 0:
-            raise ValueError(f"hwm={self.hwm}: a high-water mark must be positive (0 is unbounded)")
-        if self.max_message_size <= 0:
-            raise ValueError(f"max_message_size={self.max_message_size} must be positive")
+        for name in ("hwm", "rcvhwm"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(
+                    f"{name}={value}: a high-water mark must be positive (0 is unbounded)"
+                )
+        for name in ("max_message_size", "mailbox_bytes", "max_peers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
+        if self.peer_idle <= 0:
+            raise ValueError(f"peer_idle={self.peer_idle} must be positive")
         if self.transport not in ("ipc", "tcp"):
             raise ValueError(f"transport={self.transport!r}: choose 'ipc' or 'tcp'")
 
+    def memory_bound(self) -> int:
+        """The most bytes one mailbox can hold: its budget (plus the one message that
+        crosses it) and libzmq's receive queue."""
+        return self.mailbox_bytes + (self.rcvhwm + 1) * self.max_message_size
+
 
 def bind_pull(
-    ctx: zmq.Context[zmq.Socket[bytes]], ipc_dir: str, stem: str, options: TransportOptions
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    ipc_dir: str,
+    stem: str,
+    options: TransportOptions,
+    keys: Keys | None = None,
 ) -> tuple[zmq.Socket[bytes], str]:
-    """Bind a PULL socket (a mailbox or reply inbox) and return it with its address."""
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.RCVHWM, options.hwm)
+    """Bind a PULL socket (a mailbox or reply inbox) and return it with its address.
+
+    Raises:
+        ProtocolError: The socket could not be made or bound (out of file descriptors, the
+            address is taken, ...).
+    """
+    try:
+        sock = ctx.socket(zmq.PULL)
+    except zmq.ZMQError as err:
+        raise ProtocolError(f"cannot open a mailbox socket: {err}") from err
+    sock.setsockopt(zmq.RCVHWM, options.rcvhwm)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_size)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        make_server(sock, keys)
         if options.transport == "ipc":
             sock.bind(f"ipc://{os.path.join(ipc_dir, stem)}")
         else:
             sock.bind(f"tcp://{options.tcp_host}:*")
-    except zmq.ZMQError:
+    except zmq.ZMQError as err:
         sock.close(0)
-        raise
+        raise ProtocolError(f"cannot bind a mailbox socket: {err}") from err
     address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     return sock, address
 
@@ -91,6 +134,11 @@ class ReadinessWaiter:
         self._waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a task waits on the socket now."""
+        return bool(self._waiters)
 
     def _wake(self) -> None:
         if not self._waiters:
@@ -180,13 +228,14 @@ COPY_THRESHOLD = 64 * 1024
 
 
 class _Peer:
-    """One PUSH socket connected to one address."""
+    """One PUSH socket connected to one address, and when it was last used."""
 
-    __slots__ = ("sock", "waiter")
+    __slots__ = ("sock", "used", "waiter")
 
-    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], tick: int) -> None:
         self.sock = sock
         self.waiter = ReadinessWaiter(sock)
+        self.used = tick
 
 
 class Outbox:
@@ -194,30 +243,94 @@ class Outbox:
 
     One socket per destination keeps every message from this process to that actor in one
     FIFO pipe: a stop request sent after a run of tells is handled after all of them.
+
+    The sockets are bounded: only addresses the system's policy allows are connected to; at
+    most ``max_peers`` are open, the least recently used closed first to make room; and one
+    unused for ``peer_idle`` seconds is closed by `sweep`, so an address that is gone is not
+    reconnected to for ever. A closed socket still delivers what it holds for ``linger_ms``,
+    and is reopened on the next send. (FIFO order holds per socket: a destination closed and
+    reopened while it still had messages queued may see the old ones last.)
+
+    Args:
+        ctx: The process's zmq context.
+        options: Transport settings.
+        policy: Which addresses belong to the system.
+        keys: The system's CURVE keys, for tcp.
     """
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], options: TransportOptions) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        options: TransportOptions,
+        policy: AddressPolicy,
+        keys: Keys | None = None,
+    ) -> None:
         self._ctx = ctx
         self._options = options
+        self._policy = policy
+        self._keys = keys
         self._max = options.max_message_size
         self._peers: dict[str, _Peer] = {}
+        self._tick = 0
         self._closed = False
+        #: Sockets closed to stay under ``max_peers``, and for being idle.
+        self.evicted = 0
+        self.idled = 0
+        #: Called with each address a new socket is opened to (the node subscribes there).
+        self.on_open: Callable[[str], None] = _nothing
+
+    def allows(self, address: str) -> bool:
+        """Whether ``address`` is one of the system's own."""
+        return self._policy.allows(address)
 
     def _peer(self, address: str) -> _Peer:
         peer = self._peers.get(address)
-        if peer is None:
-            if self._closed:
-                raise MailboxClosedError("the outbox of this actor system is closed")
+        if peer is not None:
+            peer.used = self._tick
+            return peer
+        if self._closed:
+            raise MailboxClosedError("the outbox of this actor system is closed")
+        if not self._policy.allows(address):
+            raise ProtocolError(
+                f"{address!r} is not an address of this actor system: a process only "
+                "connects to its own system's ipc directory or tcp hosts"
+            )
+        if len(self._peers) >= self._options.max_peers:
+            self._evict()
+        try:
             sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, self._options.hwm)
-            sock.setsockopt(zmq.LINGER, self._options.linger_ms)
-            try:
-                sock.connect(address)
-            except zmq.ZMQError as err:
-                sock.close(0)
-                raise ProtocolError(f"cannot connect to {address!r}: {err}") from err
-            peer = self._peers[address] = _Peer(sock)
+        except zmq.ZMQError as err:
+            raise ProtocolError(f"cannot open a socket to {address!r}: {err}") from err
+        sock.setsockopt(zmq.SNDHWM, self._options.hwm)
+        sock.setsockopt(zmq.LINGER, self._options.linger_ms)
+        # A destination that is gone is retried ever more slowly until the socket idles out.
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5_000)
+        try:
+            make_client(sock, self._keys)
+            sock.connect(address)
+        except zmq.ZMQError as err:
+            sock.close(0)
+            raise ProtocolError(f"cannot connect to {address!r}: {err}") from err
+        peer = self._peers[address] = _Peer(sock, self._tick)
+        self.on_open(address)
         return peer
+
+    def _evict(self) -> None:
+        idle = [(p.used, a) for a, p in self._peers.items() if not p.waiter.waiting]
+        if idle:
+            self.evicted += 1
+            self._close(min(idle)[1], self._options.linger_ms)
+
+    def sweep(self) -> None:
+        """Close the sockets unused since the previous sweep but one (call every
+        ``peer_idle / 2`` seconds)."""
+        self._tick += 1
+        stale = [
+            a for a, p in self._peers.items() if p.used < self._tick - 2 and not p.waiter.waiting
+        ]
+        for address in stale:
+            self.idled += 1
+            self._close(address, self._options.linger_ms)
 
     def _too_big(self, size: int) -> ProtocolError:
         return ProtocolError(
@@ -229,11 +342,16 @@ class Outbox:
         """Send one frame if the queue has room now; ``False`` if it is full.
 
         Raises:
-            ProtocolError: The frame is larger than ``max_message_size``.
+            ProtocolError: The frame is larger than ``max_message_size``, or the address is
+                not the system's.
         """
         if len(frame) > self._max:
             raise self._too_big(len(frame))
-        peer = self._peers.get(address) or self._peer(address)
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peer(address)
+        else:
+            peer.used = self._tick
         try:
             _send(peer.sock, frame, NOBLOCK)
         except zmq.Again:
@@ -292,7 +410,7 @@ class Outbox:
         Large frames go zero-copy; libzmq queues all parts of a message once the first
         is accepted, so only the first send can meet a full queue.
         """
-        sock = (self._peers.get(address) or self._peer(address)).sock
+        sock = self._peer(address).sock
         try:
             _send(sock, frames[0], _NOBLOCK_MORE)
         except zmq.Again:
@@ -309,7 +427,7 @@ class Outbox:
 
     async def _wait_writable(self, address: str, timeout: float | None) -> None:
         limit = self._options.send_timeout if timeout is None else timeout
-        peer = self._peers.get(address) or self._peer(address)
+        peer = self._peer(address)
         try:
             await asyncio.wait_for(peer.waiter.wait(POLLOUT), limit)
         except TimeoutError:
@@ -324,15 +442,20 @@ class Outbox:
 
     def forget(self, address: str) -> None:
         """Close the socket to an address that will never be served again."""
+        self._close(address, 0)
+
+    def _close(self, address: str, linger_ms: int) -> None:
         peer = self._peers.pop(address, None)
         if peer is not None:
             peer.waiter.close()
-            peer.sock.close(0)
+            peer.sock.close(linger_ms)
 
     def close(self, linger_ms: int | None = None) -> None:
         """Close every socket (``linger_ms`` overrides the configured linger)."""
         self._closed = True
-        for peer in self._peers.values():
-            peer.waiter.close()
-            peer.sock.close(self._options.linger_ms if linger_ms is None else linger_ms)
-        self._peers.clear()
+        for address in list(self._peers):
+            self._close(address, self._options.linger_ms if linger_ms is None else linger_ms)
+
+
+def _nothing(address: str) -> None:
+    """The default `Outbox.on_open`."""

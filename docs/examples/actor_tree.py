@@ -27,6 +27,7 @@ from runtime import (
     ActorSystem,
     ChildSpec,
     Message,
+    Request,
     Restart,
     Strategy,
     Supervisor,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 
-class Greet(Message):
+class Greet(Request["Greeting"]):
     name: str
 
 
@@ -46,7 +47,7 @@ class Greeting(Message):
     pid: int
 
 
-class Add(Message):
+class Add(Request["Total"]):
     n: int
 
 
@@ -55,7 +56,7 @@ class Total(Message):
     pid: int
 
 
-class Greeter(Actor):
+class Greeter(Actor[Greet]):
     """Stateless: answers from its constructor argument."""
 
     def __init__(self, greeting: str) -> None:
@@ -66,7 +67,7 @@ class Greeter(Actor):
         return Greeting(text=f"{self.greeting}, {msg.name}!", pid=os.getpid())
 
 
-class Accumulator(Actor):
+class Accumulator(Actor[Add]):
     """Stateful: its running total is lost when it dies (a restart is a fresh start)."""
 
     def __init__(self) -> None:
@@ -85,7 +86,7 @@ class ChildStarted(Message):
     ref: ActorRef[Any]
 
 
-class ReportingSupervisor(Supervisor):
+class ReportingSupervisor(Supervisor[Any]):
     """A ``Supervisor`` that tells ``report_to`` of every child start, restarts included."""
 
     def __init__(
@@ -104,7 +105,7 @@ class ReportingSupervisor(Supervisor):
         await self.report_to.tell(ChildStarted(name=name, ref=ref))
 
 
-class Starts(Actor):
+class Starts(Actor[ChildStarted]):
     """Runs in main()'s event loop (``process=False``): passes each report on to main()."""
 
     def __init__(self, out: MemoryObjectSendStream[ChildStarted]) -> None:

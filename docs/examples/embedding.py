@@ -11,13 +11,13 @@ import asyncio
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from runtime import Actor, ActorRef, ActorSystem, Message, handler
+from runtime import Actor, ActorRef, ActorSystem, Message, Request, handler
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
 
-class Add(Message):
+class Add(Request["Total"]):
     n: int
 
 
@@ -25,7 +25,7 @@ class Total(Message):
     value: int
 
 
-class Counter(Actor):
+class Counter(Actor[Add]):
     def __init__(self) -> None:
         self.total = 0
 

@@ -14,6 +14,7 @@ from runtime import (
     AskTimeoutError,
     Message,
     RemoteActorError,
+    Request,
     handler,
 )
 
@@ -24,13 +25,13 @@ class Deposit(Message):
     amount: int
 
 
-class Withdraw(Message):
+class Withdraw(Request["Balance"]):
     """Take ``amount`` from the balance; the reply is the new ``Balance``."""
 
     amount: int
 
 
-class GetBalance(Message):
+class GetBalance(Request["Balance"]):
     """Ask for the balance."""
 
 
@@ -40,13 +41,13 @@ class Balance(Message):
     value: int
 
 
-class Nap(Message):
+class Nap(Request[None]):
     """Sleep in the handler for ``seconds`` (to show an ask timing out)."""
 
     seconds: float
 
 
-class Account(Actor):
+class Account(Actor[Deposit | Withdraw | GetBalance | Nap]):
     """Keeps one balance. Its state is private: only messages reach it."""
 
     def __init__(self, opening: int = 0) -> None:

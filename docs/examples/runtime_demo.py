@@ -9,23 +9,23 @@ import time
 
 import anyio
 
-from runtime import Actor, ActorRef, ActorSystem, Message, handler
+from runtime import Actor, ActorRef, ActorSystem, Request, handler
 
 
-class Add(Message, array_like=True):
+class Add(Request[None], array_like=True):
     """One number to add (array_like: a compact hot-path message)."""
 
     n: int
 
 
-class Total(Message):
+class Total(Request["Total"]):
     """Ask for (and receive) the running total, and the mirror's."""
 
     value: int = 0
     mirrored: int | None = None
 
 
-class Adder(Actor):
+class Adder(Actor[Add | Total]):
     """Keeps a running total; forwards every number to an optional mirror."""
 
     def __init__(self, mirror: ActorRef[Add | Total] | None = None) -> None:

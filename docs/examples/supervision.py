@@ -20,6 +20,7 @@ from runtime import (
     ChildSpec,
     GetSupervisorStatistics,
     Message,
+    Request,
     Restart,
     Strategy,
     Supervisor,
@@ -29,7 +30,7 @@ from runtime import (
 )
 
 
-class GetPid(Message):
+class GetPid(Request["Pid"]):
     """Ask a worker for its process id."""
 
 
@@ -37,7 +38,7 @@ class Pid(Message):
     pid: int
 
 
-class Work(Message):
+class Work(Request["Done"]):
     """Take ``seconds`` to answer (a request that is in flight when the worker dies)."""
 
     seconds: float
@@ -51,7 +52,7 @@ class Crash(Message):
     """Make the worker fail as a whole (not just this message)."""
 
 
-class Worker(Actor):
+class Worker(Actor[GetPid | Work | Crash]):
     @handler
     def pid(self, msg: GetPid) -> Pid:
         return Pid(pid=os.getpid())

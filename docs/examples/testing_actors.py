@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from runtime import Actor, ActorRef, ActorSystem, Message, RemoteActorError, handler
+from runtime import Actor, ActorRef, ActorSystem, Message, RemoteActorError, Request, handler
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 # -- the actors under test --------------------------------------------------------------------
 
 
-class Withdraw(Message):
+class Withdraw(Request["Balance"]):
     amount: int
 
 
@@ -39,7 +39,7 @@ class Crash(Message):
     """Fail the whole actor."""
 
 
-class Account(Actor):
+class Account(Actor[Withdraw | Crash]):
     """Keeps a balance; reports every change to an optional auditor."""
 
     def __init__(self, opening: int = 0, auditor: ActorRef[Balance] | None = None) -> None:
@@ -74,7 +74,7 @@ class Audit:
         return self.seen
 
 
-class Auditor(Actor):
+class Auditor(Actor[Balance]):
     def __init__(self, audit: Audit) -> None:
         self.audit = audit
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import anyio
 
-from runtime import Actor, ActorRef, ActorSystem, Down, Message, handler
+from runtime import Actor, ActorRef, ActorSystem, Down, Message, Request, handler
 
 
-class Job(Message):
+class Job(Request["Result"]):
     n: int
 
 
@@ -25,7 +25,7 @@ class Crash(Message):
     """Make the helper fail as a whole."""
 
 
-class Squarer(Actor):
+class Squarer(Actor[Job | Crash]):
     @handler
     def job(self, msg: Job) -> Result:
         return Result(n=msg.n, square=msg.n * msg.n)
@@ -35,7 +35,7 @@ class Squarer(Actor):
         self.crash(RuntimeError("lost count"))
 
 
-class Foreman(Actor):
+class Foreman(Actor[Job | Down]):
     """Owns one Squarer (a task in the foreman's own process) and replaces it when it dies."""
 
     def __init__(self) -> None:

@@ -8,10 +8,10 @@ import time
 
 import anyio
 
-from runtime import Actor, ActorRef, Message, handler
+from runtime import Actor, ActorRef, Message, Request, handler
 
 
-class Ping(Message):
+class Ping(Request["Pong"]):
     n: int
 
 
@@ -23,15 +23,15 @@ class Tick(Message, array_like=True):
     n: int
 
 
-class Fail(Message):
+class Fail(Request[None]):
     text: str
 
 
-class Slow(Message):
+class Slow(Request[Pong]):
     seconds: float
 
 
-class GetCount(Message):
+class GetCount(Request["Count"]):
     pass
 
 
@@ -40,7 +40,7 @@ class Count(Message):
     name: str = ""
 
 
-class Forward(Message):
+class Forward(Request[Pong]):
     """Ask ``target`` for ``n`` from inside a handler and return its answer."""
 
     target: ActorRef[Ping]
@@ -54,7 +54,13 @@ class TellTo(Message):
     n: int
 
 
-class Echo(Actor):
+class Blob(Message):
+    """Bytes to hold (a flood of these tests the byte bounds)."""
+
+    data: bytes
+
+
+class Echo(Actor[Ping | Tick | Fail | Slow | GetCount | Forward | TellTo | Blob]):
     """Answers pings, counts ticks, fails on demand; reports its count when it stops."""
 
     def __init__(self, factor: int = 1, report_to: ActorRef[Count] | None = None) -> None:
@@ -68,6 +74,10 @@ class Echo(Actor):
 
     @handler
     def tick(self, msg: Tick) -> None:
+        self.ticks += 1
+
+    @handler
+    def blob(self, msg: Blob) -> None:
         self.ticks += 1
 
     @handler
@@ -115,7 +125,7 @@ class Gathered:
             await self._changed.wait()
 
 
-class Collector(Actor):
+class Collector(Actor[Count | Ping]):
     """Runs in the test process (process=False): gathers Counts and Pings it is told."""
 
     def __init__(self, gathered: Gathered) -> None:
@@ -127,23 +137,24 @@ class Collector(Actor):
         self.gathered.notify()
 
     @handler
-    def ping(self, msg: Ping) -> None:
+    def ping(self, msg: Ping) -> Pong:
         self.gathered.pings.append(msg.n)
         self.gathered.notify()
+        return Pong(n=msg.n)
 
 
-class BadStart(Actor):
+class BadStart(Actor[Ping]):
     """Its on_start raises: spawning it must fail with SpawnError."""
 
     @handler
-    def ping(self, msg: Ping) -> None:
-        return None
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
 
     async def on_start(self) -> None:
         raise RuntimeError("on_start refuses")
 
 
-class GetPid(Message):
+class GetPid(Request["Pid"]):
     pass
 
 
@@ -174,7 +185,7 @@ class Started(Message):
     at: float = 0.0
 
 
-class Worker(Actor):
+class Worker(Actor[GetPid | Quit | Crash | Tick | GetCount | Slow]):
     """A supervised child: reports its starts and stops, quits or crashes on demand."""
 
     def __init__(self, report_to: ActorRef[Started] | None = None) -> None:
@@ -224,7 +235,7 @@ class Worker(Actor):
         return Pong(n=0)
 
 
-class Stubborn(Actor):
+class Stubborn(Actor[GetPid]):
     """Never finishes stopping: its ``on_stop`` waits forever. With ``ignore_sigterm`` (in
     its own process only) it also ignores SIGTERM, so only SIGKILL ends it."""
 
@@ -261,7 +272,7 @@ class Journal:
         return self.events
 
 
-class Recorder(Actor):
+class Recorder(Actor[Started]):
     """Collects Started reports into a Journal."""
 
     def __init__(self, journal: Journal) -> None:

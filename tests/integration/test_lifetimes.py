@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runtime import Actor, ActorSystem, Message, handler
+from runtime import Actor, ActorSystem, Message, Request, handler
 from runtime._children import TERM_GRACE
 
 from ._actors import Echo, Ping, Pong, Slow
@@ -101,7 +101,7 @@ class TestEscalation:
                 os.kill(grandchild.pid, signal.SIGKILL)
 
 
-class SpawnStubborn(Message):
+class SpawnStubborn(Request["StubbornSpawned"]):
     pass
 
 
@@ -109,7 +109,7 @@ class StubbornSpawned(Message):
     pid: int
 
 
-class StubbornParent(Actor):
+class StubbornParent(Actor[SpawnStubborn]):
     """Spawns a busy child that ignores SIGTERM and has 30 s to stop."""
 
     @handler

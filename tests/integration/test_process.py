@@ -22,10 +22,11 @@ from runtime import (
     AskTimeoutError,
     Message,
     RemoteActorError,
+    Request,
     SpawnError,
     handler,
 )
-from runtime._codec import Header, Kind, encode_header
+from runtime._protocol import Header, Kind, encode_header
 from tests.conftest import child_pids
 
 from ._actors import (
@@ -240,7 +241,7 @@ class TestGracefulStop:
         assert gathered.counts == [Count(n=1500, name="grandchild")]
 
 
-class GetSeen(Message):
+class GetSeen(Request["Seen"]):
     pass
 
 
@@ -249,7 +250,15 @@ class Seen(Message):
     started: bool = False
 
 
-class Recorder(Actor):
+class WhoAmI(Request["Me"]):
+    pass
+
+
+class Me(Message):
+    ref: ActorRef[Any]
+
+
+class Recorder(Actor[Tick | GetSeen | WhoAmI]):
     """Records every tick in the order handled."""
 
     def __init__(self) -> None:
@@ -269,14 +278,6 @@ class Recorder(Actor):
         return Me(ref=self.ref)
 
 
-class WhoAmI(Message):
-    pass
-
-
-class Me(Message):
-    ref: ActorRef[Any]
-
-
 class SlowStart(Recorder):
     """Takes ``seconds`` to start."""
 
@@ -289,21 +290,21 @@ class SlowStart(Recorder):
         self.started = True
 
 
-class Blast(Message):
+class Blast(Request[None]):
     """Tell ``n`` ticks to ``target``."""
 
     target: ActorRef[Any]
     n: int
 
 
-class Blaster(Actor):
+class Blaster(Actor[Blast]):
     @handler
     async def blast(self, msg: Blast) -> None:
         for i in range(msg.n):
             await msg.target.tell(Tick(n=i))
 
 
-class SpawnEcho(Message):
+class SpawnEcho(Request["EchoSpawned"]):
     """Spawn an ``Echo`` child reporting its count to ``report_to`` when it stops."""
 
     name: str
@@ -314,7 +315,7 @@ class EchoSpawned(Message):
     ref: ActorRef[Any]
 
 
-class Spawner(Actor):
+class Spawner(Actor[SpawnEcho]):
     @handler
     async def spawn_echo(self, msg: SpawnEcho) -> EchoSpawned:
         ref = await self.system.spawn(Echo, 1, msg.report_to, name=msg.name)

@@ -19,7 +19,7 @@ from actors.messages import (
     WorkerDown,
     WorkerUp,
 )
-from runtime import Actor, ActorRef, Message, handler
+from runtime import Actor, ActorRef, Message, Request, handler
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,7 +54,7 @@ class Replies:
             await self.arrived.wait()
 
 
-class ReplyInbox(Actor):
+class ReplyInbox(Actor[LoadReply | FlushReply]):
     """Receives the control replies a worker passes on."""
 
     def __init__(self, replies: Replies) -> None:
@@ -110,7 +110,7 @@ class Events:
             await self.changed.wait()
 
 
-class EventInbox(Actor):
+class EventInbox(Actor[WorkerUp | WorkerDown | RequestOutputs]):
     """Records ``WorkerUp``, ``WorkerDown`` and request outputs, as the Pipeline's inbox
     would receive them."""
 
@@ -175,7 +175,7 @@ class GatedDetokenizer(Detokenizer):
         return super().on_route_update(msg)
 
 
-class GetRegistry(Message):
+class GetRegistry(Request["Registry"]):
     """Ask an `InspectableSupervisor` for its registry."""
 
 

@@ -23,7 +23,7 @@ import anyio
 import httpx
 import pytest
 
-from actors import WorkerDiedError
+from actors import Member, WorkerDiedError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -265,11 +265,11 @@ class DyingPipeline:
     """Stands in for a Pipeline whose worker dies: after output for a stream."""
 
     async def generate(self, text: str, **sampling: Any) -> Any:
-        raise WorkerDiedError("r1", "worker", "killed by signal SIGKILL")
+        raise WorkerDiedError("r1", Member.WORKER, "killed by signal SIGKILL")
 
     async def stream(self, text: str, **sampling: Any) -> AsyncIterator[str]:
         yield "partial"
-        raise WorkerDiedError("r2", "worker", "killed by signal SIGKILL")
+        raise WorkerDiedError("r2", Member.WORKER, "killed by signal SIGKILL")
 
 
 async def test_a_dead_worker_is_a_503_and_an_error_event() -> None:

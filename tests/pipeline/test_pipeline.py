@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from actors import Pipeline, WorkerDiedError
+from actors import Member, Pipeline, WorkerDiedError
 from actors._tokenizer import load_tokenizer
 from actors.messages import (
     CheckFlush,
@@ -453,7 +453,7 @@ class TestStreamingDeaths:
             assert any(pieces for pieces, _ in died)
             name = f"tokenizer_worker:1 (incarnation {killed.incarnation})"
             for _, err in died:
-                assert err.member == "worker"
+                assert err.member is Member.WORKER
                 assert name in err.reason
             assert p.failed == len(died)
             # The dead worker's requests that had no output yet went to the others, and

@@ -130,7 +130,8 @@ class TestRegistration:
                 assert before.origins == [Origin(0, worker.incarnation)]
                 assert before.addresses == [worker.address]
                 assert before.duplicate_registrations == 0
-                impostor = await h.system.spawn(
+                # Not a worker at all: the supervisor must ignore it whatever it is.
+                impostor: ActorRef[Any] = await h.system.spawn(
                     EventInbox, Events(), name="impostor", process=False
                 )
                 dup = RegisterWorker(worker_id=0, incarnation=worker.incarnation, address=impostor)

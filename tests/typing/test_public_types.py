@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, assert_type
 
-from actors import GenerateResult, Pipeline, WorkerDiedError
+from actors import GenerateResult, Member, Pipeline, WorkerDiedError
 from runtime import (
     ActorRef,
     ActorSystem,
@@ -18,16 +18,19 @@ from runtime import (
     TokenyardError,
     Watch,
 )
-from tests.unit._messages import Counter, Ping
+from tests.unit._messages import AskSelf, BadReturn, Counter, Ping, Point, Pong
 
 
 async def typed_usage(system: ActorSystem, pipeline: Pipeline) -> None:
     """Never run: mypy checks what each call returns."""
     ref = await system.spawn(Counter, name="c", process=False)
-    assert_type(ref, ActorRef[Any])
-    typed: ActorRef[Ping] = ref
+    # The ref accepts what the class declares, and an ask returns what its request names.
+    assert_type(ref, ActorRef[Ping | Point | AskSelf | BadReturn])
+    typed: ActorRef[Ping] = ref  # a ref accepting more serves where one accepting less does
     assert_type(await typed.tell(Ping(n=1)), None)
-    assert_type(await ref.ask(Ping(n=1), timeout=1.0), Any)
+    assert_type(await ref.ask(Ping(n=1), timeout=1.0), Pong)
+    assert_type(await ref.ask(BadReturn()), Any)
+    assert_type(ref.try_tell(Point(x=1, y=2)), bool)
     assert_type(system.watch(ref), Watch)
     assert_type(await system.watch(ref), Down)
     assert_type(await system.stop(ref), Down)
@@ -46,6 +49,7 @@ def test_the_public_errors_and_specs_have_the_documented_shapes() -> None:
     assert Strategy.ONE_FOR_ALL.value == "one_for_all"
     assert issubclass(WorkerDiedError, TokenyardError)
     assert issubclass(AskTimeoutError, TimeoutError)
-    err = WorkerDiedError("r1", "worker", "killed by SIGKILL")
+    err = WorkerDiedError("r1", Member.WORKER, "killed by SIGKILL")
     assert_type(err.rid, str)
-    assert (err.rid, err.member) == ("r1", "worker")
+    assert_type(err.member, Member)
+    assert (err.rid, err.member) == ("r1", Member.WORKER)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from runtime import Actor, ActorRef, Message, handler
+from typing import Any
 
-
-class Ping(Message):
-    n: int
+from runtime import Actor, ActorRef, Message, Request, handler
 
 
 class Pong(Message):
+    n: int
+
+
+class Ping(Request[Pong]):
     n: int
 
 
@@ -32,15 +34,15 @@ class Other(Message):
     text: str
 
 
-class AskSelf(Message):
+class AskSelf(Request[Pong]):
     pass
 
 
-class BadReturn(Message):
-    pass
+class BadReturn(Request[Any]):
+    """Answered with a value that is not a message (a protocol error)."""
 
 
-class Counter(Actor):
+class Counter(Actor[Ping | Point | AskSelf | BadReturn]):
     """Counts pings; misbehaves on demand."""
 
     def __init__(self) -> None:

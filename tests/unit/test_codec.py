@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime._codec import (
-    HEADER_BYTE,
-    Header,
-    Kind,
-    MailboxDecoder,
-    decode_header,
-    encode_header,
-)
+from runtime._codec import MailboxDecoder
 from runtime._message import registry, type_path
+from runtime._protocol import HEADER_BYTE, Header, Kind, decode_header, encode_header
 
 from ._messages import Nested, Other, Ping, Point, Pong
 
@@ -98,5 +92,5 @@ class TestRegistry:
     def test_runtime_messages_are_registered_under_their_defining_module(self) -> None:
         from runtime import Down, MailboxStatistics
 
-        assert registry["runtime._watch:Down"] is Down
+        assert registry["runtime._protocol:Down"] is Down
         assert registry["runtime._mailbox:MailboxStatistics"] is MailboxStatistics

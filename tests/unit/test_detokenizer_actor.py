@@ -43,7 +43,7 @@ TEXTS = [
 ]
 
 
-class FakeWorker(Actor):
+class FakeWorker(Actor[BatchStrOutput]):
     """Records every text sub-batch the detokenizer tells it."""
 
     def __init__(self, inbox: Inbox[BatchStrOutput]) -> None:
@@ -54,7 +54,7 @@ class FakeWorker(Actor):
         self.inbox.put(msg)
 
 
-class FakeScheduler(Actor):
+class FakeScheduler(Actor[Abort]):
     """Records the aborts the detokenizer sends."""
 
     def __init__(self, inbox: Inbox[Abort]) -> None:
@@ -158,7 +158,8 @@ async def open_detokenizer(workers: int = 2, **kwargs: Any) -> AsyncIterator[Har
 
 async def add_worker(harness: Harness, origin: Origin) -> None:
     inbox: Inbox[BatchStrOutput] = Inbox()
-    ref = await harness.system.spawn(
+    # A fake takes only what the detokenizer sends a worker: typed as any worker.
+    ref: ActorRef[Any] = await harness.system.spawn(
         FakeWorker, inbox, name=f"worker-{origin.worker}-{origin.incarnation}", process=False
     )
     ack = await harness.detokenizer.ask(RouteUpdate(origin=origin, ref=ref), timeout=5)
@@ -357,7 +358,7 @@ class TestCap:
     async def test_aborts_follow_the_scheduler_named_by_the_latest_topology(self) -> None:
         async with open_detokenizer(workers=1, max_states=1) as h:
             aborts: Inbox[Abort] = Inbox()
-            reborn = await h.system.spawn(FakeScheduler, aborts, process=False)
+            reborn: ActorRef[Any] = await h.system.spawn(FakeScheduler, aborts, process=False)
             topology = Topology(scheduler=reborn, detokenizer=h.detokenizer, router=None)
             await h.detokenizer.tell(topology)
             await h.send(Entry(W0, "a", [5]), Entry(W0, "b", [5]), step=0)

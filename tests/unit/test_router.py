@@ -47,7 +47,7 @@ in_loop_and_own_process = pytest.mark.parametrize(
 )
 
 
-class RecordingWorker(Actor):
+class RecordingWorker(Actor[LoadReply | FlushReply | AbortNotice]):
     """Stands for a tokenizer worker: records every control reply the router passes it."""
 
     def __init__(self, inbox: Inbox[ControlReply]) -> None:
@@ -71,7 +71,7 @@ def replies(origin: Origin, first_id: int = 0) -> list[ControlReply]:
     return [
         LoadReply(origin=origin, request_id=first_id, running=3, waiting=1, step=9),
         FlushReply(origin=origin, request_id=first_id + 1, success=True),
-        AbortNotice(origin=origin, rid=f"rid-{first_id + 2}", reason="queue full"),
+        AbortNotice(origin=origin, rids=[f"rid-{first_id + 2}"], reason="queue full"),
     ]
 
 

@@ -137,7 +137,7 @@ class Steps(Inbox[BatchTokenIDOutput]):
         await self.wait_until(lambda: rid in self.entries)
 
 
-class FakeDetokenizer(Actor):
+class FakeDetokenizer(Actor[BatchTokenIDOutput]):
     """Records every batch the scheduler tells it."""
 
     def __init__(self, steps: Steps) -> None:
@@ -148,7 +148,7 @@ class FakeDetokenizer(Actor):
         self.steps.put(msg)
 
 
-class FakeRouter(Actor):
+class FakeRouter(Actor[LoadReply | FlushReply | AbortNotice]):
     """Records the control replies and abort notices the scheduler tells it."""
 
     def __init__(self, inbox: Inbox[Message]) -> None:
@@ -561,7 +561,7 @@ class TestControl:
             notice = await engine.reply(1)
             stats = await engine.stats()
         assert notice == AbortNotice(
-            origin=OTHER, rid="refused", reason="scheduler queue full (max_waiting=1)"
+            origin=OTHER, rids=["refused"], reason="scheduler queue full (max_waiting=1)"
         )
         assert (stats.rejected, stats.running, stats.waiting) == (1, 1, 1)
         assert "refused" not in engine.steps.entries
@@ -571,7 +571,7 @@ class TestControl:
             await engine.submit("bad", [5, VOCAB_SIZE, 6])
             notice = await engine.reply(1)
         assert isinstance(notice, AbortNotice)
-        assert (notice.origin, notice.rid) == (ORIGIN, "bad")
+        assert (notice.origin, notice.rids) == (ORIGIN, ["bad"])
         assert f"prompt id {VOCAB_SIZE} is outside" in notice.reason
 
     async def test_a_rid_its_origin_already_has_scheduled_is_refused(self) -> None:
@@ -582,7 +582,7 @@ class TestControl:
             await engine.submit("r", origin=OTHER, max_new_tokens=3)  # another worker's "r"
             stats = await engine.stats()
         assert isinstance(notice, AbortNotice)
-        assert (notice.origin, notice.rid) == (ORIGIN, "r")
+        assert (notice.origin, notice.rids) == (ORIGIN, ["r"])
         assert "duplicate rid 'r'" in notice.reason
         assert stats.rejected == 1
         assert stats.running + stats.waiting == 2
@@ -640,7 +640,7 @@ class TestFailures:
             await engine.system.stop(engine.detokenizer)
             await engine.submit("r", max_new_tokens=3)
             steps = Steps()
-            successor = await engine.system.spawn(
+            successor: ActorRef[Any] = await engine.system.spawn(
                 FakeDetokenizer, steps, name="detokenizer-2", process=False
             )
             await engine.tell(Topology(scheduler=None, detokenizer=successor, router=None))

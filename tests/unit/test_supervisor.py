@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, settings
@@ -22,8 +22,8 @@ from runtime import (
     Supervisor,
     handler,
 )
+from runtime._exit import oom_kills, reason_for_status
 from runtime._supervisor import restart_delay
-from runtime._watch import oom_kills, reason_for_status
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,15 +33,17 @@ class Nudge(Message):
     pass
 
 
-class Idle(Actor):
+class Idle(Actor[Nudge]):
     @handler
     def nudge(self, msg: Nudge) -> None:
         return None
 
 
-def supervisor(max_restarts: int = 3, period: float = 5.0) -> Supervisor:
+def supervisor(max_restarts: int = 3, period: float = 5.0) -> Supervisor[Any]:
     """A supervisor of one child, built but not started (its counters work without a loop)."""
-    sup = Supervisor([ChildSpec(Idle, name="idle")], max_restarts=max_restarts, period=period)
+    sup: Supervisor[Any] = Supervisor(
+        [ChildSpec(Idle, name="idle")], max_restarts=max_restarts, period=period
+    )
     sup.ref = ActorRef("sup", "inproc://sup")
     return sup
 
@@ -156,8 +158,8 @@ def cgroup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cgroup:
     fake = Cgroup(tmp_path / "cgroup", tmp_path / "proc-self-cgroup")
     fake.root.mkdir()
     fake.place("/")  # a container with its own cgroup namespace: it is the root
-    monkeypatch.setattr("runtime._watch._CGROUP_ROOT", str(fake.root))
-    monkeypatch.setattr("runtime._watch._PROC_CGROUP", str(fake.proc))
+    monkeypatch.setattr("runtime._exit._CGROUP_ROOT", str(fake.root))
+    monkeypatch.setattr("runtime._exit._PROC_CGROUP", str(fake.proc))
     return fake
 
 
@@ -192,31 +194,31 @@ class TestKilledForMemory:
         self, cgroup: Cgroup
     ) -> None:
         cgroup.write("/", 4)
-        assert reason_for_status(-signal.SIGKILL, None, oom_before=3) == (
+        assert reason_for_status(-signal.SIGKILL, None, oom_before=3)[1:] == (
             "killed for memory (the kernel's OOM killer)",
             signal.SIGKILL,
         )
 
     def test_a_sigkill_while_the_count_stood_still_is_a_plain_sigkill(self, cgroup: Cgroup) -> None:
         cgroup.write("/", 3)
-        assert reason_for_status(-signal.SIGKILL, None, oom_before=3) == (
+        assert reason_for_status(-signal.SIGKILL, None, oom_before=3)[1:] == (
             "killed by SIGKILL",
             signal.SIGKILL,
         )
 
     def test_only_a_sigkill_is_taken_for_the_oom_killer(self, cgroup: Cgroup) -> None:
         cgroup.write("/", 9)
-        assert reason_for_status(-signal.SIGTERM, None, oom_before=3) == (
+        assert reason_for_status(-signal.SIGTERM, None, oom_before=3)[1:] == (
             "killed by SIGTERM",
             signal.SIGTERM,
         )
 
     def test_without_a_count_at_start_a_sigkill_is_a_plain_sigkill(self, cgroup: Cgroup) -> None:
         cgroup.write("/", 9)
-        assert reason_for_status(-signal.SIGKILL, None, oom_before=None)[0] == "killed by SIGKILL"
+        assert reason_for_status(-signal.SIGKILL, None, oom_before=None)[1] == "killed by SIGKILL"
 
     def test_a_counter_gone_by_the_death_reads_as_a_plain_sigkill(self, cgroup: Cgroup) -> None:
-        assert reason_for_status(-signal.SIGKILL, None, oom_before=3)[0] == "killed by SIGKILL"
+        assert reason_for_status(-signal.SIGKILL, None, oom_before=3)[1] == "killed by SIGKILL"
 
 
 class TestExitReasons:
@@ -238,4 +240,4 @@ class TestExitReasons:
     def test_an_exit_status_becomes_the_documented_reason(
         self, status: int, error: str | None, reason: str, signum: int | None
     ) -> None:
-        assert reason_for_status(status, error) == (reason, signum)
+        assert reason_for_status(status, error)[1:] == (reason, signum)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import anyio
 
-from runtime import Actor, ActorSystem, Message, handler
+from runtime import Actor, ActorSystem, Message, Request, handler
 
 
-class Greet(Message):
+class Greet(Request["Greeting"]):
     who: str
 
 
@@ -15,7 +15,7 @@ class Greeting(Message):
     text: str
 
 
-class Greeter(Actor):
+class Greeter(Actor[Greet]):
     @handler
     def greet(self, msg: Greet) -> Greeting:
         return Greeting(text=f"hello, {msg.who}")

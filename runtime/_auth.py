@@ -1,0 +1,185 @@
+"""Who belongs to a system: its secrets, the addresses it may connect to, and CURVE over tcp.
+
+The trust boundary is the system. Over ipc it is the system's user: every socket file lives
+in the system's private directory (mode 0700). Over tcp it is whoever holds the system's
+CURVE keys: every socket is a CURVE socket, and each process that binds one answers
+ZeroMQ's authentication requests (ZAP) itself, admitting only the system's own client key,
+so a peer without it completes no handshake and delivers no frame. Inside the boundary, each
+header carries the system's cookie (`runtime._protocol`).
+
+A process only ever connects to addresses of its own system: an ipc path inside the
+system's directory, or a tcp endpoint on one of the system's hosts. An address from a
+message (an ask's reply address, a ref's owner) that points elsewhere is refused, so no
+frame, and no cookie, ever leaves the system.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import TYPE_CHECKING
+
+import msgspec
+import zmq
+import zmq.utils.z85
+
+from ._throttle import Throttle
+
+if TYPE_CHECKING:
+    import asyncio
+
+logger = logging.getLogger("tokenyard.auth")
+
+#: The ZAP endpoint libzmq asks (RFC 27).
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_IPC_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
+_TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
+
+
+class Keys(msgspec.Struct, frozen=True):
+    """A system's CURVE key pair (Z85 text, 40 characters each).
+
+    Every member uses the one pair: as a server (its mailboxes and reply inbox) and as a
+    client (its outgoing sockets), and admits only that public key.
+    """
+
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def generate(cls) -> Keys:
+        """A fresh key pair."""
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Keys:
+        """Read the pair from ``directory`` (``system.key``), generating and writing it
+        (mode 0600) when the directory holds none, so several hosts can share one.
+
+        Raises:
+            PermissionError: The key file is readable by others than its owner.
+        """
+        path = os.path.join(os.fspath(directory), "system.key")
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            os.makedirs(os.fspath(directory), mode=0o700, exist_ok=True)
+            keys = cls.generate()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(msgspec.json.encode(keys))
+            return keys
+        if info.st_mode & 0o077:
+            raise PermissionError(
+                f"{path} is readable by others (mode {info.st_mode & 0o777:o}): the system's "
+                "secret key must be mode 0600; chmod 600 it"
+            )
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=cls)
+
+
+class AddressPolicy:
+    """Which addresses a process of the system may connect to.
+
+    Args:
+        ipc_dir: The system's private directory.
+        tcp_hosts: The hosts of the system's tcp endpoints (empty: ipc only).
+    """
+
+    def __init__(self, ipc_dir: str, tcp_hosts: frozenset[str] = frozenset()) -> None:
+        self._ipc_prefix = f"ipc://{os.path.realpath(ipc_dir)}/" if ipc_dir else None
+        self._raw_prefix = f"ipc://{ipc_dir}/" if ipc_dir else None
+        self.tcp_hosts = set(tcp_hosts)
+
+    def allows(self, address: str) -> bool:
+        """Whether ``address`` is one of the system's own."""
+        if address.startswith("ipc://"):
+            for prefix in (self._raw_prefix, self._ipc_prefix):
+                if prefix is not None and address.startswith(prefix):
+                    return _IPC_NAME.fullmatch(address[len(prefix) :]) is not None
+            return False
+        match = _TCP.fullmatch(address)
+        return match is not None and match.group(1).strip("[]") in self.tcp_hosts
+
+    def allow_host(self, host: str) -> None:
+        """Admit tcp endpoints on ``host`` too (a node of the system lives there)."""
+        self.tcp_hosts.add(host.strip("[]"))
+
+
+def make_server(sock: zmq.Socket[bytes], keys: Keys | None) -> None:
+    """Make a binding socket a CURVE server with the system's keys (no-op for ipc)."""
+    if keys is None:
+        return
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, b"tokenyard")
+
+
+def make_client(sock: zmq.Socket[bytes], keys: Keys | None) -> None:
+    """Make a connecting socket a CURVE client of the system's servers (no-op for ipc)."""
+    if keys is None:
+        return
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
+class ZapHandler:
+    """Answers libzmq's authentication requests for one context: the system's key only.
+
+    It must exist before the first CURVE server socket binds (libzmq fails handshakes when
+    no handler listens), and answers from the event loop once `start` has run; requests that
+    arrive before wait in its socket.
+
+    Args:
+        ctx: The process's zmq context.
+        keys: The system's keys.
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], keys: Keys) -> None:
+        self._allowed = zmq.utils.z85.decode(keys.public)
+        self.sock: zmq.Socket[bytes] = ctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(ZAP_ENDPOINT)
+        self._fd = int(self.sock.getsockopt(zmq.FD))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.allowed = 0
+        #: Handshakes refused: a peer without the system's key (libzmq drops its frames).
+        self.denied = 0
+        self._throttle = Throttle(logger)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer requests from ``loop`` (and any already waiting)."""
+        self._loop = loop
+        loop.add_reader(self._fd, self._answer)
+        loop.call_soon(self._answer)
+
+    def _answer(self) -> None:
+        sock = self.sock
+        while int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                request = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            version, request_id = [*request, b"", b""][:2]
+            ok = len(request) >= 7 and request[5] == b"CURVE" and request[6] == self._allowed
+            if ok:
+                self.allowed += 1
+            else:
+                self.denied += 1
+                address = request[3].decode(errors="replace") if len(request) > 3 else "?"
+                self._throttle.warning(
+                    "refused a CURVE handshake from %s: not a system key", address
+                )
+            status = (b"200", b"OK") if ok else (b"400", b"not a key of this system")
+            sock.send_multipart([version, request_id, *status, b"", b""])
+
+    def close(self) -> None:
+        """Stop answering and close the socket."""
+        if self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._loop = None
+        self.sock.close(0)

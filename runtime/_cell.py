@@ -1,0 +1,256 @@
+"""The cell that runs one actor, and `host`, the one life every actor lives.
+
+An actor in its own process and one in the caller's event loop live the same life, in
+`host`: ``on_start``, the ready report, the mailbox loop until a stop request or a crash,
+then ``on_stop`` (graceful) or ``on_failure`` (crash), the children it started stopped, its
+mailbox closed. Only the ready report and what becomes of the ending differ: the in-process
+runner (`runtime._system`) turns it into a ``Down``, the actor process (`runtime._child`)
+into its exit status and last words.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._actor import handler_table
+from ._codec import MailboxDecoder
+from ._context import handling_address
+from ._errors import ProtocolError, TokenyardError, sole_error
+from ._mailbox import Envelope
+from ._protocol import ErrorBody, Header, Kind, LookupQuery, LookupReply
+from ._throttle import Throttle
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ._actor import Actor
+    from ._mailbox import Item, Mailbox
+    from ._message import Message
+    from ._node import Node
+
+logger = logging.getLogger("tokenyard.actor")
+
+_Handlers = dict[type["Message"], tuple["Callable[[Any], Any]", bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an actor's life ended.
+
+    Attributes:
+        started: Whether it got as far as its ready report.
+        stop: The stop request to acknowledge, after a graceful stop by one.
+        error: What it died of; ``None`` for a graceful stop.
+    """
+
+    started: bool
+    stop: Header | None = None
+    error: BaseException | None = None
+
+
+class Cell:
+    """Runs one actor: its mailbox loop and its replies.
+
+    Args:
+        actor: The actor instance.
+        mailbox: Its bound mailbox.
+        node: The node replies are sent from.
+    """
+
+    def __init__(self, actor: Actor[Any], mailbox: Mailbox, node: Node) -> None:
+        self.actor = actor
+        self.mailbox = mailbox
+        self.node = node
+        self.stopping = False
+        table = handler_table(type(actor))
+        self._handlers: _Handlers = {
+            t: (getattr(actor, name), is_async) for t, (name, is_async) in table.items()
+        }
+        self._errors = Throttle(logger)
+
+    @staticmethod
+    def decoder_for(cls: type[Actor[Any]]) -> MailboxDecoder:
+        """Build the mailbox decoder of an actor class.
+
+        Raises:
+            TypeError: The class has no handlers (or their annotations are wrong).
+        """
+        types = list(handler_table(cls))
+        if not types:
+            raise TypeError(f"{cls.__qualname__} has no @handler methods")
+        return MailboxDecoder(types)
+
+    async def run(self, on_ready: Callable[[], Awaitable[None]]) -> Header | None:
+        """``on_start``, ready, serve until stopped, ``on_stop``; ``on_failure`` on a crash.
+
+        Returns:
+            The stop request, to acknowledge once everything is closed.
+
+        Raises:
+            Exception: ``on_start`` failed (before ``on_ready``), or a background task of
+                the actor failed (the actor crashed), as itself (not in a group).
+        """
+        actor = self.actor
+        try:
+            async with anyio.create_task_group() as tg:
+                actor._task_group = tg
+                try:
+                    await actor.on_start()
+                    await on_ready()
+                    stop = await self.serve()
+                    try:
+                        await actor.on_stop()
+                    except Exception:
+                        logger.exception("%s: on_stop raised", self.mailbox.owner)
+                finally:
+                    actor._task_group = None
+                tg.cancel_scope.cancel()
+        except Exception as failure:
+            # One failure (on_start, or a background task) is the actor's error: raise it
+            # as itself so reasons and SpawnErrors read plainly.
+            err = sole_error(failure)
+            with anyio.CancelScope(shield=True):
+                try:
+                    await actor.on_failure(err)
+                except Exception:
+                    logger.exception("%s: on_failure raised", self.mailbox.owner)
+            if err is not failure and isinstance(err, Exception):
+                raise err from None
+            raise
+        return stop
+
+    async def serve(self) -> Header | None:
+        """Handle messages until a stop request; return it (after draining what is queued)."""
+        handling_address.set(self.mailbox.address)
+        mailbox = self.mailbox
+        stop: Header | None = None
+        while stop is None:
+            items = await mailbox.receive()
+            stop = await self._handle_items(items)
+        # Everything already queued was accepted before the stop: handle it too.
+        while items := mailbox.drain():
+            await self._handle_items(items)
+        return stop
+
+    async def _handle_items(self, items: list[Item]) -> Header | None:
+        mailbox = self.mailbox
+        actor = self.actor
+        handlers = self._handlers
+        open_tell = mailbox.open
+        stop: Header | None = None
+        for item in items:
+            if type(item) is bytes:
+                msg = open_tell(item)
+                if msg is None:
+                    continue
+                fn, is_async = handlers[type(msg)]
+                try:
+                    if is_async:
+                        await fn(msg)
+                    else:
+                        fn(msg)
+                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
+                    mailbox.fail()
+                    self._errors.error(
+                        "%s: handler of %s raised", mailbox.owner, type(msg).__name__, exc_info=err
+                    )
+                if actor._failure is not None:
+                    raise actor._failure  # crash() was called: nothing more is handled
+                continue
+            assert isinstance(item, Envelope)
+            mailbox.take(item)
+            header = item.header
+            kind = header.kind
+            if kind is Kind.ASK:
+                await self._handle_ask(item)
+                if actor._failure is not None:
+                    raise actor._failure
+            elif kind is Kind.FLUSH:
+                # A sender about to exit: everything it sent before this is handled.
+                await self._reply(header, None)
+            elif kind is Kind.STOP:
+                stop = header
+                self.stopping = True
+            elif kind is Kind.STATS:
+                await self._reply(header, mailbox.statistics())
+            elif kind is Kind.LOOKUP and isinstance(item.message, LookupQuery):
+                found = await actor.system.lookup(item.message.name, missing_ok=True)
+                await self._reply(header, LookupReply(ref=found))
+        return stop
+
+    async def _handle_ask(self, envelope: Envelope) -> None:
+        header, msg = envelope.header, envelope.message
+        if msg is None:
+            refusal = envelope.refusal or ErrorBody("runtime.ProtocolError", "", "")
+            await self._reply_error(header, refusal)
+            return
+        fn, is_async = self._handlers[type(msg)]
+        try:
+            result = await fn(msg) if is_async else fn(msg)
+        except Exception as err:  # noqa: BLE001 - the asker gets the error as data
+            self.mailbox.fail()
+            logger.debug("%s: handler of %s raised", self.mailbox.owner, type(msg).__name__)
+            await self._reply_error(header, ErrorBody.of(err))
+            return
+        await self._reply(header, result)
+
+    async def _reply(self, header: Header, result: object) -> None:
+        try:
+            try:
+                await self.node.reply(header, result)
+            except ProtocolError as err:  # not a Message, or too big: say so instead
+                await self.node.reply_error(header, ErrorBody.of(err))
+        except TokenyardError as err:
+            # The asker is unreachable (gone, or its inbox stayed full): it will time out or
+            # learn of the failure some other way; this actor carries on.
+            self._errors.warning(
+                "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
+            )
+
+    async def _reply_error(self, header: Header, body: ErrorBody) -> None:
+        try:
+            await self.node.reply_error(header, body)
+        except TokenyardError as err:
+            self._errors.warning(
+                "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
+            )
+
+
+async def host(
+    cell: Cell,
+    on_ready: Callable[[], Awaitable[None]],
+    stop_children: Callable[[], Awaitable[None]],
+) -> Ending:
+    """Live an actor's whole life in ``cell`` and say how it ended.
+
+    Args:
+        cell: The actor, its mailbox and node.
+        on_ready: Reports the actor ready (after ``on_start``).
+        stop_children: Stops the actors this one started, whatever its ending: a dead
+            supervisor leaves no child unsupervised.
+
+    Returns:
+        The ending; the mailbox is closed and the children stopped by then.
+    """
+    started = False
+
+    async def ready() -> None:
+        nonlocal started
+        await on_ready()
+        started = True
+
+    try:
+        stop = await cell.run(ready)
+    except Exception as err:  # noqa: BLE001 - the ending says what it died of
+        ending = Ending(started, error=err)
+    else:
+        ending = Ending(started, stop=stop)
+    finally:
+        cell.mailbox.close()
+        with anyio.CancelScope(shield=True):
+            await stop_children()
+    return ending

@@ -1,0 +1,106 @@
+"""Which node sends for the running code: the bottom of the runtime, importing none of it.
+
+Refs find the node of their process here, so ``_ref`` needs nothing above it. A node makes
+itself current when its system opens; code running in tasks the system did not start (a
+web framework's request handlers) falls back to the most recently opened node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._errors import MailboxClosedError
+
+if TYPE_CHECKING:
+    from ._message import Message
+
+
+class RefLike(Protocol):
+    """What a node needs of a ref to send through it."""
+
+    @property
+    def name(self) -> str:
+        """The actor's name."""
+        ...
+
+    @property
+    def address(self) -> str:
+        """Where its mailbox listens."""
+        ...
+
+    @property
+    def incarnation(self) -> int:
+        """Which start of that name."""
+        ...
+
+    @property
+    def owner(self) -> str:
+        """The reply address of the node that watches it."""
+        ...
+
+
+class Sender(Protocol):
+    """The part of a node that refs send through."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the node's system has closed."""
+        ...
+
+    def try_tell(self, ref: RefLike, msg: Message) -> bytes | None:
+        """Send a tell if the mailbox has room now; else return the encoded frame."""
+        ...
+
+    async def tell_when_room(self, ref: RefLike, frame: bytes, timeout: float | None) -> None:
+        """Send an encoded tell, waiting while the mailbox is full."""
+        ...
+
+    async def ask(self, ref: RefLike, msg: Message, timeout: float) -> Any:
+        """Ask and wait for the reply."""
+        ...
+
+    async def send_stop(self, ref: RefLike) -> None:
+        """Ask ``ref`` to stop gracefully."""
+        ...
+
+
+_current: contextvars.ContextVar[Sender] = contextvars.ContextVar("tokenyard_node")
+_open: list[Sender] = []
+
+#: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
+handling_address: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_handling")
+
+
+def current_node() -> Sender:
+    """The node that sends on behalf of the running code.
+
+    Raises:
+        MailboxClosedError: No actor system is open in this process.
+    """
+    node = _current.get(None)
+    if node is not None and not node.closed:
+        return node
+    if _open:
+        return _open[-1]
+    raise MailboxClosedError(
+        "no ActorSystem is open in this process: use `async with ActorSystem()`"
+    )
+
+
+def enter(node: Sender) -> contextvars.Token[Sender]:
+    """Make ``node`` current in this context and the fallback for others."""
+    _open.append(node)
+    return _current.set(node)
+
+
+def leave(node: Sender, token: contextvars.Token[Sender] | None) -> None:
+    """Undo `enter` (from any context: a closed node is skipped anyway)."""
+    if node in _open:
+        _open.remove(node)
+    if token is not None:
+        # Closed from another context than the opening one, reset fails: current_node()
+        # skips a closed node anyway.
+        with contextlib.suppress(ValueError):
+            _current.reset(token)

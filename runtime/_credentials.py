@@ -1,0 +1,55 @@
+"""``Credentials``: what another process of the same user needs to join a running system.
+
+A system's members are its processes; a short-lived client (a command-line tool, a test, a
+``top``) can join one with its credentials, ``ActorSystem(attach=credentials)``, and then
+ask and tell its actors as a member does. The credentials hold the system's secrets (its
+cookie, its CURVE keys), so they are handed over as a file only its owner can read.
+"""
+
+from __future__ import annotations
+
+import os
+import msgspec
+
+from ._auth import Keys
+from ._transport import TransportOptions
+
+
+class Credentials(msgspec.Struct, frozen=True, kw_only=True):
+    """A system's directory, secrets and settings.
+
+    Attributes:
+        ipc_dir: The system's private directory.
+        cookie: Its secret, carried by every header.
+        options: Its transport settings.
+        keys: Its CURVE keys (tcp only).
+        root_pid: Pid of the process owning the directory.
+    """
+
+    ipc_dir: str
+    cookie: bytes
+    options: TransportOptions
+    root_pid: int
+    keys: Keys | None = None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the credentials to ``path``, readable by their owner only (mode 0600)."""
+        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.json.encode(self))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Credentials:
+        """Read credentials written by `save`.
+
+        Raises:
+            PermissionError: The file is readable by others than its owner.
+        """
+        info = os.stat(path)
+        if info.st_mode & 0o077:
+            raise PermissionError(
+                f"{os.fspath(path)} is readable by others (mode {info.st_mode & 0o777:o}): "
+                "credentials hold the system's secrets; chmod 600 it"
+            )
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=cls)

@@ -1,0 +1,218 @@
+"""The runtime's wire protocol on one screen: frame kinds, the header, the control bodies and
+the one death record.
+
+A ``tell`` travels as one frame: the msgpack body alone. Everything else (asks, replies,
+control) travels as ``[header, body, *buffers]`` so a router can read the header and pass the
+body on as ``msgspec.Raw`` without decoding it. A header frame starts with 0xC1, the one byte
+msgpack never uses, so a receiver tells the two apart from the first byte alone.
+
+Every header carries the system's cookie, and a frame whose header lacks it is refused
+wherever it arrives: a process outside the system cannot ask, answer, stop, watch or report
+anything. Correlation ids and spawn tokens are random 63-bit numbers, so a reply or a
+readiness report cannot be guessed either.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import secrets
+from typing import Any
+
+import msgspec
+
+from ._message import Message
+from ._ref import ActorRef
+
+
+class Kind(enum.IntEnum):
+    """What a multi-frame message is."""
+
+    ASK = 1
+    """A request for a handler's reply (body: the message)."""
+    REPLY = 2
+    """A handler's return value (body: of ``Header.body_type``)."""
+    ERROR = 3
+    """A handler's failure, or a refused ask (body: `ErrorBody`)."""
+    STOP = 4
+    """Stop gracefully after what came before (answered with an empty reply)."""
+    READY = 5
+    """A new actor process finished ``on_start`` (body: `ReadyBody`), to its parent."""
+    FAILED = 6
+    """An actor process's last words before exiting 1 (body: `ErrorBody`), to its parent."""
+    STATS = 7
+    """Ask a mailbox for its counters (answered with ``MailboxStatistics``)."""
+    WATCH = 8
+    """Ask a node to report an actor's death (body: `WatchBody`)."""
+    DOWN = 9
+    """A node's report of an actor's death (body: `Down`)."""
+    LOOKUP = 10
+    """Which live incarnation has a name (body: `LookupQuery`; reply: `LookupReply`)."""
+    FLUSH = 11
+    """Answered once everything sent before it on the same pipe was handled."""
+    PING = 12
+    """A liveness probe of a node, answered from its event loop at once with PONG."""
+    PONG = 13
+    """The answer to a PING."""
+
+
+class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """The small typed header of a multi-frame message.
+
+    Attributes:
+        kind: What the message is.
+        corr: Correlation id: an ask and its reply carry the same one.
+        reply_to: Address the reply goes to ('' when none is wanted).
+        sender: Name of the sending actor or system, for logs.
+        body_type: ``module:QualName`` of a reply body ('' for ``None``).
+        frames: How many frames follow the header (the body, then extra buffers).
+        cookie: The system's secret: a header without it is refused.
+    """
+
+    kind: Kind
+    corr: int = 0
+    reply_to: str = ""
+    sender: str = ""
+    body_type: str = ""
+    frames: int = 1
+    cookie: bytes = b""
+
+
+#: First byte of every header frame (msgpack never emits it).
+HEADER_MARK = 0xC1
+HEADER_BYTE = bytes([HEADER_MARK])
+#: Most frames a header may announce (body plus extra buffers).
+MAX_FRAMES = 64
+#: Correlation ids and spawn tokens are drawn from [1, 2**63).
+_CORR_BITS = 63
+
+
+def new_corr() -> int:
+    """A fresh unguessable correlation id (never 0, which means "no reply wanted")."""
+    return secrets.randbits(_CORR_BITS) or 1
+
+
+def new_cookie() -> bytes:
+    """A fresh system secret."""
+    return secrets.token_bytes(16)
+
+
+def cookie_ok(header: Header, cookie: bytes) -> bool:
+    """Whether ``header`` carries the system's cookie (compared in constant time)."""
+    return hmac.compare_digest(header.cookie, cookie)
+
+
+_header_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(Header)
+
+
+def encode_header(header: Header) -> bytearray:
+    """The header frame: the mark byte, then the msgpack header."""
+    buf = bytearray(HEADER_BYTE)
+    _header_encoder.encode_into(header, buf, 1)
+    return buf
+
+
+def decode_header(frame: bytes) -> Header:
+    """Decode a header frame (the caller has checked the mark byte)."""
+    return _header_decoder.decode(memoryview(frame)[1:])
+
+
+# -- control bodies ---------------------------------------------------------------------------
+
+
+class ErrorBody(msgspec.Struct, array_like=True, frozen=True):
+    """A failure carried as data: the remote exception's type, text and traceback."""
+
+    type_name: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def of(cls, err: BaseException) -> ErrorBody:
+        """The body describing ``err``, with its formatted traceback."""
+        import traceback
+
+        tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        return cls(f"{type(err).__module__}.{type(err).__qualname__}", str(err), tb)
+
+
+class ReadyBody(msgspec.Struct, array_like=True, frozen=True):
+    """Sent by a freshly started actor once ``on_start`` has finished."""
+
+    address: str
+    pid: int
+    node: str = ""
+
+
+class WatchBody(msgspec.Struct, array_like=True, frozen=True):
+    """Asks an actor's owning node to report its death to ``subscriber``."""
+
+    ref: ActorRef[Any]
+    subscriber: str
+
+
+class LookupQuery(Message):
+    """Which live incarnation answers to ``name`` under this actor's system (control)."""
+
+    name: str
+
+
+class LookupReply(Message):
+    """The answer to a ``LookupQuery``: the ref, or ``None`` when nobody has that name."""
+
+    ref: ActorRef[Any] | None = None
+
+
+# -- the one death record ---------------------------------------------------------------------
+
+
+class Cause(enum.Enum):
+    """Why an actor incarnation died, for code to decide on (``Down.reason`` is for people)."""
+
+    NORMAL = "normal"
+    """A graceful stop, or a zero exit status."""
+    EXCEPTION = "exception"
+    """It raised (on_start, a background task, ``crash``), or exited non-zero."""
+    SIGNAL = "signal"
+    """A signal ended its process (``Down.signal`` says which)."""
+    OOM = "oom"
+    """The kernel's out-of-memory killer ended its process."""
+    OWNER_DIED = "owner_died"
+    """The process that started it died, taking it along."""
+    CANCELLED = "cancelled"
+    """An in-process actor that did not stop in time was cancelled."""
+    UNRESPONSIVE = "unresponsive"
+    """Its process stopped answering liveness probes and was killed."""
+
+
+class Down(Message):
+    """Delivered to watchers when an actor incarnation has died; also the DOWN frame's body.
+
+    Attributes:
+        ref: The dead incarnation.
+        cause: Why, as a value to decide on (TRANSIENT restarts skip `Cause.NORMAL`).
+        reason: Why, for people: ``"normal"``, the error text, the signal, ...
+        exitcode: The process exit status (negative: killed by that signal); ``None`` for an
+            in-process actor.
+        signal: The signal number that killed it, if any.
+    """
+
+    ref: ActorRef[Any]
+    cause: Cause
+    reason: str
+    exitcode: int | None = None
+    signal: int | None = None
+
+    @property
+    def normal(self) -> bool:
+        """Whether the actor stopped cleanly (a graceful stop or a zero exit)."""
+        return self.cause is Cause.NORMAL
+
+
+error_decoder = msgspec.msgpack.Decoder(ErrorBody)
+ready_decoder = msgspec.msgpack.Decoder(ReadyBody)
+watch_decoder = msgspec.msgpack.Decoder(WatchBody)
+down_decoder = msgspec.msgpack.Decoder(Down)
+lookup_decoder = msgspec.msgpack.Decoder(LookupQuery)
+body_encoder = msgspec.msgpack.Encoder()
