@@ -67,8 +67,6 @@ logger = logging.getLogger("tokenyard.pipeline")
 
 #: How many times one request may be resubmitted after losing its worker before output.
 MAX_RESUBMITS = 3
-#: Seconds a request waits for a worker to take it before it fails with PipelineBusyError.
-SUBMIT_TIMEOUT = 30.0
 
 
 class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,14 +145,15 @@ class _CallerState:
         self.resubmitted = 0
         self.failed = 0
 
-    async def submit(self, req: _Request, wait: float = SUBMIT_TIMEOUT) -> None:
+    async def submit(self, req: _Request) -> None:
         """Send a request to a live worker (round robin), skipping a worker whose mailbox
         is full and waiting for one if none is up.
 
         Raises:
-            PipelineBusyError: No worker took it within ``wait`` seconds.
+            PipelineBusyError: No worker took it within the config's ``submit_timeout``.
             PipelineClosedError: The pipeline closed meanwhile.
         """
+        wait = self.config.submit_timeout
         try:
             with anyio.fail_after(wait):
                 while True:

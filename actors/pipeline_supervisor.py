@@ -76,6 +76,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         max_new_tokens: Upper bound of a request's ``max_new_tokens``.
         max_stream_buffer: Most bytes of a stream's output the caller holds unread; past
             it the request is aborted (``SlowReaderError``).
+        submit_timeout: Seconds a request waits for a worker to take it before it fails
+            with ``PipelineBusyError``.
     """
 
     workers: int = 4
@@ -92,6 +94,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_prompt_tokens: int = 32_768
     max_new_tokens: int = 32_768
     max_stream_buffer: int = 4 << 20
+    submit_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -103,6 +106,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_prompt_tokens",
             "max_new_tokens",
             "max_stream_buffer",
+            "submit_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")

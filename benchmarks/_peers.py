@@ -33,6 +33,7 @@ from ._messages import PAYLOADS
 from ._proc import Measurement, die_with_parent
 from ._roundtrip import drive_ask_asyncio, drive_ask_sync, run_echo_asyncio, run_echo_sync
 from ._throughput import drive_floor, drive_pyobj, run_pyobj_sink, run_sink
+from ._tokenyard import TRANSPORTS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,14 +43,18 @@ def drive_tokenyard_tell(opts: argparse.Namespace) -> Measurement:
     """``ref.tell`` into an actor process (see ``benchmarks._tokenyard``)."""
     from ._tokenyard import measure_tell
 
-    return asyncio.run(measure_tell(opts.payload, opts.count, opts.rounds, opts.warmup))
+    return asyncio.run(
+        measure_tell(opts.payload, opts.count, opts.rounds, opts.warmup, opts.transport)
+    )
 
 
 def drive_tokenyard_ask(opts: argparse.Namespace) -> Measurement:
     """``ref.ask`` of an actor process (see ``benchmarks._tokenyard``)."""
     from ._tokenyard import measure_ask
 
-    return asyncio.run(measure_ask(opts.payload, opts.count, opts.rounds, opts.warmup))
+    return asyncio.run(
+        measure_ask(opts.payload, opts.count, opts.rounds, opts.warmup, opts.transport)
+    )
 
 
 DRIVERS: dict[str, Callable[[argparse.Namespace], Measurement]] = {
@@ -80,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-decode", action="store_true", help="floor: transport only")
     parser.add_argument("--ctl", default="", help="peer: the driver's control address")
     parser.add_argument("--bind", default="", help="peer: address to bind the inbox to")
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="ipc",
+        help="tokenyard drivers: ipc, tcp with CURVE (tcp), or tcp without it (tcp-plain)",
+    )
     opts = parser.parse_args(argv)
     die_with_parent()
     if opts.role in PEERS:

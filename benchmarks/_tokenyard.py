@@ -18,9 +18,19 @@ from ._proc import BenchmarkError, Latency, Measurement, latency_of
 
 #: Seconds an ask may take before the run is declared broken (never reached when healthy).
 _ASK_TIMEOUT = 60.0
+#: How the two processes talk: ipc (the default), tcp with CURVE, tcp without it.
+TRANSPORTS = ("ipc", "tcp", "tcp-plain")
 
 
-async def measure_tell(payload: str, count: int, rounds: int, warmup: int) -> Measurement:
+def _system(transport: str) -> ActorSystem:
+    if transport == "ipc":
+        return ActorSystem(name="bench")
+    return ActorSystem(name="bench", transport="tcp", curve=transport == "tcp")
+
+
+async def measure_tell(
+    payload: str, count: int, rounds: int, warmup: int, transport: str = "ipc"
+) -> Measurement:
     """Throughput of ``tell`` from this process into a counting actor process.
 
     Each round runs from the first ``tell`` until the actor has *handled* the last one:
@@ -28,7 +38,7 @@ async def measure_tell(payload: str, count: int, rounds: int, warmup: int) -> Me
     pipe, and its reply carries the count, which must match what was sent.
     """
     msg = make_message(payload)
-    async with ActorSystem(name="bench") as system:
+    async with _system(transport) as system:
         ref = await system.spawn(Counter, name="counter")
         tell = ref.tell
         sent = 0
@@ -51,10 +61,12 @@ async def measure_tell(payload: str, count: int, rounds: int, warmup: int) -> Me
     return Measurement(throughput=rates, frame_bytes=len(msgspec.msgpack.encode(msg)))
 
 
-async def measure_ask(payload: str, count: int, rounds: int, warmup: int) -> Measurement:
+async def measure_ask(
+    payload: str, count: int, rounds: int, warmup: int, transport: str = "ipc"
+) -> Measurement:
     """Round-trip time of ``ask`` to an actor process that replies with a small ``Ack``."""
     msg = make_ask(payload)
-    async with ActorSystem(name="bench") as system:
+    async with _system(transport) as system:
         ref = await system.spawn(Echo, name="echo")
         ask = ref.ask
         perf = time.perf_counter_ns

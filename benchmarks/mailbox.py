@@ -114,6 +114,28 @@ def variants() -> list[Variant]:
             Variant("ask_asyncio", ASK_ASYNCIO, "ask-asyncio", payload, LATENCY, BASELINE),
             Variant("ask", ASK, "tokenyard-ask", payload, LATENCY, SUBJECT),
         ]
+    # The cost of CURVE: the same tell and ask over tcp, encrypted and authenticated or not.
+    for transport, name, role in (("tcp-plain", "plain", BASELINE), ("tcp", "curve", SUBJECT)):
+        out += [
+            Variant(
+                f"tell_{name}",
+                f"{TELL} (tcp, {'CURVE' if name == 'curve' else 'no CURVE'})",
+                "tokenyard-tell",
+                "small",
+                THROUGHPUT,
+                role,
+                ("--transport", transport),
+            ),
+            Variant(
+                f"ask_{name}",
+                f"{ASK} (tcp, {'CURVE' if name == 'curve' else 'no CURVE'})",
+                "tokenyard-ask",
+                "small",
+                LATENCY,
+                role,
+                ("--transport", transport),
+            ),
+        ]
     return out
 
 
@@ -139,6 +161,10 @@ RATIOS = (
     ("ask.batch.p99", "ask_asyncio.batch.p99", "zmq.asyncio"),
     ("ask_asyncio.small.p50", "ask_sync.small.p50", "pyzmq sync"),
     ("ask_asyncio.batch.p50", "ask_sync.batch.p50", "pyzmq sync"),
+    ("tell_curve.small.throughput", "tell_plain.small.throughput", "tcp without CURVE"),
+    ("ask_curve.small.p50", "ask_plain.small.p50", "tcp without CURVE"),
+    ("ask_curve.small.p99", "ask_plain.small.p99", "tcp without CURVE"),
+    ("tell_plain.small.throughput", "tell.small.throughput", "ipc"),
 )
 
 #: The goals of the issue: (name, figure, baseline or "", op, threshold).

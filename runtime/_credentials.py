@@ -9,6 +9,7 @@ cookie, its CURVE keys), so they are handed over as a file only its owner can re
 from __future__ import annotations
 
 import os
+
 import msgspec
 
 from ._auth import Keys

@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,8 @@ _DEAD_KEPT = 100_000
 _KNOWN_KEPT = 100_000
 #: How many other nodes may watch one actor here (the oldest are forgotten first).
 _SUBSCRIBERS_KEPT = 1_024
+#: Sockets one process's zmq context may hold.
+_MAX_SOCKETS = 16_384
 #: How many child processes' last words are kept until their monitors read them.
 _WORDS_KEPT = 1_024
 _encode = body_encoder.encode
@@ -121,12 +124,16 @@ class Node:
         self.name = name
         self.keys = keys
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        # libzmq's default of 1023 sockets is below what max_peers and lingering closed
+        # sockets may need; the file-descriptor limit is the real bound.
+        self.ctx.set(zmq.MAX_SOCKETS, _MAX_SOCKETS)
         tcp_hosts = frozenset({options.tcp_host}) if options.transport == "tcp" else frozenset()
         self.policy = AddressPolicy(ipc_dir if options.transport == "ipc" else "", tcp_hosts)
         #: Answers CURVE handshakes for this process's servers (it must exist first).
         self.zap = ZapHandler(self.ctx, keys) if keys is not None else None
         self.outbox = Outbox(self.ctx, options, self.policy, keys)
         self._stems = itertools.count()
+        self._nonce = secrets.token_hex(4)
         try:
             self.reply_sock, self.reply_address = bind_pull(
                 self.ctx, ipc_dir, self.new_stem("r"), options, keys
@@ -159,8 +166,9 @@ class Node:
         self._sends = Throttle(logger)
 
     def new_stem(self, prefix: str) -> str:
-        """A socket file name unique within the system directory."""
-        return f"{prefix}{os.getpid()}-{id(self) & 0xFFFF:x}-{next(self._stems)}"
+        """A socket file name never used before in the system directory (a name used
+        again could meet a peer still reconnecting to its previous owner)."""
+        return f"{prefix}{os.getpid()}-{self._nonce}-{next(self._stems)}"
 
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current node."""
@@ -433,6 +441,10 @@ class Node:
         if kind is Kind.WATCH:
             self._on_watch(watch_decoder.decode(body))
             return
+        if kind is Kind.UNWATCH:
+            watch = watch_decoder.decode(body)
+            self._subscribers.get(watch.ref.address, {}).pop(watch.subscriber, None)
+            return
         if kind is Kind.DOWN:
             down = down_decoder.decode(body)
             # Only the node we asked may report a death, and of the ref we asked about.
@@ -450,22 +462,25 @@ class Node:
             return
         if pending is None or pending.future.done():
             return  # the asker gave up (timeout, cancellation): a late reply is dropped
-        if kind is Kind.REPLY:
-            result = self._decode_reply(header.body_type, body)
-        elif kind in (Kind.ERROR, Kind.FAILED):
-            err = error_decoder.decode(body)
-            result = RemoteActorError(err.type_name, err.message, err.traceback)
-        elif kind in (Kind.READY, Kind.PONG):
-            result = (header, body)
-        else:
+        if kind not in (Kind.REPLY, Kind.ERROR, Kind.FAILED, Kind.READY, Kind.PONG):
             raise ProtocolError(f"a {kind.name} frame sent to a reply inbox")
         del self._pending[header.corr]
         if pending.timer is not None:
             pending.timer.cancel()
-        if isinstance(result, RemoteActorError):
-            pending.future.set_exception(result)
-        else:
-            pending.future.set_result(result)
+        try:
+            if kind is Kind.REPLY:
+                pending.future.set_result(self._decode_reply(header.body_type, body))
+            elif kind in (Kind.READY, Kind.PONG):
+                pending.future.set_result((header, body))
+            else:
+                err = error_decoder.decode(body)
+                pending.future.set_exception(
+                    RemoteActorError(err.type_name, err.message, err.traceback)
+                )
+        except Exception as err:
+            # The asker is told at once that its reply came unreadable, not left waiting.
+            pending.future.set_exception(ProtocolError(f"an undecodable reply: {err}"))
+            raise
 
     def _decode_reply(self, body_type: str, body: bytes) -> Any:
         if not body_type:
@@ -588,6 +603,10 @@ class Node:
                 # Whoever awaits it still gets the error; nobody awaiting is no news.
                 pending.future.exception()
         self._pending.clear()
+        # Owners forget this node, so an actor watched by many short-lived processes does
+        # not keep (and one day notify) every one of them.
+        for ref in self._watched.values():
+            self._notify(ref.owner, Kind.UNWATCH, _encode(WatchBody(ref, self.reply_address)))
         self._close_sockets()
         _context.leave(self, self._token)
         self._token = None

@@ -54,6 +54,8 @@ class Kind(enum.IntEnum):
     """A liveness probe of a node, answered from its event loop at once with PONG."""
     PONG = 13
     """The answer to a PING."""
+    UNWATCH = 14
+    """A watching node that closes: forget it (body: `WatchBody`)."""
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):

@@ -100,7 +100,7 @@ class ActorSystem:
         transport: str = "ipc",
         tcp_host: str = "127.0.0.1",
         hwm: int = 1_000,
-        rcvhwm: int = 1_000,
+        rcvhwm: int = 64,
         max_message_size: int = 16 * 1024 * 1024,
         mailbox_bytes: int = 64 * 1024 * 1024,
         send_timeout: float = 10.0,

@@ -46,7 +46,7 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     hwm: int = 1_000
-    rcvhwm: int = 1_000
+    rcvhwm: int = 64
     max_message_size: int = 16 * 1024 * 1024
     mailbox_bytes: int = 64 * 1024 * 1024
     linger_ms: int = 1_000

@@ -281,3 +281,37 @@ class Recorder(Actor[Started]):
     @handler
     def started(self, msg: Started) -> None:
         self.journal.add(msg)
+
+
+class Failure(Message):
+    """An actor's report from its ``on_failure`` hook."""
+
+    name: str
+    error: str
+
+
+class Fragile(Actor[Crash]):
+    """Crashes on demand and reports the failure from its ``on_failure`` hook."""
+
+    def __init__(self, report_to: ActorRef[Failure]) -> None:
+        self.report_to = report_to
+
+    @handler
+    def crash_now(self, msg: Crash) -> None:
+        self.crash(RuntimeError(msg.text))
+
+    async def on_failure(self, error: BaseException) -> None:
+        await self.report_to.tell(Failure(name=self.ref.name, error=repr(error)))
+
+
+class Failures(Actor[Failure]):
+    """Runs in the test process: gathers what ``on_failure`` hooks report."""
+
+    def __init__(self, journal: list[Failure], arrived: anyio.Event) -> None:
+        self.journal = journal
+        self.arrived = arrived
+
+    @handler
+    def failure(self, msg: Failure) -> None:
+        self.journal.append(msg)
+        self.arrived.set()

@@ -20,6 +20,7 @@ from runtime import (
     ActorRef,
     ActorSystem,
     AskTimeoutError,
+    Cause,
     Message,
     RemoteActorError,
     Request,
@@ -33,9 +34,13 @@ from ._actors import (
     BadStart,
     Collector,
     Count,
+    Crash,
     Echo,
     Fail,
+    Failure,
+    Failures,
     Forward,
+    Fragile,
     Gathered,
     GetCount,
     Ping,
@@ -456,3 +461,35 @@ class TestProcesses:
             assert mode == 0o700
             assert any(Path(system.ipc_dir).iterdir())
         assert not Path(system.ipc_dir).exists()
+
+
+class TestLifecycleHooks:
+    @pytest.mark.parametrize("process", [True, False])
+    async def test_on_failure_runs_once_when_an_actor_dies_of_an_error_wherever_it_runs(
+        self, process: bool
+    ) -> None:
+        async with ActorSystem() as system:
+            journal: list[Failure] = []
+            arrived = anyio.Event()
+            failures = await system.spawn(Failures, journal, arrived, process=False)
+            fragile = await system.spawn(Fragile, failures, name="fragile", process=process)
+            watch = system.watch(fragile)
+            await fragile.tell(Crash(text="on purpose"))
+            with anyio.fail_after(10):
+                down = await watch
+                await arrived.wait()
+            assert journal == [Failure(name="fragile", error="RuntimeError('on purpose')")]
+            assert down.cause is Cause.EXCEPTION
+            assert "on purpose" in down.reason
+
+    @pytest.mark.parametrize("process", [True, False])
+    async def test_on_failure_does_not_run_on_a_graceful_stop(self, process: bool) -> None:
+        async with ActorSystem() as system:
+            journal: list[Failure] = []
+            failures = await system.spawn(Failures, journal, anyio.Event(), process=False)
+            fragile = await system.spawn(Fragile, failures, name="fragile", process=process)
+            down = await system.stop(fragile)
+            assert down.cause is Cause.NORMAL
+            assert down.normal
+            await system.stop(failures)  # handled everything told before: nothing came
+            assert journal == []

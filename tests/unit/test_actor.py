@@ -53,6 +53,55 @@ class TestHandlerDiscovery:
         assert set(handler_table(More)) == {Ping, Point, AskSelf, BadReturn, Other}
 
 
+class TestDeclaredTypes:
+    def test_one_handler_may_take_a_union_of_messages(self) -> None:
+        class Either(Actor[Other | Point]):
+            @handler
+            def either(self, msg: Other | Point) -> None: ...
+
+        assert handler_table(Either) == {Other: ("either", False), Point: ("either", False)}
+
+    def test_a_request_handler_answering_another_type_is_refused_where_it_is_defined(
+        self,
+    ) -> None:
+        with pytest.raises(TypeError, match="returns Point, but Ping is a request answered"):
+
+            class Wrong(Actor[Ping]):
+                @handler
+                def ping(self, msg: Ping) -> Point:
+                    return Point(x=0, y=0)
+
+    def test_a_request_handler_must_say_what_it_returns(self) -> None:
+        with pytest.raises(TypeError, match="annotate its return type"):
+
+            class Unsaid(Actor[Ping]):
+                @handler
+                def ping(self, msg: Ping):  # type: ignore[no-untyped-def]
+                    return Pong(n=1)
+
+    def test_a_declared_message_without_a_handler_is_refused(self) -> None:
+        with pytest.raises(TypeError, match="declares that it accepts Point but has no handler"):
+
+            class Forgetful(Actor[Ping | Point]):
+                @handler
+                async def ping(self, msg: Ping) -> Pong:
+                    return Pong(n=msg.n)
+
+    def test_a_union_handler_of_requests_must_fit_each_of_their_replies(self) -> None:
+        with pytest.raises(TypeError, match="AskSelf is a request answered with Pong"):
+
+            class Mixed(Actor[BadReturn | AskSelf]):
+                @handler
+                def both(self, msg: BadReturn | AskSelf) -> int:
+                    return 1
+
+    async def test_an_asks_reply_is_the_type_its_request_names(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, name="counter", process=False)
+            reply = await ref.ask(Ping(n=2))
+            assert type(reply) is Pong
+
+
 class TestInProcessActors:
     async def test_ask_and_tell_work_in_the_callers_loop(self) -> None:
         async with ActorSystem() as system:

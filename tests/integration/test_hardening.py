@@ -1,0 +1,468 @@
+"""The runtime under attack: each finding of the hardening review, reproduced as it was found,
+and what holds now. Real processes, real sockets; the attacker is a plain pyzmq socket."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import msgspec
+import pytest
+import zmq
+
+from runtime import (
+    ActorRef,
+    ActorSystem,
+    Cause,
+    Credentials,
+    Down,
+    Keys,
+    MailboxFullError,
+)
+from runtime._protocol import Header, Kind, encode_header
+
+from ._actors import Blob, Echo, GetCount, Ping, Pong, Slow, TellTo
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The system's own interpreter, which another user (nobody) may run.
+SYSTEM_PYTHON = "/usr/bin/python3"
+#: A ZeroMQ PUSH peer written from scratch (ZMTP 3.0, NULL mechanism): the outsider needs
+#: nothing but a TCP connection. It sends 50 frames and exits 0 however the server answers.
+RAW_ZMTP_PUSH = """
+import socket, struct, sys
+host, port, frame = sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+greeting = b"\\xff" + bytes(8) + b"\\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\\0") + bytes(32)
+ready = b"\\x05READY" + b"\\x0bSocket-Type" + struct.pack("!I", 4) + b"PUSH"
+try:
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(greeting + bytes([4, len(ready)]) + ready)
+    for _ in range(50):
+        s.sendall(bytes([0, len(frame)]) + frame)
+    s.close()
+except OSError:
+    pass
+"""
+
+#: The finding's frame: 1,000 nested one-entry maps. msgspec raises RecursionError on it.
+DEEP = b"\x81\xa1a" * 1000 + b"\xc0"
+
+
+@contextlib.contextmanager
+def attacker(address: str, **options: Any) -> Iterator[zmq.Socket[bytes]]:
+    """A plain PUSH socket of another context, connected to ``address``."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    for name, value in options.items():
+        sock.setsockopt(getattr(zmq, name), value)
+    sock.connect(address)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+async def spray(sock: zmq.Socket[bytes], parts: Sequence[bytes]) -> None:
+    """Send one message without blocking the event loop: the receiver may be in this loop."""
+    while True:
+        try:
+            sock.send_multipart(parts, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            await anyio.lowlevel.checkpoint()
+
+
+def header(kind: Kind, cookie: bytes, corr: int = 7, reply_to: str = "", **kw: Any) -> bytes:
+    return bytes(encode_header(Header(kind, corr, reply_to, "attacker", cookie=cookie, **kw)))
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def deep_frames(cookie: bytes, reply_to: str) -> list[Sequence[bytes]]:
+    """The deep frame in every place a mailbox decodes: a tell, a header, an ask's body, a
+    lookup's body."""
+    return [
+        [DEEP],
+        [b"\xc1" + DEEP, b""],
+        [header(Kind.ASK, cookie, reply_to=reply_to), DEEP],
+        [header(Kind.LOOKUP, cookie, reply_to=reply_to), DEEP],
+    ]
+
+
+class TestOneFrameCannotEndAnActor:
+    @pytest.mark.parametrize("process", [True, False])
+    async def test_deeply_nested_frames_are_rejected_and_the_actor_answers(
+        self, process: bool
+    ) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo", process=process)
+            frames = deep_frames(system.node.cookie, system.node.reply_address)
+            with attacker(echo.address) as sock:
+                for parts in frames:
+                    sock.send_multipart(parts)
+                # The attacker's frames arrive on another pipe than the asks: ask until all
+                # of them were read (each answer proves the actor lives).
+                with anyio.fail_after(10):
+                    while (await system.statistics(echo)).rejected < len(frames):
+                        assert await echo.ask(Ping(n=3)) == Pong(n=3)
+            assert await echo.ask(Ping(n=4)) == Pong(n=4)
+
+    async def test_deeply_nested_replies_are_rejected_and_the_inbox_still_answers(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            cookie = system.node.cookie
+            frames = [[DEEP], [b"\xc1" + DEEP, b""], [header(Kind.DOWN, cookie), DEEP]]
+            with attacker(system.node.reply_address) as sock:
+                for parts in frames:
+                    sock.send_multipart(parts)
+                with anyio.fail_after(10):
+                    while system.node.rejected < len(frames):
+                        assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    async def test_every_pipeline_member_and_the_callers_inbox_survive_the_frame(self) -> None:
+        from actors import Pipeline
+
+        async with Pipeline(workers=1) as p:
+            members = [await p.system.lookup(n) for n in ("detokenizer", "router", "scheduler")]
+            worker = p.worker_ref(0)
+            assert worker is not None
+            inbox = await p.system.lookup("pipeline-inbox")
+            supervisor = p.supervisor
+            for ref in [*members, worker, inbox, supervisor]:
+                with attacker(ref.address) as sock:
+                    for parts in deep_frames(p.system.node.cookie, p.system.node.reply_address):
+                        sock.send_multipart(parts)
+            with attacker(p.system.node.reply_address) as sock:
+                sock.send_multipart([b"\xc1" + DEEP, b""])
+            for i in range(5):
+                result = await p.generate(f"still here {i}", max_new_tokens=4)
+                assert result.completion_tokens == 4
+            for ref in members:
+                assert (await p.system.statistics(ref)).rejected >= 1
+
+
+class TestAskersCannotExhaustSockets:
+    async def test_a_thousand_short_lived_askers_leave_the_answering_actor_bounded(self) -> None:
+        async with ActorSystem(max_peers=32) as system:
+            echo = await system.spawn(Echo, name="echo")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            credentials = system.credentials()
+            before = open_fds(pid)
+            for i in range(1100):
+                async with ActorSystem(attach=credentials, name=f"client-{i}"):
+                    assert await echo.ask(Ping(n=i), timeout=10) == Pong(n=i)
+            # Each asker cost the actor an outgoing socket to its reply inbox: at most 32
+            # stay open (a socket and its signalling pipe each), however many asked.
+            assert open_fds(pid) <= before + 3 * 32
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    async def test_an_ask_naming_a_reply_address_outside_the_system_is_refused(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            outside = [
+                "ipc:///tmp/somewhere-else/inbox",
+                "tcp://192.0.2.1:5555",
+                f"ipc://{system.ipc_dir}/../escape",
+            ]
+            cookie = system.node.cookie
+            with attacker(echo.address) as sock:
+                sock.send(msgspec.msgpack.encode(Ping(n=0)))  # connected: its fd counts now
+                with anyio.fail_after(10):
+                    while (await system.statistics(echo)).handled < 1:
+                        pass  # each statistics ask is itself the wait
+                before = open_fds(pid)
+                for i in range(20):
+                    ask = header(Kind.ASK, cookie, corr=i + 1, reply_to=outside[i % 3])
+                    sock.send_multipart([ask, msgspec.msgpack.encode(Ping(n=i))])
+                with anyio.fail_after(10):
+                    while (await system.statistics(echo)).rejected < 20:
+                        await echo.ask(Ping(n=0))
+                assert open_fds(pid) == before  # no socket was opened to any of them
+
+    async def test_credentials_are_written_for_their_owner_only(self, tmp_path: Path) -> None:
+        async with ActorSystem() as system:
+            path = tmp_path / "system.credentials"
+            system.credentials().save(path)
+            assert path.stat().st_mode & 0o777 == 0o600
+            loaded = Credentials.load(path)
+            assert loaded.cookie == system.node.cookie
+            path.chmod(0o644)
+            with pytest.raises(PermissionError, match="chmod 600"):
+                Credentials.load(path)
+
+
+class TestMemoryIsBoundedInBytes:
+    async def test_a_flood_into_a_busy_mailbox_holds_no_more_than_its_bound(self) -> None:
+        size = 256 * 1024
+        async with ActorSystem(
+            hwm=4, rcvhwm=8, mailbox_bytes=2 * 1024 * 1024, max_message_size=1024 * 1024
+        ) as system:
+            echo = await system.spawn(Echo, name="echo")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            baseline = rss_bytes(pid)
+            await echo.tell(Slow(seconds=2.0))  # busy: nothing is handled meanwhile
+            blob = Blob(data=os.urandom(size))
+            sent = 0
+            with contextlib.suppress(MailboxFullError):
+                for _ in range(2000):  # 500 MiB, if nothing pushed back
+                    await echo.tell(blob, timeout=0.5)
+                    sent += 1
+            grown = rss_bytes(pid) - baseline
+            bound = system.options.memory_bound()
+            assert sent < 100  # the sender was pushed back long before 500 MiB
+            assert grown < bound + 16 * 1024 * 1024, (grown, bound)
+            count = await echo.ask(GetCount(), timeout=30)
+            assert count.n == sent  # everything accepted was handled once the actor woke
+
+    def test_the_default_bound_of_a_mailbox_is_sized_for_a_real_machine(self) -> None:
+        async def bound() -> int:
+            async with ActorSystem() as system:
+                return system.options.memory_bound()
+
+        assert anyio.run(bound) <= 16 * 1024**3 // 4  # a quarter of a 16 GiB host at most
+
+
+class TestTcpIsAuthenticated:
+    async def test_a_peer_without_the_systems_keys_delivers_nothing(self) -> None:
+        async with ActorSystem(transport="tcp") as system:
+            echo = await system.spawn(Echo, name="echo", process=False)
+            cookie = system.node.cookie
+            zap = system.node.zap
+            assert zap is not None
+            stranger = Keys.generate()
+            for options in (
+                {},  # no CURVE at all
+                {  # CURVE with a key of its own: the server's is public, its key is not
+                    "CURVE_SERVERKEY": system.node.keys.public if system.node.keys else b"",
+                    "CURVE_PUBLICKEY": stranger.public,
+                    "CURVE_SECRETKEY": stranger.secret,
+                },
+            ):
+                with attacker(echo.address, **options) as sock, contextlib.suppress(zmq.Again):
+                    for i in range(10):
+                        sock.send(msgspec.msgpack.encode(Ping(n=i)), zmq.NOBLOCK)
+                        sock.send_multipart([header(Kind.STOP, cookie), b""], zmq.NOBLOCK)
+            asks = 0
+            with anyio.fail_after(10):
+                while zap.denied < 1:
+                    await echo.ask(Ping(n=0))
+                    asks += 1
+            assert await echo.ask(Ping(n=5)) == Pong(n=5)
+            stats = await system.statistics(echo)
+            # Only our own asks ever arrived: not one of the 40 tells and stops.
+            assert (stats.received, stats.handled, stats.rejected) == (asks + 1, asks + 1, 0)
+
+    async def test_another_local_user_cannot_drive_a_tcp_system(self) -> None:
+        if os.geteuid() != 0 or not Path(SYSTEM_PYTHON).exists():
+            pytest.skip("needs root and the system's python to act as another local user")
+        async with ActorSystem(transport="tcp") as system:
+            echo = await system.spawn(Echo, name="echo")
+            before = await system.statistics(echo)
+            host, port = echo.address.removeprefix("tcp://").rsplit(":", 1)
+            frame = msgspec.msgpack.encode(Ping(n=1)).hex()
+            done = await anyio.run_process(
+                [SYSTEM_PYTHON, "-c", RAW_ZMTP_PUSH, host, port, frame],
+                user=65534,
+                group=65534,
+                check=False,
+                env={},
+            )
+            assert done.returncode == 0, done.stderr
+            assert await echo.ask(Ping(n=2)) == Pong(n=2)
+            after = await system.statistics(echo)
+            # The outsider's 50 pings never arrived: only our ask was handled since.
+            assert after.handled - before.handled == 1
+            assert after.rejected == before.rejected
+
+    async def test_system_keys_written_to_a_directory_are_for_their_owner_only(
+        self, tmp_path: Path
+    ) -> None:
+        keys = Keys.load(tmp_path / "keys")
+        assert (tmp_path / "keys" / "system.key").stat().st_mode & 0o777 == 0o600
+        assert Keys.load(tmp_path / "keys") == keys
+        async with ActorSystem(transport="tcp", keys=tmp_path / "keys") as system:
+            echo = await system.spawn(Echo, name="echo")
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+
+class TestTheCookieNeverLeaves:
+    async def test_a_ref_owned_outside_the_system_is_never_sent_a_frame(self) -> None:
+        with tempfile.TemporaryDirectory() as outside:
+            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+            owner = ctx.socket(zmq.PULL)
+            target = ctx.socket(zmq.PULL)
+            owner.bind(f"ipc://{outside}/owner")
+            target.bind(f"ipc://{outside}/target")
+            try:
+                async with ActorSystem() as system:
+                    echo = await system.spawn(Echo, name="echo")
+                    bait: ActorRef[Any] = ActorRef(
+                        "bait", f"ipc://{outside}/target", 1, f"ipc://{outside}/owner"
+                    )
+                    await echo.tell(TellTo(target=bait, n=1))
+                    assert await echo.ask(Ping(n=2)) == Pong(n=2)  # the tell was handled
+                    stats = await system.statistics(echo)
+                    assert stats.failed == 1  # telling the bait failed, in its handler
+                # Nothing reached either socket: no WATCH with the cookie, no tell.
+                assert owner.poll(0) == 0
+                assert target.poll(0) == 0
+            finally:
+                owner.close(0)
+                target.close(0)
+                ctx.term()
+
+    async def test_sprayed_replies_do_not_answer_a_pending_ask(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            forged = msgspec.msgpack.encode(Pong(n=666))
+            body_type = "tests.integration._actors:Pong"
+            async with anyio.create_task_group() as tg:
+                result: list[Pong] = []
+
+                async def ask() -> None:
+                    result.append(await echo.ask(Slow(seconds=0.5), timeout=10))
+
+                tg.start_soon(ask)
+                with attacker(system.node.reply_address) as sock:
+                    for corr in range(1, 3000):
+                        for cookie in (b"", b"x" * 16):
+                            parts = [header(Kind.REPLY, cookie, corr, body_type=body_type), forged]
+                            await spray(sock, parts)
+            assert result == [Pong(n=0)]
+
+    async def test_sprayed_readiness_reports_do_not_answer_a_spawn(self) -> None:
+        async with ActorSystem() as system:
+            fake = msgspec.msgpack.encode(["ipc:///tmp/attacker", 1, ""])
+            with attacker(system.node.reply_address) as sock:
+
+                async def forge() -> None:
+                    for corr in range(1, 3000):
+                        await spray(sock, [header(Kind.READY, b"", corr), fake])
+                        await anyio.lowlevel.checkpoint()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forge)
+                    echo = await system.spawn(Echo, name="echo")
+            assert echo.address.startswith(f"ipc://{system.ipc_dir}/")
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    async def test_a_forged_death_changes_nothing(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            down = msgspec.msgpack.encode(Down(ref=echo, cause=Cause.SIGNAL, reason="forged"))
+            with attacker(system.node.reply_address) as sock:
+                sock.send_multipart([header(Kind.DOWN, b""), down])
+                sock.send_multipart([header(Kind.DOWN, system.node.cookie), down])
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+            assert not system.node.is_dead(echo.address)
+
+
+class TestLogsCannotBeFlooded:
+    async def test_thousands_of_bad_frames_of_every_kind_log_a_few_lines(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo", process=False)
+            cookie = system.node.cookie
+            kinds = [
+                [header(Kind.STOP, b""), b""],  # control without the cookie
+                [header(Kind.READY, cookie), b""],  # a kind a mailbox never takes
+                [b"\xff garbage"],  # an undecodable tell
+            ]
+            inbox = [
+                [b"\xff not a reply"],
+                [header(Kind.REPLY, b"", body_type="nowhere:Nothing"), b"\x90"],
+                [header(Kind.WATCH, b""), b""],
+            ]
+            with (
+                caplog.at_level(logging.WARNING),
+                attacker(echo.address) as mailbox,
+                attacker(system.node.reply_address) as rep,
+            ):
+                for _ in range(2000):
+                    for parts in kinds:
+                        await spray(mailbox, parts)
+                    for parts in inbox:
+                        await spray(rep, parts)
+                # Read while the attacker's sockets still hold what they queued.
+                with anyio.fail_after(20):
+                    while (await system.statistics(echo)).rejected < 6000:
+                        await echo.ask(Ping(n=0))
+                    while system.node.rejected < 6000:
+                        await echo.ask(Ping(n=0))
+            lines = [r for r in caplog.records if r.name.startswith("tokenyard")]
+            assert len(lines) <= 4, [r.getMessage() for r in lines]
+
+
+class TestRootKills:
+    def run_root(self, shape: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+        import json
+
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests/integration/scripts/parent.py"), shape],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        assert proc.stdout is not None
+        report: dict[str, Any] = json.loads(proc.stdout.readline())
+        return proc, report
+
+    def test_an_actor_ignoring_sigterm_dies_with_its_sigkilled_root(self) -> None:
+        from .test_lifetimes import wait_gone
+
+        proc, report = self.run_root("stubborn")
+        with proc:
+            proc.kill()
+            proc.wait()
+        for pid in report["pids"]:
+            assert wait_gone(pid, 5.0), f"{pid} outlived its root"
+        assert wait_dir_gone(report["dir"], 5.0)
+
+    def test_a_root_with_only_in_process_actors_leaves_no_directory(self) -> None:
+        proc, report = self.run_root("inprocess")
+        with proc:
+            proc.kill()
+            proc.wait()
+        assert wait_dir_gone(report["dir"], 5.0)
+
+
+def wait_dir_gone(path: str, timeout: float) -> bool:
+    """Whether ``path`` is removed within ``timeout`` s (its remover is another process
+    that this one cannot wait on: checked a few times a second)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)  # sync-ok: a bounded wait for another process's rmdir
+    return True

@@ -1,0 +1,405 @@
+"""The pipeline under the hardening review's findings: stalled members, forged aborts, slow
+readers, oversized requests, dead in-process members. Real processes throughout."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from actors import (
+    InvalidRequestError,
+    Member,
+    Pipeline,
+    PipelineBusyError,
+    PipelineClosedError,
+    RequestFailedError,
+    SlowReaderError,
+    WorkerDiedError,
+)
+from actors.detokenizer import Detokenizer
+from actors.messages import (
+    AbortAll,
+    BatchStrOutput,
+    BatchTokenIDOutput,
+    Generate,
+    GetDetokenizerStats,
+    GetSchedulerStats,
+    MemberStuck,
+    Origin,
+    RequestOutputs,
+    RouteUpdate,
+)
+from actors.pipeline import _CallerState, _Request
+from actors.pipeline_supervisor import PipelineConfig
+from runtime import Actor, ActorRef, ActorSystem, TokenyardError, handler
+
+from ._actors import EventInbox, Events
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+PROMPTS = ["Hello there", "你好, 世界", "Bonjour à tous 😀", "def f(x): return x"]
+
+
+async def load(
+    p: Pipeline, n: int, during: Callable[[], Awaitable[None]], *, deadline: float = 60
+) -> tuple[int, int, int]:
+    """``n`` concurrent requests with ``during`` run once 10 have finished; every request
+    must end within ``deadline``: (completed, died, failed otherwise)."""
+    done = died = failed = 0
+    busy = anyio.Event()
+
+    async def one(i: int) -> None:
+        nonlocal done, died, failed
+        try:
+            await p.generate(PROMPTS[i % len(PROMPTS)], max_new_tokens=24)
+            done += 1
+        except WorkerDiedError:
+            died += 1
+        except TokenyardError:
+            failed += 1
+        if done >= 10:
+            busy.set()
+
+    with anyio.fail_after(deadline):
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+            await busy.wait()
+            await during()
+    return done, died, failed
+
+
+def pid_of(p: Pipeline, ref: ActorRef[Any] | None) -> int:
+    assert ref is not None
+    pid = p.system.pid_of(ref)
+    assert pid is not None
+    return pid
+
+
+async def successor(p: Pipeline, name: str, dead: ActorRef[Any]) -> ActorRef[Any]:
+    with anyio.fail_after(30):
+        while (ref := await p.system.lookup(name, missing_ok=True)) in (None, dead):
+            await anyio.lowlevel.checkpoint()
+    assert ref is not None
+    return ref
+
+
+class TestStalls:
+    async def test_a_detokenizer_stopped_past_the_bound_is_killed_and_the_pipeline_serves_again(
+        self,
+    ) -> None:
+        async with Pipeline(workers=2, step_time=0.002, stall_timeout=2.0) as p:
+            victim = await p.system.lookup("detokenizer")
+            pid = pid_of(p, victim)
+
+            async def stall() -> None:
+                os.kill(pid, signal.SIGSTOP)  # the finding held it for 20 s; the bound is 2
+
+            done, died, failed = await load(p, 200, stall)
+            assert done + died == 200
+            assert failed == 0
+            back = await successor(p, "detokenizer", victim)
+            assert back.incarnation == victim.incarnation + 1
+            for i in range(5):  # the finding: 0 of 5 new calls were answered
+                assert (await p.generate(f"after {i}", max_new_tokens=6)).completion_tokens == 6
+
+    async def test_a_detokenizer_stopped_for_less_than_the_bound_costs_nothing_once_it_resumes(
+        self,
+    ) -> None:
+        async with Pipeline(workers=2, step_time=0.002, stall_timeout=30.0) as p:
+            victim = await p.system.lookup("detokenizer")
+            pid = pid_of(p, victim)
+
+            async def stall() -> None:
+                os.kill(pid, signal.SIGSTOP)
+                await anyio.sleep(1.5)  # sync-ok: the length of the stall under test
+                os.kill(pid, signal.SIGCONT)
+
+            # The scheduler's held step is offered again every half second: once the
+            # detokenizer resumes, everything flows within that.
+            done, died, failed = await load(p, 200, stall, deadline=30)
+            assert (done, died, failed) == (200, 0, 0)
+            assert await p.system.lookup("detokenizer") == victim  # nothing died
+
+    async def test_a_stopped_worker_does_not_hold_up_the_other_and_is_killed_past_the_bound(
+        self,
+    ) -> None:
+        async with Pipeline(workers=2, step_time=0.002, stall_timeout=3.0) as p:
+            frozen = p.worker_ref(1)
+            assert frozen is not None
+            pid = pid_of(p, frozen)
+            os.kill(pid, signal.SIGSTOP)
+            served: list[int] = []
+            enough = anyio.Event()
+
+            async def one(i: int) -> None:
+                served.append((await p.generate(f"w{i}", max_new_tokens=4)).worker)
+                if served.count(0) >= 4:
+                    enough.set()
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for i in range(8):
+                        tg.start_soon(one, i)
+                    # Worker 0 serves while worker 1 is stopped: nothing waits behind it.
+                    await enough.wait()
+                    assert p.system.pid_of(frozen) == pid  # still stopped, not yet killed
+                # Past the bound, worker 1 was killed; its calls went to worker 0 or to its
+                # successor, and all of them ended.
+                back = await p.wait_worker(1, after=frozen.incarnation)
+            assert back.incarnation > frozen.incarnation
+            assert len(served) == 8
+
+
+class Blocked:
+    """Holds a fake worker's handler until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+
+
+class BlockedWorker(Actor[BatchStrOutput]):
+    """A worker that takes one sub-batch and then never returns from its handler."""
+
+    def __init__(self, blocked: Blocked) -> None:
+        self.blocked = blocked
+
+    @handler
+    async def output(self, msg: BatchStrOutput) -> None:
+        await self.blocked.release.wait()
+
+
+class SubBatches(Actor[BatchStrOutput]):
+    """A healthy worker stand-in: counts the sub-batches it gets."""
+
+    def __init__(self, got: list[int]) -> None:
+        self.got = got
+
+    @handler
+    def output(self, msg: BatchStrOutput) -> None:
+        self.got.append(msg.step)
+
+
+class StuckReports:
+    def __init__(self) -> None:
+        self.items: list[MemberStuck] = []
+        self.arrived = anyio.Event()
+
+
+class FakeSupervisor(Actor[MemberStuck]):
+    def __init__(self, reports: StuckReports) -> None:
+        self.reports = reports
+
+    @handler
+    def stuck(self, msg: MemberStuck) -> None:
+        self.reports.items.append(msg)
+        self.reports.arrived.set()
+
+
+class TestStuckWorkers:
+    async def test_a_worker_that_takes_no_output_is_reported_stuck_and_the_others_are_served(
+        self,
+    ) -> None:
+        async with ActorSystem(hwm=2, rcvhwm=2, send_timeout=0.2) as system:
+            reports = StuckReports()
+            supervisor: ActorRef[Any] = await system.spawn(FakeSupervisor, reports, process=False)
+            detokenizer = await system.spawn(
+                Detokenizer, supervisor=supervisor, deliver_timeout=0.5, process=False
+            )
+            blocked = Blocked()
+            got: list[int] = []
+            stuck: ActorRef[Any] = await system.spawn(BlockedWorker, blocked, process=False)
+            healthy: ActorRef[Any] = await system.spawn(SubBatches, got, process=False)
+            for origin, ref in ((Origin(0, 1), stuck), (Origin(1, 1), healthy)):
+                await detokenizer.ask(RouteUpdate(origin=origin, ref=ref))
+            try:
+                with anyio.fail_after(20):
+                    step = 0
+                    while not reports.items:  # until the stuck worker's queues are full
+                        await detokenizer.tell(step_of(step, [Origin(0, 1), Origin(1, 1)]))
+                        step += 1
+                        if step % 100 == 0:
+                            await detokenizer.ask(GetDetokenizerStats())  # let it keep up
+                assert reports.items[0].origin == Origin(0, 1)
+                # The healthy worker was sent a sub-batch for every step, in order, while
+                # the other took none.
+                await detokenizer.ask(GetDetokenizerStats())
+                assert got == list(range(len(got)))
+                assert len(got) >= step - 2
+            finally:
+                blocked.release.set()
+
+
+def step_of(step: int, origins: list[Origin]) -> BatchTokenIDOutput:
+    n = len(origins)
+    return BatchTokenIDOutput(
+        rids=[f"r{o.worker}" for o in origins],
+        origins=origins,
+        finished_reasons=[None] * n,
+        decode_ids=[[5]] * n,
+        read_offsets=[step] * n,
+        skip_special_tokens=[True] * n,
+        spaces_between_special_tokens=[True] * n,
+        no_stop_trim=[False] * n,
+        stop=[()] * n,
+        prompt_tokens=[3] * n,
+        completion_tokens=[step + 1] * n,
+        cached_tokens=[0] * n,
+        step=step,
+    )
+
+
+class TestNothingVanishes:
+    async def test_a_forged_abort_all_fails_every_call_it_dropped_to_its_caller(self) -> None:
+        async with Pipeline(workers=2, step_time=0.005) as p:
+            scheduler = await p.system.lookup("scheduler")
+
+            async def forge() -> None:
+                await scheduler.tell(AbortAll(reason="forged"))
+
+            done, died, failed = await load(p, 60, forge, deadline=30)
+            # The finding: 60 of 60 calls left unanswered. Now each ends, most refused.
+            assert done + died + failed == 60
+            assert failed > 0
+
+    async def test_a_worker_with_a_full_mailbox_is_skipped_not_dropped(self) -> None:
+        config = PipelineConfig(workers=2, submit_timeout=1.0)
+        async with ActorSystem(hwm=1, rcvhwm=1) as system:
+            blocked = Blocked()
+            workers: list[ActorRef[Any]] = [
+                await system.spawn(Sink, blocked, process=False) for _ in range(2)
+            ]
+            state = _CallerState(config)
+            events = Events()
+            inbox: ActorRef[Any] = await system.spawn(EventInbox, events, process=False)
+            state.inbox = inbox
+            for k, ref in enumerate(workers):
+                state.workers[k] = ref
+
+            async def flood() -> None:
+                for i in range(1000):
+                    msg = Generate(rid=f"r{i}", reply_to=inbox, text="x")
+                    await state.submit(_Request(f"r{i}", msg, False))
+
+            try:
+                with pytest.raises(PipelineBusyError, match="overloaded"):
+                    await flood()
+                assert sorted(state.workers) == [0, 1]  # still both there
+            finally:
+                blocked.release.set()
+
+
+class Sink(Actor[Generate]):
+    """A worker stand-in whose mailbox fills: its handler never returns."""
+
+    def __init__(self, blocked: Blocked) -> None:
+        self.blocked = blocked
+
+    @handler
+    async def generate(self, msg: Generate) -> None:
+        await self.blocked.release.wait()
+
+
+class TestLimits:
+    async def test_oversized_prompts_and_generations_are_refused_before_anything_is_sent(
+        self,
+    ) -> None:
+        async with Pipeline(workers=1, max_prompt_bytes=1000, max_new_tokens=100) as p:
+            with anyio.fail_after(2):
+                with pytest.raises(InvalidRequestError, match="max_prompt_bytes"):
+                    await p.generate("x" * 24_000_000)
+                with pytest.raises(InvalidRequestError, match="max_new_tokens"):
+                    await p.generate("hi", max_new_tokens=101)
+            assert (await p.generate("hi", max_new_tokens=100)).completion_tokens <= 100
+
+    async def test_a_worker_refuses_a_prompt_over_its_limits_whoever_sends_it(self) -> None:
+        async with Pipeline(workers=1, max_prompt_tokens=8) as p:
+            with pytest.raises(RequestFailedError, match="max_prompt_tokens"):
+                await p.generate("a much longer prompt than eight tokens " * 4)
+            events = Events()
+            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
+            worker = p.worker_ref(0)
+            assert worker is not None
+            big = Generate(rid="big", reply_to=inbox, text="y" * (2 << 20))  # past 1 MiB
+            await worker.tell(big)
+            with anyio.fail_after(10):
+                await events.wait_until(lambda: events.finished("big"))
+            (out,) = [o for m in events.log if isinstance(m, RequestOutputs) for o in m.outputs]
+            assert out.error is not None
+            assert "max_prompt_bytes" in out.error
+
+    async def test_a_stream_nobody_reads_is_aborted_and_stops_generating(self) -> None:
+        async with Pipeline(workers=1, step_time=0.001, max_stream_buffer=2000) as p:
+            pieces = p.stream("read me", max_new_tokens=20_000, ignore_eos=True)
+            first = await pieces.__anext__()
+            assert first
+            scheduler = await p.system.lookup("scheduler")
+            with anyio.fail_after(30):
+                while (await scheduler.ask(GetSchedulerStats())).aborted < 1:
+                    pass  # each ask is itself the wait: the abort comes once 2000 B are unread
+            held: list[str] = []
+
+            async def read_on() -> None:
+                async for piece in pieces:
+                    held.append(piece)  # noqa: PERF401 - kept piece by piece: it ends raising
+
+            with pytest.raises(SlowReaderError, match="max_stream_buffer=2000"):
+                await read_on()
+            held_bytes = sum(map(len, held))
+            assert held_bytes <= 2000 + 100  # what was held, then the error: never more
+            stats = await scheduler.ask(GetSchedulerStats())
+            assert stats.generated_tokens < 20_000  # the engine stopped for it
+
+
+class TestInProcessMembers:
+    async def test_a_dead_caller_inbox_fails_every_waiting_call_at_once(self) -> None:
+        async with Pipeline(workers=1, step_time=0.01) as p:
+            inbox = await p.system.lookup("pipeline-inbox")
+            errors: list[BaseException] = []
+
+            async def one() -> None:
+                try:
+                    await p.generate("wait for me", max_new_tokens=500, ignore_eos=True)
+                except TokenyardError as err:
+                    errors.append(err)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(20):
+                        tg.start_soon(one)
+                    await anyio.lowlevel.checkpoint()
+                    await p.system.kill(inbox, "killed by the test")
+            assert len(errors) == 20
+            assert all(isinstance(e, WorkerDiedError) for e in errors)
+            assert all(e.member is Member.INBOX for e in errors if isinstance(e, WorkerDiedError))
+
+    async def test_a_dead_pipeline_supervisor_leaves_no_member_running(self) -> None:
+        async with Pipeline(workers=2, step_time=0.01) as p:
+            assert len(p.system.child_pids()) == 5  # its members are its children
+            errors: list[BaseException] = []
+
+            async def one() -> None:
+                try:
+                    await p.generate("wait for me", max_new_tokens=500, ignore_eos=True)
+                except TokenyardError as err:
+                    errors.append(err)
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(10):
+                        tg.start_soon(one)
+                    await anyio.lowlevel.checkpoint()
+                    await p.system.kill(p.supervisor, "killed by the test")
+            # Every member was stopped with it (and reaped), and every call failed.
+            assert p.system.child_pids() == []
+            assert len(errors) == 10
+            assert all(
+                isinstance(e, WorkerDiedError) and e.member is Member.SUPERVISOR for e in errors
+            )
+            with pytest.raises(PipelineClosedError):
+                await p.generate("anyone?")
