@@ -1,12 +1,15 @@
 """The pipeline's whole wire vocabulary, on one screen.
 
-Data flow (DESIGN.md §actors)::
+Data flow (docs/design.md §The pipeline's data flow)::
 
-    caller --Generate--> TokenizerWorker[k] --TokenizedGenerate(rid, origin)--> Scheduler
+    caller --Generate, AbortRequest--> TokenizerWorker[k] --TokenizedGenerate--> Scheduler
     Scheduler --BatchTokenIDOutput--> Detokenizer --BatchStrOutput (worker k's only)--> worker k
-    worker k --RequestOutput--> caller
-    worker k --ControlRequest(origin)--> Scheduler --ControlReply(origin)--> Router --> worker k
-    PipelineSupervisor: RegisterWorker / RouteUpdate / WorkerDown / AbortOrigin
+    worker k --RequestOutputs--> caller
+    worker k --GetLoad, FlushCache (origin)--> Scheduler
+    Scheduler --LoadReply, FlushReply, AbortNotice--> Router --> worker k
+    worker k --RegisterWorker--> PipelineSupervisor --RouteUpdate--> Detokenizer, Router
+    PipelineSupervisor --Registered--> worker k; --Topology--> every member
+    PipelineSupervisor --WorkerUp, WorkerDown--> caller; --Abort, AbortAll--> Scheduler
 
 Identity is typed: every request carries its caller's ``rid`` untouched and its ``origin``
 (worker id and incarnation) as fields, never a prefix parsed out of a string. Batch outputs

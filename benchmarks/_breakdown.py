@@ -9,12 +9,12 @@ process having imported the actor's module, its ``on_start``, and its answer (se
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._results import INFO, Figure
 from ._startup import ACTOR_MODULE
+from ._stats import nearest_rank_quantile
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -103,7 +103,7 @@ def _parts(source: PartsSource, interpreter: float) -> dict[str, float]:
         per["answer"].append(answer - started)
     if source.noticed is None:
         del per["noticed"]
-    return {key: statistics.median(values) for key, values in per.items()}
+    return {key: nearest_rank_quantile(values, 0.5) for key, values in per.items()}
 
 
 def part_figures(sources: Sequence[PartsSource], interpreter: float) -> list[Figure]:
@@ -132,7 +132,7 @@ def startup_figures(
     """
     labels = {key: label for key, label, _, _ in TIMINGS}
     labels["spawn_ready"] = "fresh spawn → ready"
-    medians = {key: statistics.median(samples) for key, samples in timings.items()}
+    medians = {key: nearest_rank_quantile(samples, 0.5) for key, samples in timings.items()}
     figures = [
         ms_figure(f"startup.{key}", labels[key], STARTUP, "p50", medians[key], rounds=samples)
         for key, samples in timings.items()
@@ -143,7 +143,7 @@ def startup_figures(
             f"restart: {label}",
             STARTUP,
             "p50",
-            statistics.median(samples),
+            nearest_rank_quantile(samples, 0.5),
             rounds=samples,
         )
         for key, (label, samples) in restarts.items()

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ._stats import nearest_rank_quantile
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
@@ -33,7 +35,7 @@ class BenchmarkError(Exception):
 
 
 class Latency(msgspec.Struct, kw_only=True):
-    """Round-trip times of one round, in microseconds."""
+    """Round-trip times of one round, in microseconds (p50 and p99: nearest rank)."""
 
     p50_us: float
     p99_us: float
@@ -57,20 +59,20 @@ class Measurement(msgspec.Struct, kw_only=True):
 
 
 def latency_of(samples_ns: Sequence[int]) -> Latency:
-    """Summarise one round of round-trip samples (nearest-rank percentiles)."""
-    ordered = sorted(samples_ns)
-    n = len(ordered)
+    """Summarise one round of round-trip samples, in ns; p50 and p99 are
+    ``benchmarks._stats.nearest_rank_quantile``.
+
+    Raises:
+        BenchmarkError: The round has no samples.
+    """
+    n = len(samples_ns)
     if n == 0:
         raise BenchmarkError("a latency round with no samples")
-
-    def pct(q: float) -> float:
-        return ordered[min(n - 1, int(q * n))] / 1000
-
     return Latency(
-        p50_us=pct(0.50),
-        p99_us=pct(0.99),
-        mean_us=sum(ordered) / n / 1000,
-        min_us=ordered[0] / 1000,
+        p50_us=nearest_rank_quantile(samples_ns, 0.50) / 1000,
+        p99_us=nearest_rank_quantile(samples_ns, 0.99) / 1000,
+        mean_us=sum(samples_ns) / n / 1000,
+        min_us=min(samples_ns) / 1000,
         n=n,
     )
 

@@ -1,5 +1,5 @@
 """Drivers that report progress while they run, for suites whose steps are slow (a kill, a
-spawn of 16 processes), and the summary of their samples.
+spawn of 16 processes).
 
 A driver writes one ``STEP`` line to stdout when a step ends (``step()``) and, last, its
 ``Report`` as one JSON line. ``run_reporting_driver`` reads both pipes as they fill, so the
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import selectors
 import signal
@@ -169,11 +168,3 @@ def run_reporting_driver(
     if not lines:
         raise BenchmarkError(f"{what} printed no report:\n{text[-3000:]}")
     return msgspec.json.decode(lines[-1], type=Report)
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile (0 < q <= 1) of ``samples``: a value that occurred."""
-    if not samples:
-        raise BenchmarkError("a percentile of no samples")
-    ordered = sorted(samples)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]

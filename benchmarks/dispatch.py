@@ -12,8 +12,8 @@ fresh process that starts one fresh receiver process per worker:
   ``i`` into a new one-request dataclass, ``pickle.dumps`` of it (what ``send_pyobj`` does)
   and a send on its worker's PUSH socket; receivers ``pickle.loads`` each and count.
 * **tokenyard (raw zmq)**: ``Batch.group(origins)`` into one typed sub-batch per worker,
-  msgspec-encoded, one send per worker per step; receivers decode with a msgspec
-  ``Decoder`` and count requests. Plain pyzmq isolates the cost of dispatch itself.
+  msgspec-encoded, one send per worker per step; receivers decode with a
+  ``msgspec.msgpack.Decoder`` and count requests. Plain pyzmq isolates the cost of dispatch itself.
 * **tokenyard actors**: the same groups, told to counting actor processes through
   ``ActorRef.tell`` (what the ``Detokenizer`` actor does).
 * **split + serialize only** (context): the two dispatch loops above with sockets that

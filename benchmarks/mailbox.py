@@ -40,6 +40,7 @@ import msgspec
 
 from ._proc import Latency, Measurement, peer_command, run_driver
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
+from ._stats import RULE
 from ._suite import Option, Suite, pick
 
 if TYPE_CHECKING:
@@ -333,7 +334,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "Throughput rounds end when the receiver has handled the last message;"
             " send_pyobj small rounds carry a fifth of --messages (rates are per second).",
             "Round trips: PUSH/PULL both ways, same request and Ack bytes; pyzmq sync blocks"
-            " on both sides, zmq.asyncio awaits on both sides.",
+            " on both sides, zmq.asyncio awaits on both sides; p50 and p99 are over one"
+            " round's round trips.",
+            RULE,
         ],
     )
 

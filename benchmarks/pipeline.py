@@ -44,6 +44,7 @@ from runtime import TokenyardError
 
 from ._proc import BenchmarkError, Latency, die_with_parent, latency_of, started
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult
+from ._stats import RULE
 from ._suite import Option, Suite, pick, positive_int
 
 if TYPE_CHECKING:
@@ -498,7 +499,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     last = reports[-1]
     notes = [
         "Values are the best of the timed rounds (all rounds are in the JSON); latency"
-        " figures come from the round with the lowest p50.",
+        " figures come from the round with the lowest p50, over that round's requests.",
+        RULE,
         f"Closed loop: {concurrency} clients, one generate each in flight; prompts cycle"
         f" through {len(PROMPTS)} ASCII/CJK/emoji texts, max_new_tokens {MIN_NEW_TOKENS}"
         f"..{MAX_NEW_TOKENS}; stand-in engine at step_time=0, bundled tokenizer.",

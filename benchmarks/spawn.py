@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING
 from . import _spawning
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult
 from ._startup import CHILD_IMPORTS, bytecode_env
+from ._stats import RULE, nearest_rank_quantile
 from ._stream import advancing, run_reporting_driver
 from ._suite import Option, Suite, pick
 
@@ -110,7 +110,7 @@ def memory_figures(report: Report) -> list[Figure]:
             variant=label,
             payload=MEMORY,
             metric=metric,
-            value=round(statistics.median(report.samples[f"{prefix}.{metric}"]) / 1024, 2),
+            value=round(nearest_rank_quantile(report.samples[f"{prefix}.{metric}"], 0.5) / 1024, 2),
             unit="MiB",
             role=role,
             rounds=[round(kb / 1024, 2) for kb in report.samples[f"{prefix}.{metric}"]],
@@ -208,6 +208,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         charts=charts(actors),
         notes=[
             "Times are the best round (every round is in the JSON); memory is the median.",
+            RULE,
             "A spawn is ready when system.spawn returns: the process has started, imported"
             " the actor, opened its sockets, run on_start and reported ready.",
             f"python -c imports: fresh interpreters running '{CHILD_IMPORTS}', timed until"

@@ -29,7 +29,6 @@ for a process of an actor's size, and the imports of real actor processes by pac
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -68,7 +67,8 @@ from ._startup import (
     kill_to_reaped,
     time_python,
 )
-from ._stream import advancing, percentile, run_reporting_driver
+from ._stats import RULE, nearest_rank_quantile
+from ._stream import advancing, run_reporting_driver
 from ._suite import Option, Suite, pick
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def percentile_figures(
             label,
             payload,
             metric,
-            percentile(samples, q),
+            nearest_rank_quantile(samples, q),
             role=role,
             rounds=samples if metric == "p50" else None,
         )
@@ -227,8 +227,9 @@ def charts() -> list[Chart]:
 
 def _notes(kills: int, as_given_cached: bool) -> list[str]:
     notes = [
-        f"{kills} SIGKILLs per loop; percentiles are nearest-rank over all kills (with fewer"
-        " than 100 kills, p99 is the max). Every kill is in the JSON (the p50 figures' rounds).",
+        f"{kills} SIGKILLs per loop; percentiles are over all kills (with fewer than 100"
+        " kills, p99 is the max). Every kill is in the JSON (the p50 figures' rounds).",
+        RULE,
         "kill → death noticed: tokenyard, the Down delivered to a system.watch watcher in the"
         " driver; polling, the poll that found the pid gone.",
         "kill → answering: tokenyard asks the supervisor WhichChildren in a loop (each try a"
@@ -333,7 +334,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     figures += [
         ms_figure(key, key.removeprefix("imports."), IMPORTS, "self", median, rounds=ms)
         for key, ms, median in sorted(
-            ((k, v, statistics.median(v)) for k, v in profile.items()), key=lambda kv: -kv[2]
+            ((k, v, nearest_rank_quantile(v, 0.5)) for k, v in profile.items()),
+            key=lambda kv: -kv[2],
         )
     ]
     return SuiteResult(
