@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import time
@@ -113,11 +114,13 @@ class LoadReport:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0..1) of ``values``; NaN when there are none."""
+    """Nearest-rank percentile ``q`` (0 < q <= 1) of ``values``: the smallest value with at
+    least ``q * n`` of the ``n`` values at or below it (p99 of 1..100 is 99); NaN when there
+    are none."""
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def load_prompt(i: int) -> tuple[str, int]:

@@ -4,8 +4,8 @@ Every engine step the scheduler tells the detokenizer one `BatchTokenIDOutput` c
 running requests of all workers. The detokenizer advances each request's incremental
 detokenizer (`actors._detokenize`), builds ONE `BatchStrOutput` for the step, splits it by
 origin with the generic `runtime.Batch.group` and tells each worker its own sub-batch: one
-message per worker per step, whatever the number of requests (docs/design.md §The
-pipeline's data flow).
+message per worker per step, whatever the number of requests (the data flow is drawn on
+the design page, docs/design.md).
 
 Routes come from the pipeline supervisor as `RouteUpdate` asks; output for an origin with no
 route (unknown, or an incarnation that died) is dropped and counted, never queued.

@@ -55,7 +55,7 @@ class Keys(msgspec.Struct, frozen=True):
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Keys:
-        """Read the pair from ``directory`` (``system.key``), generating and writing it
+        """Read the pair from ``directory`` (its file named system.key), generating and writing it
         (mode 0600) when the directory holds none, so several hosts can share one.
 
         Raises:

@@ -20,8 +20,8 @@ R = TypeVar("R")
 class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
     """A handle on one incarnation of an actor, generic in the messages it accepts.
 
-    ``ActorRef[Ping | Stop]`` takes a ``Ping`` or a ``Stop`` in ``tell``; ``spawn`` returns
-    the ref typed with the union the actor class declares (``class Echo(Actor[Ping])``).
+    ``ActorRef[A | B]`` takes an ``A`` or a ``B`` in ``tell``; ``spawn`` returns the ref
+    typed with the union the actor class declares (``class Echo(Actor[A | B])``).
     A ref is itself a ``msgspec.Struct``: put it in a message and the receiver can use it.
     Sending through a ref uses the actor system running in the sending process.
 

@@ -81,7 +81,8 @@ class ActorSystem:
         max_peers: Most outgoing sockets a process keeps open.
         peer_idle: Seconds an unused outgoing socket stays open.
         keys: The system's CURVE keys for tcp: a ``Keys``, or a directory holding (or
-            receiving, mode 0600) ``system.key``; ``None`` generates a pair for this system.
+            receiving, mode 0600) a file named system.key; ``None`` generates a pair for
+            this system.
         curve: Use CURVE on tcp (the default; off only to measure its cost).
         attach: Join the running system these credentials describe (`credentials`), as a
             member that owns nothing of it, instead of starting a system of its own; the

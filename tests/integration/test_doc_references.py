@@ -99,12 +99,7 @@ ALLOWLIST: dict[str, str] = {}
 #: Stale references in runtime/ and actors/ (path, reference), left for the runtime/actors
 #: refactor to fix (the branch that wrote this test could not edit those files); whoever
 #: merges that refactor empties this set.
-KNOWN_STALE: frozenset[tuple[str, str]] = frozenset(
-    {
-        # No DESIGN.md; the per-worker split is docs/design.md §The pipeline's data flow.
-        ("actors/detokenizer.py", "DESIGN §Per-rid dispatch"),
-    }
-)
+KNOWN_STALE: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -108,10 +108,6 @@ class TestWhatItRefuses:
             nearest_rank_quantile([1.0, math.nan, 2.0], 0.5)
 
 
-@pytest.mark.xfail(
-    reason="actors/__main__.py's percentile still takes sorted[int(q*n)] (p99 of 1..100 is"
-    " 100); the runtime/actors refactor gives it the nearest-rank rule, then drop this mark",
-)
 @given(values=samples, q=st.sampled_from([0.5, 0.99]))
 def test_the_main_jobs_p50_and_p99_use_the_same_rule(values: list[float], q: float) -> None:
     from actors.__main__ import percentile  # the module ships; it may not import benchmarks
