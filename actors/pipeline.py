@@ -429,6 +429,40 @@ class Pipeline:
             if not req.done.is_set():
                 await self._abandon(req)
 
+    async def stream_outputs(
+        self, text: str | list[int], sampling: SamplingParams
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Like `stream`, but yield the outputs themselves, for callers that need the finish
+        reason and the token counts (the HTTP layer).
+
+        Each output's ``text`` and ``output_ids`` hold everything decoded since the previous
+        one yielded (a slow reader gets fewer, longer outputs); its other fields are the
+        latest. The last output carries the finish reason.
+
+        Raises:
+            WorkerDiedError: Its worker died after outputs had been yielded.
+        """
+        req = self._new(text, True, sampling)
+        pieces = ids = 0
+        try:
+            await self._state.submit(req)
+            while True:
+                if pieces < len(req.pieces) and req.last is not None:
+                    out = msgspec.structs.replace(
+                        req.last, text="".join(req.pieces[pieces:]), output_ids=req.ids[ids:]
+                    )
+                    pieces, ids = len(req.pieces), len(req.ids)
+                    yield out
+                    continue
+                if req.error is not None:
+                    raise req.error
+                if req.done.is_set():
+                    return
+                await req.changed.wait()
+        finally:
+            if not req.done.is_set():
+                await self._abandon(req)
+
     async def _abandon(self, req: _Request) -> None:
         """The caller gave up (cancelled, or stopped iterating): abort it at its worker."""
         state = self._state
