@@ -47,7 +47,7 @@ def _check_content_type(scope: Scope) -> None:
     if content_type is None:
         return
     media = content_type.split(b";", 1)[0].strip().lower()
-    if media != _JSON:
+    if media and media != _JSON:
         shown = media.decode("latin-1")
         raise HTTPError(
             415,

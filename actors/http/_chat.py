@@ -30,7 +30,7 @@ from actors._tokenizer import BOS_TOKEN, DEFAULT_TOKENIZER_PATH, EOS_TOKEN
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 __all__ = ("DEFAULT_CHAT_TEMPLATE", "ChatTemplate", "ChatTemplateError")
 
@@ -173,7 +173,7 @@ class ChatTemplate:
         raise ValueError(f"{where}: chat_template must be a string or a list of named templates")
 
     def render(
-        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
         """The prompt text of a conversation.
 
