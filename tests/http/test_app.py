@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import anyio
+import msgspec
 import openai
 import pytest
 from openai import AsyncOpenAI
@@ -25,7 +26,7 @@ from actors.http._pipeline_engine import BUNDLED_MODEL_ID
 from ._server import Served, serve, serve_pipeline, sse_events
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
 
     from openai.types.chat import ChatCompletionMessageParam
 
@@ -576,6 +577,78 @@ class TestServerFaults:
                 assert "choices" in events[0]
                 await p.wait_worker(0, after=killed.incarnation, timeout=30)
                 await still_serves(http)
+
+
+class CountingEngine(PipelineEngine):
+    """A real pipeline engine that counts the chunks the app pulled from its streams."""
+
+    pulled = 0
+
+    async def stream(
+        self, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncGenerator[Chunk, None]:
+        async with aclosing(super().stream(prompt, params)) as chunks:
+            async for chunk in chunks:
+                self.pulled += 1
+                yield chunk
+
+
+class TestPushBack:
+    async def test_a_stream_whose_send_waits_is_not_read_meanwhile(
+        self, module_server: Served
+    ) -> None:
+        """The app is driven directly, its ``send`` held as a server holds it for a client
+        that does not read: while held, nothing more is taken from the engine, whose text
+        waits in the pipeline and comes in one piece once ``send`` returns."""
+        assert module_server.pipeline is not None
+        engine = CountingEngine(module_server.pipeline)
+        app = OpenAIApp(engine, config=CONFIG)
+        body = {"prompt": PROMPT, "max_tokens": 300, "stream": True, "ignore_eos": True}
+        request = {"type": "http.request", "body": msgspec.json.encode(body)}
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/completions",
+            "headers": [(b"content-type", b"application/json")],
+        }
+        sent: list[MutableMapping[str, Any]] = []
+        held = anyio.Event()
+        release = anyio.Event()
+
+        async def receive() -> MutableMapping[str, Any]:
+            if request:
+                message = dict(request)
+                request.clear()
+                return message
+            await anyio.sleep_forever()  # sync-ok: a client that never disconnects
+            raise AssertionError
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and not release.is_set():
+                held.set()
+                await release.wait()
+
+        finished = (await module_server.worker_stats(0)).finished
+        finished += (await module_server.worker_stats(1)).finished
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, scope, receive, send)
+            with anyio.fail_after(10):
+                await held.wait()
+                while True:  # until the engine has generated all 300 tokens
+                    stats = [await module_server.worker_stats(k) for k in range(2)]
+                    if sum(s.finished for s in stats) > finished:
+                        break
+            assert engine.pulled == 1
+            release.set()
+        bodies = b"".join(m["body"] for m in sent if m["type"] == "http.response.body")
+        events = sse_events(bodies)
+        assert events[-1] == "[DONE]"
+        assert engine.pulled <= 3  # the first piece, then everything at once
+        whole = await module_server.pipeline.generate(
+            engine.encode(PROMPT), max_new_tokens=300, ignore_eos=True
+        )
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole.text
 
 
 class TestLifespan:
