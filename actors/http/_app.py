@@ -24,16 +24,24 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
 
-from ._asgi import ClientGoneError, Receive, Scope, Send, read_body, send_error, send_json
+from ._asgi import (
+    ClientGoneError,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    send_error,
+    send_json,
+    until_disconnect,
+)
 from ._config import ServeConfig
-from ._engine import Engine, EngineError, EngineUnavailableError
-from ._errors import HTTPError, from_validation_error
+from ._engine import Engine, EngineError
+from ._errors import HTTPError, engine_failure, from_validation_error
 from ._openai import (
     AssistantMessage,
     ChatChoice,
@@ -51,12 +59,12 @@ from ._openai import (
     Usage,
 )
 from ._sse import ChunkFormat
+from ._stream import send_stream
 from ._validate import Prepared, Validator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
-
-    from anyio import CancelScope
+    from contextlib import AbstractAsyncContextManager
 
     from ._engine import Chunk, Completion
 
@@ -66,12 +74,6 @@ logger = logging.getLogger("tokenyard.http")
 
 _T = TypeVar("_T")
 _ENCODE = msgspec.json.Encoder().encode
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    # Proxies such as nginx buffer responses unless told not to: a stream must flow.
-    (b"x-accel-buffering", b"no"),
-]
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t)
     for t in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
@@ -382,11 +384,11 @@ class OpenAIApp:
     async def _generate(self, ex: _Exchange, bound: _Bound, prepared: Prepared) -> Completion:
         engine = bound.engine
         try:
-            return await _until_disconnect(
+            return await until_disconnect(
                 ex.receive, lambda: engine.generate(prepared.prompt_ids, prepared.params)
             )
         except EngineError as err:
-            raise _engine_failure(err) from err
+            raise engine_failure(err) from err
 
     async def _stream(self, ex: _Exchange, bound: _Bound, prepared: Prepared, chat: bool) -> None:
         fmt = ChunkFormat(
@@ -397,89 +399,19 @@ class OpenAIApp:
             include_usage=prepared.include_usage,
         )
         chunks = bound.engine.stream(prepared.prompt_ids, prepared.params)
-        await _until_disconnect(ex.receive, lambda: self._pump(ex, chunks, fmt))
+        await until_disconnect(ex.receive, lambda: self._pump(ex, chunks, fmt))
 
     async def _pump(
         self, ex: _Exchange, chunks: AsyncGenerator[Chunk, None], fmt: ChunkFormat
     ) -> None:
-        """Send a stream's events. The status waits for the first chunk, so that a failure
-        before any output is still an HTTP error (503), not a broken stream."""
-        async with aclosing(chunks):
-            try:
-                first = await anext(chunks)
-            except StopAsyncIteration:
-                raise _engine_failure(EngineError("the engine's stream ended empty")) from None
-            except EngineError as err:
-                raise _engine_failure(err) from err
-            send = ex.send
+        def started() -> None:
             ex.started = True
             self._streams += 1
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            chunk = first
-            head = fmt.start()
-            try:
-                while chunk.finish_reason is None:
-                    body = head + fmt.piece(chunk.text)
-                    head = b""
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                await self._fail_stream(ex, EngineError("the engine's stream ended unfinished"))
-                return
-            except EngineError as err:
-                await self._fail_stream(ex, err)
-                return
-            body = head + fmt.end(
-                chunk.text, chunk.finish_reason, chunk.prompt_tokens, chunk.completion_tokens
-            )
-            await send({"type": "http.response.body", "body": body})
 
-    async def _fail_stream(self, ex: _Exchange, err: EngineError) -> None:
-        self._server_errors += 1
-        logger.warning("%s %s: the stream failed: %s", *_what(ex), err)
-        body = ChunkFormat.error(_engine_failure(err).body())
-        await ex.send({"type": "http.response.body", "body": body})
-
-
-async def _until_disconnect(receive: Receive, work: Callable[[], Awaitable[_T]]) -> _T:
-    """Run ``work`` until it ends or the client disconnects, whichever comes first.
-
-    Raises:
-        ClientGoneError: The client disconnected; ``work`` was cancelled.
-    """
-    outcome: list[_T] = []
-    failure: Exception | None = None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
-        try:
-            outcome.append(await work())
-        # Re-raised below: raised inside the task group it would come out wrapped in an
-        # exception group.
-        except Exception as err:  # noqa: BLE001
-            failure = err
-        tg.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
-    if not outcome:
-        raise ClientGoneError
-    return outcome[0]
-
-
-async def _watch_disconnect(receive: Receive, scope: CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
-def _engine_failure(err: EngineError) -> HTTPError:
-    if isinstance(err, EngineUnavailableError):
-        return HTTPError(
-            503,
-            f"the engine cannot serve the request now: {err}",
-            code="service_unavailable",
-            headers=((b"retry-after", str(err.retry_after).encode()),),
-        )
-    return HTTPError(500, f"the engine failed the request: {err}", code="engine_error")
+        failure = await send_stream(ex.send, chunks, fmt, started)
+        if failure is not None:
+            self._server_errors += 1
+            logger.warning("%s %s: the stream failed: %s", *_what(ex), failure)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
 
 from ._errors import HTTPError
+
+if TYPE_CHECKING:
+    from anyio import CancelScope
 
 __all__ = (
     "ClientGoneError",
@@ -16,6 +21,7 @@ __all__ = (
     "read_body",
     "send_error",
     "send_json",
+    "until_disconnect",
 )
 
 Scope = MutableMapping[str, Any]
@@ -25,6 +31,7 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 """An ASGI ``send`` callable."""
 
+_T = TypeVar("_T")
 _JSON = b"application/json"
 _CLOSE = ((b"connection", b"close"),)
 
@@ -125,3 +132,33 @@ async def send_error(send: Send, err: HTTPError) -> None:
     """Answer with an OpenAI-shaped error body."""
     headers = err.headers + _CLOSE if err.close else err.headers
     await send_json(send, err.status, err.body(), headers)
+
+
+async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[_T]]) -> _T:
+    """Run ``work`` until it ends or the client disconnects, whichever comes first.
+
+    Raises:
+        ClientGoneError: The client disconnected; ``work`` was cancelled.
+    """
+    outcome: list[_T] = []
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_disconnect, receive, tg.cancel_scope)
+        try:
+            outcome.append(await work())
+        # Re-raised below: raised inside the task group it would come out wrapped in an
+        # exception group.
+        except Exception as err:  # noqa: BLE001
+            failure = err
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    if not outcome:
+        raise ClientGoneError
+    return outcome[0]
+
+
+async def _watch_disconnect(receive: Receive, scope: CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()

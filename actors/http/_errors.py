@@ -6,9 +6,10 @@ import re
 
 import msgspec
 
+from ._engine import EngineError, EngineUnavailableError
 from ._openai import ErrorDetail, ErrorResponse
 
-__all__ = ("HTTPError", "from_validation_error")
+__all__ = ("HTTPError", "engine_failure", "from_validation_error")
 
 _ENCODE = msgspec.json.Encoder().encode
 # msgspec ends a validation message with the path of the value it rejected.
@@ -88,3 +89,16 @@ def from_validation_error(err: msgspec.ValidationError) -> HTTPError:
 
 def _join(path: str, field: str) -> str:
     return f"{path}.{field}" if path else field
+
+
+def engine_failure(err: EngineError) -> HTTPError:
+    """The answer to a valid request the engine failed: 503 with ``Retry-After`` when it
+    cannot serve now, else 500."""
+    if isinstance(err, EngineUnavailableError):
+        return HTTPError(
+            503,
+            f"the engine cannot serve the request now: {err}",
+            code="service_unavailable",
+            headers=((b"retry-after", str(err.retry_after).encode()),),
+        )
+    return HTTPError(500, f"the engine failed the request: {err}", code="engine_error")

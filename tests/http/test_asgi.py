@@ -8,9 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import pytest
 
-from actors.http._asgi import ClientGoneError, header, read_body, send_error, send_json
+from actors.http._asgi import (
+    ClientGoneError,
+    header,
+    read_body,
+    send_error,
+    send_json,
+    until_disconnect,
+)
 from actors.http._errors import HTTPError
 
 if TYPE_CHECKING:
@@ -18,13 +26,16 @@ if TYPE_CHECKING:
 
 
 class Script:
-    """An ASGI receive callable over a list of messages, counting those taken."""
+    """An ASGI receive callable over a list of messages, counting those taken; once they
+    are all taken it waits, as a server does for a client that stays connected."""
 
     def __init__(self, *messages: dict[str, Any]) -> None:
         self.messages = list(messages)
         self.taken = 0
 
     async def __call__(self) -> MutableMapping[str, Any]:
+        if self.taken == len(self.messages):
+            await anyio.sleep_forever()  # sync-ok: a client that neither sends nor leaves
         message = self.messages[self.taken]
         self.taken += 1
         return message
@@ -126,3 +137,33 @@ class TestAnswers:
 def test_header_finds_a_lower_case_name() -> None:
     s = scope((b"content-type", b"a"), (b"x-b", b"c"))
     assert (header(s, b"x-b"), header(s, b"x-c")) == (b"c", None)
+
+
+class TestUntilDisconnect:
+    async def test_the_work_s_result_comes_back(self) -> None:
+        async def work() -> int:
+            return 7
+
+        assert await until_disconnect(Script(), work) == 7
+
+    async def test_the_work_s_error_comes_back_unwrapped(self) -> None:
+        async def work() -> int:
+            raise HTTPError(503, "busy")
+
+        with pytest.raises(HTTPError, match="busy"):
+            await until_disconnect(Script(), work)
+
+    async def test_a_disconnect_cancels_the_work_and_says_the_client_is_gone(self) -> None:
+        cancelled = anyio.Event()
+
+        async def work() -> int:
+            try:
+                await anyio.sleep_forever()  # sync-ok: work that only a disconnect ends
+            finally:
+                cancelled.set()
+            return 0
+
+        receive = Script(body(b"", more=True), {"type": "http.disconnect"})
+        with pytest.raises(ClientGoneError):
+            await until_disconnect(receive, work)
+        assert cancelled.is_set()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from actors.http._errors import HTTPError, from_validation_error
+from actors.http import EngineError, EngineUnavailableError
+from actors.http._errors import HTTPError, engine_failure, from_validation_error
 from actors.http._openai import ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 
@@ -61,3 +62,15 @@ class TestFromValidationError:
         err = refusal(CompletionRequest, b"[1, 2]")
         assert err.param is None
         assert "Expected `object`, got `array`" in err.message
+
+
+class TestEngineFailure:
+    def test_an_unavailable_engine_is_a_503_with_its_retry_hint(self) -> None:
+        err = engine_failure(EngineUnavailableError("no worker", retry_after=3))
+        assert (err.status, err.kind, err.code) == (503, "server_error", "service_unavailable")
+        assert err.headers == ((b"retry-after", b"3"),)
+        assert "no worker" in err.message
+
+    def test_any_other_engine_failure_is_a_500(self) -> None:
+        err = engine_failure(EngineError("broken"))
+        assert (err.status, err.code) == (500, "engine_error")
