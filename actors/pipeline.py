@@ -120,9 +120,10 @@ class _Request:
     resubmits: int = 0
     #: Text not yet read: every piece of a stream, the whole text of a generate.
     pieces: collections.deque[str] = field(default_factory=collections.deque)
-    unread: int = 0
-    #: All ids of a generate (a stream's go to its reader only as text).
+    #: Ids not yet read (all of a generate's).
     ids: list[int] = field(default_factory=list)
+    #: Bytes of text and ids held unread, bounded for a stream by max_stream_buffer.
+    unread: int = 0
     last: RequestOutput | None = None
     error: BaseException | None = None
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -257,9 +258,8 @@ class PipelineInbox(Actor[CallerMessage]):
             req.got_output = True
             if out.text:
                 req.pieces.append(out.text)
-                req.unread += len(out.text)
-            if not req.stream:
-                req.ids.extend(out.output_ids)
+            req.ids.extend(out.output_ids)
+            req.unread += len(out.text) + len(out.output_ids)
             req.last = out
             if out.finish_reason is not None:
                 req.done.set()
@@ -495,10 +495,51 @@ class Pipeline:
         try:
             await self._state.submit(req)
             while True:
+                req.unread -= len(req.ids)  # a stream's reader takes text only
+                req.ids.clear()
                 while req.pieces:
                     piece = req.pieces.popleft()
                     req.unread -= len(piece)
                     yield piece
+                if req.error is not None:
+                    raise req.error
+                if req.done.is_set():
+                    return
+                await req.changed.wait()
+        finally:
+            if not req.done.is_set():
+                self._state.release(req)
+
+    async def stream_outputs(
+        self, text: str | list[int], sampling: SamplingParams
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Like `stream`, but yield the outputs themselves, for callers that need the finish
+        reason and the token counts (the HTTP layer).
+
+        Each output's ``text`` holds everything decoded since the previous one yielded (a
+        slow reader gets fewer, longer outputs); its counts are the latest. The last output
+        carries the finish reason. The same bound on unread output holds as for `stream`.
+
+        Raises:
+            InvalidRequestError: The request breaks a limit; nothing was sent.
+            WorkerDiedError: Its worker died after outputs had been yielded.
+            SlowReaderError: The reader fell too far behind.
+        """
+        req = self._new(text, True, sampling)
+        try:
+            await self._state.submit(req)
+            while True:
+                last = req.last
+                if last is not None and (req.pieces or (req.done.is_set() and req.error is None)):
+                    # What arrived since the previous yield, as one output with the latest
+                    # counts (the finish reason too, once it came: then nothing follows).
+                    piece, ids = "".join(req.pieces), req.ids
+                    req.pieces.clear()
+                    req.ids, req.unread = [], 0
+                    yield msgspec.structs.replace(last, text=piece, output_ids=ids)
+                    if last.finish_reason is not None:
+                        return
+                    continue
                 if req.error is not None:
                     raise req.error
                 if req.done.is_set():

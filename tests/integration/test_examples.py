@@ -50,6 +50,13 @@ SHOWS: dict[str, list[str]] = {
         r"stopped: reason='normal' exitcode=0",
         r"after the stop: actor 'account' \(incarnation 1\) is dead: normal",
     ],
+    "openai_server.py": [
+        r"serving tokenyard-bundled-bpe on http://127\.0\.0\.1:\d+",
+        r"completion \(length, 16 tokens\): .+",
+        r"chat: [1-9]\d* pieces, \d+ prompt and ([1-9]|1[0-6]) completion tokens",
+        r"refused with 400, naming the parameter 'n'",
+        r"server stopped, pipeline closed",
+    ],
     "runtime_demo.py": [
         r"spawned adder and mirror in their own processes",
         r"200000 tells handled \(and forwarded\) in [\d.]+ s: [\d,]+/s",

@@ -1,0 +1,115 @@
+"""``ServeConfig``: every limit the HTTP layer enforces, as one value."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ("ServeConfig",)
+
+_MIB = 1 << 20
+
+
+class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The HTTP layer's limits and names; every default is sized for a real host.
+
+    A request over a limit gets an OpenAI-shaped 4xx error naming the limit, never a 500.
+
+    Attributes:
+        model_id: The model's id in ``/v1/models`` and in every response; a request naming
+            another model gets 404 (``model_not_found``). ``None``: the engine's own id.
+        context_length: Prompt plus completion tokens a request may use (``max_model_len``
+            in ``/tokenize``). ``None``: the engine's; it may narrow the engine's, never
+            widen it.
+        max_body_bytes: Largest request body read, 4 MiB. Reading stops as soon as a body
+            passes it (413), so no body is ever buffered beyond it.
+        max_prompt_bytes: Largest prompt in UTF-8 bytes, 1 MiB: the completion's prompt
+            text, or the chat prompt once rendered by the chat template.
+        max_prompt_tokens: Most prompt tokens. ``None``: the context length less one, so
+            that at least one token can be generated.
+        max_tokens_limit: Upper bound on a request's ``max_tokens`` (and chat's
+            ``max_completion_tokens``), 4096.
+        default_max_tokens: Tokens generated when a request names no ``max_tokens``, 256,
+            or fewer when the context has less room left after the prompt.
+        max_stop: Most stop strings in a request's ``stop``, 16.
+        max_stop_bytes: Longest stop string in UTF-8 bytes, 256.
+        max_stop_token_ids: Most ids in a request's ``stop_token_ids``, 64.
+        max_messages: Most messages in a chat request, 1024.
+    """
+
+    model_id: str | None = None
+    context_length: int | None = None
+    max_body_bytes: int = 4 * _MIB
+    max_prompt_bytes: int = _MIB
+    max_prompt_tokens: int | None = None
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 256
+    max_stop: int = 16
+    max_stop_bytes: int = 256
+    max_stop_token_ids: int = 64
+    max_messages: int = 1024
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_body_bytes": self.max_body_bytes,
+            "max_prompt_bytes": self.max_prompt_bytes,
+            "max_tokens_limit": self.max_tokens_limit,
+            "default_max_tokens": self.default_max_tokens,
+            "max_stop_bytes": self.max_stop_bytes,
+            "max_messages": self.max_messages,
+        }
+        # One prompt token and one generated token is the smallest useful context.
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(
+                f"ServeConfig.context_length={self.context_length}: it must be at least 2"
+            )
+        if self.max_prompt_tokens is not None:
+            positive["max_prompt_tokens"] = self.max_prompt_tokens
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"ServeConfig.{name}={value}: it must be at least 1")
+        for name, value in {
+            "max_stop": self.max_stop,
+            "max_stop_token_ids": self.max_stop_token_ids,
+        }.items():
+            if value < 0:
+                raise ValueError(f"ServeConfig.{name}={value}: it must be at least 0")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"ServeConfig.default_max_tokens={self.default_max_tokens} is above "
+                f"max_tokens_limit={self.max_tokens_limit}: lower the default or raise the limit"
+            )
+        if self.model_id is not None and not self.model_id:
+            raise ValueError("ServeConfig.model_id is empty: name the model, or pass None")
+
+    def limits(self, engine_context: int) -> Limits:
+        """The limits in force in front of an engine whose context holds ``engine_context``.
+
+        Raises:
+            ValueError: ``context_length`` or ``max_prompt_tokens`` do not fit the engine's
+                context; the message names the setting.
+        """
+        context = engine_context if self.context_length is None else self.context_length
+        if context > engine_context:
+            raise ValueError(
+                f"ServeConfig.context_length={context} is above the engine's context length "
+                f"({engine_context}): lower it, or leave it None to use the engine's"
+            )
+        prompt = context - 1 if self.max_prompt_tokens is None else self.max_prompt_tokens
+        if prompt >= context:
+            raise ValueError(
+                f"ServeConfig.max_prompt_tokens={prompt} leaves no room to generate in a "
+                f"context of {context} tokens: make it at most {context - 1}"
+            )
+        return Limits(context_length=context, max_prompt_tokens=prompt)
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """The token limits a `ServeConfig` resolves to in front of one engine.
+
+    Attributes:
+        context_length: Prompt plus completion tokens a request may use.
+        max_prompt_tokens: Most prompt tokens.
+    """
+
+    context_length: int
+    max_prompt_tokens: int

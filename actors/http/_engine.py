@@ -1,0 +1,132 @@
+"""The narrow interface the HTTP layer needs from whatever generates: `Engine`.
+
+The app is written against this protocol only. Today `PipelineEngine` implements it over an
+in-process `actors.Pipeline`; inside a tokenizer-worker process another implementation will
+reach the worker living in the same process. Neither the app nor its tests know which.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+
+from runtime import TokenyardError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
+    from actors.messages import SamplingParams
+
+    from ._chat import ChatTemplate
+
+__all__ = ("Chunk", "Completion", "Engine", "EngineError", "EngineUnavailableError")
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole generation, as `Engine.generate` returns it.
+
+    Attributes:
+        text: The generated text, stop strings trimmed.
+        output_ids: The generated token ids.
+        prompt_tokens: Prompt length in tokens.
+        completion_tokens: Generated tokens.
+        finish_reason: ``"stop"`` (eos, a stop token or a stop string) or ``"length"``
+            (``max_new_tokens`` reached).
+    """
+
+    text: str
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class Chunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a streamed generation, as `Engine.stream` yields it.
+
+    Attributes:
+        text: The text decoded since the previous chunk (may be empty in the last one).
+        finish_reason: ``None`` until the last chunk; then ``"stop"`` or ``"length"``.
+        prompt_tokens: Prompt length in tokens (set in the last chunk).
+        completion_tokens: Generated tokens (set in the last chunk).
+    """
+
+    text: str
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class EngineError(TokenyardError):
+    """The engine failed a request that was valid: a server fault (HTTP 500, or an error
+    event once a stream has begun)."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine cannot serve the request now but may soon (a worker died and no other
+    took the request, the pipeline is closing, a queue is full): HTTP 503 with a
+    ``Retry-After`` hint.
+
+    Attributes:
+        retry_after: Seconds after which a retry may succeed.
+    """
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Engine(Protocol):
+    """What the HTTP layer needs from an engine.
+
+    The app validates every request before it reaches the engine: prompts are non-empty
+    token ids within ``vocab_size`` and within the context, sampling parameters are within
+    their ranges. An engine raises `EngineUnavailableError` when it cannot serve now and
+    `EngineError` for any other failure of a valid request; nothing else.
+
+    Attributes:
+        model: The model's id (``/v1/models``, the ``model`` of every response).
+        context_length: Most prompt plus completion tokens of one request.
+        vocab_size: Token ids are ``0..vocab_size-1``.
+        chat_template: How chat messages become a prompt for this engine's tokenizer.
+    """
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def chat_template(self) -> ChatTemplate: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without special tokens added (a chat template writes its
+        own)."""
+        ...
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        ...
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
+        """Generate a whole completion of ``prompt`` (text or token ids).
+
+        Cancelling the call abandons the request: the engine stops generating for it.
+        """
+        ...
+
+    def stream(
+        self, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncGenerator[Chunk, None]:
+        """Stream a completion of ``prompt``: chunks of new text, the last one carrying the
+        finish reason and the token counts.
+
+        Closing the generator (or cancelling the task iterating it) before its end abandons
+        the request: the engine stops generating for it.
+        """
+        ...

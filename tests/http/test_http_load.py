@@ -1,0 +1,178 @@
+"""benchmarks._http_load: the load generator against the real app, and against small
+scripted servers that refuse, close, reset and fail streams the ways real servers do."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import TYPE_CHECKING
+
+import pytest
+
+from benchmarks._http_load import LoadSpec, main, run_load, summarize
+
+from ._server import serve_pipeline
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+OK_EVENTS = (
+    b'data: {"choices":[{"index":0,"text":"Hel"}]}\n\n'
+    b'data: {"choices":[{"index":0,"text":"lo","finish_reason":"length"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def chunked(*parts: bytes) -> bytes:
+    """A chunked body of ``parts``, its last chunk included."""
+    return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
+
+
+def sse_response(body: bytes, *headers: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+    return head + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+
+
+@contextlib.asynccontextmanager
+async def scripted(
+    answer: Callable[[int], bytes], close_after: Callable[[int], bool]
+) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 answering request ``i`` (counted over all connections) with
+    ``answer(i)``, then closing the connection if ``close_after(i)``."""
+    count = 0
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                i, count = count, count + 1
+                writer.write(answer(i))
+                await writer.drain()
+                if close_after(i):
+                    return
+        except ConnectionError:
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+        if handlers:
+            await asyncio.wait(handlers)
+
+
+class TestAgainstTheApp:
+    @pytest.mark.parametrize("api", ["completions", "chat"])
+    async def test_every_request_streams_to_done_with_its_tokens_counted(self, api: str) -> None:
+        async with serve_pipeline(workers=1, step_time=0.001) as served:
+            spec = LoadSpec(url=served.url, api=api, concurrency=4, requests=24, max_tokens=8)
+            result = await run_load(spec)
+        assert len(result.records) == 24
+        assert all(r.ok and r.error is None for r in result.records)
+        assert [r.output_tokens for r in result.records] == [8] * 24
+        assert all(r.ttft is not None and 0 < r.ttft <= r.e2e for r in result.records)
+        assert any(r.itl for r in result.records)
+        assert (result.connects, result.server_closes) == (4, 0)  # kept alive throughout
+        assert result.cpu_seconds > 0
+        summary = summarize(result)
+        assert (summary["ok"], summary["errors"]) == (24, {})
+        assert summary["ttft_ms"]["p50"] <= summary["e2e_ms"]["p99"]
+        assert summary["client_cpu_us_per_request"] > 0
+
+    async def test_a_duration_bounds_the_run_and_refusals_are_counted_by_status(self) -> None:
+        async with serve_pipeline(workers=1) as served:
+            ok = await run_load(
+                LoadSpec(url=served.url, concurrency=2, duration=0.3, requests=None)
+            )
+            refused = await run_load(
+                LoadSpec(url=served.url, concurrency=2, requests=6, max_tokens=0)
+            )
+        assert ok.records
+        assert all(r.ok for r in ok.records)
+        assert max(r.start for r in ok.records) < 0.3
+        assert summarize(refused)["errors"] == {"http_400": 6}
+        assert refused.connects == 2  # the error bodies were read: the connections lived on
+
+
+class TestFailures:
+    async def test_a_port_nobody_listens_on_is_refused(self) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        result = await run_load(LoadSpec(url=f"http://127.0.0.1:{port}", concurrency=1, requests=3))
+        assert summarize(result)["errors"] == {"refused": 3}
+        assert result.connects == 0
+
+    async def test_connections_the_server_closes_after_each_answer_are_replaced(self) -> None:
+        async with scripted(lambda i: sse_response(chunked(OK_EVENTS)), lambda i: True) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=2, requests=10))
+        assert all(r.ok for r in result.records)
+        assert [r.output_tokens for r in result.records] == [2] * 10
+        assert result.connects >= 10
+        assert result.server_closes >= 8
+
+    async def test_a_connection_close_header_is_honoured_before_the_next_request(self) -> None:
+        answer = sse_response(chunked(OK_EVENTS), b"connection: close")
+        async with scripted(lambda i: answer, lambda i: True) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=5))
+        assert all(r.ok for r in result.records)
+        assert (result.connects, result.server_closes) == (5, 5)
+
+    async def test_a_connection_closed_mid_stream_fails_its_request_and_the_next_reconnects(
+        self,
+    ) -> None:
+        cut = sse_response(b"40\r\n" + OK_EVENTS[:20])  # a chunk cut short, then EOF
+
+        def answer(i: int) -> bytes:
+            return cut if i == 1 else sse_response(chunked(OK_EVENTS))
+
+        async with scripted(answer, lambda i: i == 1) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=4))
+        assert [r.error for r in result.records] == [None, "closed", None, None]
+        assert result.connects == 2
+
+    async def test_error_events_and_streams_without_done_are_failures(self) -> None:
+        error = b'data: {"error":{"message":"worker died","type":"server_error"}}\n\n'
+        first = OK_EVENTS.split(b"\n\n")[0] + b"\n\n"
+        bodies = [OK_EVENTS, OK_EVENTS[:-14], first + error, first + b"data: {oops\n\n" + OK_EVENTS]
+
+        def answer(i: int) -> bytes:
+            return sse_response(chunked(bodies[i]))
+
+        async with scripted(answer, lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=4))
+        errors = [r.error for r in result.records]
+        assert errors == [None, "incomplete", "stream_error", "bad_event"]
+        assert result.records[1].output_tokens == 2
+
+    def test_the_command_line_prints_a_summary_and_exits_nonzero_on_failures(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        assert main(["--url", f"http://127.0.0.1:{port}", "--requests", "1"]) == 1
+        assert '"refused": 1' in capsys.readouterr().out
+
+    def test_a_spec_needs_a_bound_and_a_known_api(self) -> None:
+        with pytest.raises(ValueError, match="duration, a request count"):
+            LoadSpec(url="http://x", duration=None, requests=None)
+        with pytest.raises(ValueError, match="api="):
+            LoadSpec(url="http://x", api="embeddings")

@@ -1,0 +1,273 @@
+"""Request validation: what becomes token ids and sampling parameters, and every refusal.
+
+The engine is a real `PipelineEngine` over a pipeline that is never opened: validation only
+uses its tokenizer, vocabulary and chat template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from actors import Pipeline
+from actors.http import PipelineEngine, ServeConfig
+from actors.http._errors import HTTPError
+from actors.http._openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from actors.http._validate import MAX_SEED, Prepared, Validator
+from actors.messages import SamplingParams
+
+ENGINE = PipelineEngine(Pipeline(workers=1), context_length=256)
+MODEL = ENGINE.model
+HELLO = ENGINE.encode("Hello there")
+
+
+def validator(**config: Any) -> Validator:
+    config.setdefault("context_length", 64)
+    cfg = ServeConfig(**config)
+    return Validator(ENGINE, cfg, cfg.limits(ENGINE.context_length), MODEL)
+
+
+def completion(**body: Any) -> Prepared:
+    body.setdefault("prompt", "Hello there")
+    return validator().completion(msgspec.convert(body, CompletionRequest))
+
+
+def chat(**body: Any) -> Prepared:
+    body.setdefault("messages", [{"role": "user", "content": "Hello"}])
+    return validator().chat(msgspec.convert(body, ChatCompletionRequest))
+
+
+def refused(make: Any, **body: Any) -> HTTPError:
+    with pytest.raises(HTTPError) as caught:
+        make(**body)
+    return caught.value
+
+
+class TestCompletions:
+    def test_a_text_prompt_becomes_its_ids_with_openais_defaults(self) -> None:
+        prepared = completion()
+        assert prepared.prompt_ids == HELLO
+        assert prepared.params == SamplingParams(max_new_tokens=64 - len(HELLO), temperature=1.0)
+        assert (prepared.stream, prepared.include_usage) == (False, False)
+
+    @pytest.mark.parametrize("prompt", [HELLO, [HELLO], ["Hello there"]])
+    def test_ids_and_single_item_lists_are_one_prompt(self, prompt: Any) -> None:
+        assert completion(prompt=prompt).prompt_ids == HELLO
+
+    def test_every_served_parameter_reaches_the_sampling_params(self) -> None:
+        prepared = completion(
+            max_tokens=9,
+            stop="x",
+            temperature=0,
+            seed=MAX_SEED,
+            ignore_eos=True,
+            stop_token_ids=[5],
+            skip_special_tokens=False,
+            include_stop_str_in_output=True,
+            stream=True,
+            stream_options={"include_usage": True},
+            n=1,
+            best_of=1,
+            user="someone",
+            top_p=1,
+            presence_penalty=0,
+            frequency_penalty=0,
+            logit_bias={},
+            suffix="",
+            echo=False,
+        )
+        assert prepared.params == SamplingParams(
+            max_new_tokens=9,
+            stop=("x",),
+            stop_token_ids=(5,),
+            temperature=0.0,
+            seed=MAX_SEED,
+            skip_special_tokens=False,
+            no_stop_trim=True,
+            ignore_eos=True,
+        )
+        assert (prepared.stream, prepared.include_usage) == (True, True)
+
+    def test_the_default_max_tokens_shrinks_to_the_room_left_in_the_context(self) -> None:
+        v = validator(default_max_tokens=256)
+        prepared = v.completion(CompletionRequest(prompt=list(range(10, 60))))
+        assert prepared.params.max_new_tokens == 64 - 50
+
+    @pytest.mark.parametrize(
+        ("body", "param"),
+        [
+            ({"prompt": ""}, "prompt"),
+            ({"prompt": []}, "prompt"),
+            ({"prompt": [[]]}, "prompt"),
+            ({"prompt": ["a", "b"]}, "prompt"),
+            ({"prompt": [1, "a"]}, "prompt"),
+            ({"prompt": [1, 99_999]}, "prompt[1]"),
+            ({"prompt": [-1]}, "prompt[0]"),
+            ({"max_tokens": 0}, "max_tokens"),
+            ({"max_tokens": 4097}, "max_tokens"),
+            ({"temperature": -0.1}, "temperature"),
+            ({"temperature": 2.5}, "temperature"),
+            ({"seed": -1}, "seed"),
+            ({"seed": MAX_SEED + 1}, "seed"),
+            ({"n": 0}, "n"),
+            ({"n": 2}, "n"),
+            ({"best_of": 2}, "best_of"),
+            ({"best_of": 0}, "best_of"),
+            ({"logprobs": 0}, "logprobs"),
+            ({"echo": True}, "echo"),
+            ({"suffix": "end"}, "suffix"),
+            ({"top_p": 0.9}, "top_p"),
+            ({"presence_penalty": 0.5}, "presence_penalty"),
+            ({"frequency_penalty": -1}, "frequency_penalty"),
+            ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+            ({"stop": ""}, "stop"),
+            ({"stop": ["x"] * 17}, "stop"),
+            ({"stop": "y" * 257}, "stop"),
+            ({"stop_token_ids": [4096]}, "stop_token_ids[0]"),
+            ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
+            ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ],
+    )
+    def test_a_bad_value_is_a_400_naming_its_field(self, body: dict[str, Any], param: str) -> None:
+        err = refused(completion, **body)
+        assert (err.status, err.param) == (400, param)
+
+    def test_another_model_is_not_found(self) -> None:
+        err = refused(completion, model="gpt-4")
+        assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
+        assert completion(model=MODEL).prompt_ids == HELLO
+
+    def test_a_prompt_beyond_the_context_is_refused_in_tokens(self) -> None:
+        err = refused(completion, prompt=list(range(10, 74)))
+        assert (err.status, err.code) == (400, "context_length_exceeded")
+        assert "64 tokens long, more than this server takes (63" in err.message
+
+    def test_max_tokens_beyond_the_room_left_is_refused(self) -> None:
+        err = refused(completion, prompt=list(range(10, 60)), max_tokens=15)
+        assert (err.code, err.param) == ("context_length_exceeded", "max_tokens")
+        assert completion(prompt=list(range(10, 60)), max_tokens=14).params.max_new_tokens == 14
+
+    def test_a_prompt_over_the_byte_limit_is_refused_before_it_is_tokenized(self) -> None:
+        v = validator(max_prompt_bytes=10)
+        with pytest.raises(HTTPError, match="longer than 10 bytes") as caught:
+            v.completion(CompletionRequest(prompt="日本語だ"))  # 4 characters, 12 bytes
+        assert caught.value.code == "context_length_exceeded"
+        assert v.completion(CompletionRequest(prompt="日本語")).prompt_ids
+
+
+class TestChat:
+    def test_messages_are_rendered_by_the_template_then_tokenized(self) -> None:
+        messages = [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "assistant", "content": "ok", "name": "bot"},
+            {"role": "user", "content": "Hello"},
+        ]
+        text = ENGINE.chat_template.render(
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "a\nb"},
+                {"role": "assistant", "content": "ok", "name": "bot"},
+                {"role": "user", "content": "Hello"},
+            ]
+        )
+        v = validator(context_length=256)
+        prepared = v.chat(msgspec.convert({"messages": messages}, ChatCompletionRequest))
+        assert prepared.prompt_ids == ENGINE.encode(text)
+
+    def test_max_completion_tokens_wins_over_max_tokens(self) -> None:
+        assert chat(max_tokens=3, max_completion_tokens=5).params.max_new_tokens == 5
+        assert chat(max_tokens=3).params.max_new_tokens == 3
+        err = refused(chat, max_completion_tokens=0)
+        assert err.param == "max_completion_tokens"
+
+    def test_neutral_values_of_unserved_options_are_accepted(self) -> None:
+        prepared = chat(
+            response_format={"type": "text"},
+            tools=[],
+            tool_choice="none",
+            function_call="none",
+            parallel_tool_calls=True,
+            logprobs=False,
+            top_logprobs=0,
+        )
+        assert prepared.params.max_new_tokens > 0
+
+    @pytest.mark.parametrize(
+        ("body", "param"),
+        [
+            ({"messages": []}, "messages"),
+            ({"messages": [{"role": "user"}]}, "messages[0].content"),
+            ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+            ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+            (
+                {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                "messages[0].content[0]",
+            ),
+            (
+                {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+                "messages[0].content[0]",
+            ),
+            ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"tool_choice": {"type": "function"}}, "tool_choice"),
+            ({"functions": [{"name": "f"}]}, "functions"),
+            ({"function_call": "auto"}, "function_call"),
+            ({"logprobs": True}, "logprobs"),
+            ({"top_logprobs": 2}, "top_logprobs"),
+            ({"response_format": {"type": "json_object"}}, "response_format"),
+            ({"n": 3}, "n"),
+            ({"top_p": 0.5}, "top_p"),
+        ],
+    )
+    def test_a_bad_or_unserved_value_is_a_400_naming_its_field(
+        self, body: dict[str, Any], param: str
+    ) -> None:
+        err = refused(chat, **body)
+        assert (err.status, err.param) == (400, param)
+
+    def test_too_many_messages_are_refused(self) -> None:
+        v = validator(max_messages=2)
+        body = {"messages": [{"role": "user", "content": "x"}] * 3}
+        with pytest.raises(HTTPError, match=r"ServeConfig\.max_messages"):
+            v.chat(msgspec.convert(body, ChatCompletionRequest))
+
+    def test_a_rendered_prompt_beyond_the_context_is_refused(self) -> None:
+        err = refused(chat, messages=[{"role": "user", "content": "word " * 80}])
+        assert (err.code, err.param) == ("context_length_exceeded", "messages")
+
+
+class TestTokenize:
+    def test_a_prompt_is_tokenized_without_a_token_limit(self) -> None:
+        v = validator()
+        long = "word " * 200
+        assert v.tokenize(TokenizeRequest(prompt=long)) == ENGINE.encode(long)
+        assert v.tokenize(TokenizeRequest(prompt="")) == []
+
+    def test_messages_are_tokenized_as_the_chat_renders_them(self) -> None:
+        messages = [{"role": "user", "content": "Hello"}]
+        req = msgspec.convert({"messages": messages}, TokenizeRequest)
+        assert validator().tokenize(req) == ENGINE.encode(ENGINE.chat_template.render(messages))
+
+    @pytest.mark.parametrize("body", [{}, {"prompt": "x", "messages": []}])
+    def test_it_takes_exactly_one_of_prompt_and_messages(self, body: dict[str, Any]) -> None:
+        with pytest.raises(HTTPError, match="either `prompt` or `messages`"):
+            validator().tokenize(msgspec.convert(body, TokenizeRequest))
+
+    def test_detokenize_checks_ids_against_the_vocabulary(self) -> None:
+        assert validator().detokenize(DetokenizeRequest(tokens=HELLO)) == HELLO
+        with pytest.raises(HTTPError) as caught:
+            validator().detokenize(DetokenizeRequest(tokens=[1, 5000]))
+        assert caught.value.param == "tokens[1]"
+        with pytest.raises(HTTPError):
+            validator().detokenize(DetokenizeRequest(tokens=[1], model="other"))
