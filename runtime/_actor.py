@@ -20,6 +20,8 @@ from ._context import current_node
 from ._message import Message, reply_type
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import anyio.abc
 
     from ._mailbox import MailboxStatistics
@@ -191,6 +193,8 @@ class SystemHandle(Protocol):
         process: bool = True,
         spawn_timeout: float | None = None,
         shutdown_timeout: float | None = None,
+        stall_timeout: float | None = None,
+        inherit: Sequence[int] = (),
         **kwargs: Any,
     ) -> ActorRef[N]:
         """Start a child actor (``ActorSystem.spawn``)."""

@@ -64,6 +64,8 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
         shutdown_timeout: Default graceful-stop timeout for the child's own children.
         cookie: The system's secret, carried by every header.
         keys: The system's CURVE keys (tcp only).
+        inherit: File descriptors the child inherits, under the same numbers (a listening
+            socket, one end of a socket pair): only these cross into it.
     """
 
     actor: str
@@ -84,6 +86,7 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     shutdown_timeout: float
     cookie: bytes
     keys: Keys | None = None
+    inherit: list[int] = []
 
 
 def encode_arguments(
@@ -252,6 +255,7 @@ class ChildProcess:
             [sys.executable, "-m", "runtime._child"],
             stdin=subprocess.PIPE,
             close_fds=True,
+            pass_fds=tuple(spec.inherit),
             # Its own process group: a terminal's Ctrl-C reaches the root only, which then
             # stops the tree in order (the children still die with their parent). Not its
             # own session: Linux gives each session its own scheduling group (autogroup),

@@ -70,6 +70,8 @@ class ChildSpec(msgspec.Struct, kw_only=False):
         shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
         stall_timeout: For a process child: seconds it may leave liveness probes unanswered
             before it is killed (and restarted like any dead child); ``None``: not probed.
+        inherit: File descriptors a process child inherits (see ``ActorSystem.spawn``);
+            a supervisor filling them in at each start does it in ``spec_for``.
 
     Example:
         >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
@@ -84,6 +86,7 @@ class ChildSpec(msgspec.Struct, kw_only=False):
     shutdown_timeout: float | None = None
     main: str = ""
     stall_timeout: float | None = None
+    inherit: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):
@@ -223,6 +226,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             process=spec.process,
             shutdown_timeout=spec.shutdown_timeout,
             stall_timeout=spec.stall_timeout,
+            inherit=spec.inherit,
             **spec.kwargs,
         )
         entry.ref = ref

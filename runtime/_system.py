@@ -266,6 +266,7 @@ class ActorSystem:
         spawn_timeout: float | None = None,
         shutdown_timeout: float | None = None,
         stall_timeout: float | None = None,
+        inherit: Sequence[int] = (),
         **kwargs: Any,
     ) -> ActorRef[M]:
         """Start an actor and return its ref once its ``on_start`` has finished.
@@ -281,6 +282,10 @@ class ActorSystem:
             stall_timeout: For a process: seconds its event loop may leave liveness probes
                 unanswered (stopped, or blocked) before it is killed and reported ``Down``
                 with `Cause.UNRESPONSIVE`; ``None`` (default) never probes.
+            inherit: File descriptors its process inherits, under the same numbers (pass
+                them to it as arguments too): a listening socket, one end of a socket pair.
+                Nothing else crosses: every other descriptor of this process is closed in
+                the child. (An in-process actor shares this process's descriptors anyway.)
             **kwargs: Keyword arguments of its constructor.
 
         Raises:
@@ -304,6 +309,7 @@ class ActorSystem:
             stop_after,
             self.spawn_timeout if spawn_timeout is None else spawn_timeout,
             stall_timeout,
+            inherit,
         )
 
     @property
@@ -322,6 +328,7 @@ class ActorSystem:
         stop_after: float,
         timeout: float,
         stall_timeout: float | None,
+        inherit: Sequence[int],
     ) -> ActorRef[M]:
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
@@ -347,6 +354,7 @@ class ActorSystem:
             shutdown_timeout=self.shutdown_timeout,
             cookie=node.cookie,
             keys=self._keys,
+            inherit=list(inherit),
         )
         oom_before = oom_kills()
         node.expect_last_words(token)

@@ -315,3 +315,20 @@ class Failures(Actor[Failure]):
     def failure(self, msg: Failure) -> None:
         self.journal.append(msg)
         self.arrived.set()
+
+
+class Write(Request[None]):
+    """Write ``data`` to the descriptor the actor inherited."""
+
+    data: bytes
+
+
+class FdWriter(Actor[Write]):
+    """Writes what it is asked to a file descriptor it inherited from its parent."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @handler
+    def write(self, msg: Write) -> None:
+        os.write(self.fd, msg.data)

@@ -6,6 +6,7 @@ import itertools
 import os
 import random
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from ._actors import (
     Fail,
     Failure,
     Failures,
+    FdWriter,
     Forward,
     Fragile,
     Gathered,
@@ -48,6 +50,7 @@ from ._actors import (
     Slow,
     TellTo,
     Tick,
+    Write,
 )
 
 
@@ -493,3 +496,29 @@ class TestLifecycleHooks:
             assert down.normal
             await system.stop(failures)  # handled everything told before: nothing came
             assert journal == []
+
+
+class TestInheritedDescriptors:
+    async def test_an_actor_process_inherits_the_descriptors_it_is_given_and_no_other(
+        self,
+    ) -> None:
+        given, kept = socket.socketpair()
+        other, other_peer = socket.socketpair()
+        try:
+            async with ActorSystem() as system:
+                writer = await system.spawn(
+                    FdWriter, given.fileno(), name="writer", inherit=[given.fileno()]
+                )
+                await writer.ask(Write(data=b"through the inherited end"))
+                kept.setblocking(True)
+                assert kept.recv(64) == b"through the inherited end"
+                pid = system.pid_of(writer)
+                assert pid is not None
+                inodes = {
+                    os.stat(f"/proc/{pid}/fd/{fd}").st_ino for fd in os.listdir(f"/proc/{pid}/fd")
+                }
+                assert os.fstat(given.fileno()).st_ino in inodes
+                assert os.fstat(other.fileno()).st_ino not in inodes
+        finally:
+            for sock in (given, kept, other, other_peer):
+                sock.close()
