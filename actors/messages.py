@@ -140,12 +140,22 @@ class RequestOutputs(Message, array_like=True):
 
 
 class TokenizedGenerate(Message, array_like=True):
-    """A tokenized request, from its worker to the scheduler."""
+    """A tokenized request, from its worker to the scheduler.
+
+    Attributes:
+        rid: The request (the attempt's rid).
+        origin: The worker incarnation that owns it.
+        input_ids: The prompt.
+        sampling: What to generate.
+        detokenizer: Which detokenizer its output goes through for its whole life (the
+            worker spreads its requests over them).
+    """
 
     rid: str
     origin: Origin
     input_ids: list[int]
     sampling: SamplingParams
+    detokenizer: int = 0
 
 
 class Abort(Message):
@@ -169,10 +179,12 @@ class AbortAll(Message):
     Attributes:
         reason: Why, for the callers.
         lost_to: The member whose death caused it, if one did (its callers may resubmit).
+        detokenizer: Only the requests streaming through this detokenizer (``None``: all).
     """
 
     reason: str = "abort"
     lost_to: Member | None = None
+    detokenizer: int | None = None
 
 
 # -- engine output batches ------------------------------------------------------------------
@@ -472,10 +484,16 @@ class MemberStuck(Message):
 
 class Topology(Message):
     """Told by the supervisor to every member: the live refs of the shared members (None
-    while one restarts). Members address each other only through the latest topology."""
+    while one restarts). Members address each other only through the latest topology.
+
+    Attributes:
+        scheduler: The scheduler.
+        detokenizers: Each detokenizer, by index (a request keeps its index for life).
+        router: The router.
+    """
 
     scheduler: ActorRef[SchedulerMessage] | None
-    detokenizer: ActorRef[DetokenizerMessage] | None
+    detokenizers: list[ActorRef[DetokenizerMessage] | None]
     router: ActorRef[RouterMessage] | None
 
 

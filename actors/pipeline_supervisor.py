@@ -4,7 +4,7 @@ restarts the dead, kills the stuck, and makes sure no request waits on a dead me
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -40,17 +40,42 @@ from .tokenizer_worker import Limits, TokenizerWorker
 
 logger = logging.getLogger("tokenyard.pipeline")
 
-#: The members every worker talks to, by the name their child spec has.
-SHARED = {
-    Member.DETOKENIZER.value: Member.DETOKENIZER,
-    Member.ROUTER.value: Member.ROUTER,
-    Member.SCHEDULER.value: Member.SCHEDULER,
-}
+#: The members every worker talks to that there is one of, by the name of their spec.
+SHARED = {Member.ROUTER.value: Member.ROUTER, Member.SCHEDULER.value: Member.SCHEDULER}
+#: Where workers serving HTTP come from (imported only by the processes that serve).
+HTTP_WORKER = "actors.http._worker:HttpWorker"
 
 
 def worker_name(k: int) -> str:
     """The name (and process title) of worker ``k``."""
     return f"tokenizer_worker:{k}"
+
+
+def detokenizer_name(j: int) -> str:
+    """The name (and process title) of detokenizer ``j``."""
+    return f"detokenizer:{j}"
+
+
+class WorkerChannels(Protocol):
+    """How the process that owns the HTTP port hands connections to the workers: one
+    channel per worker incarnation, inherited by its process."""
+
+    def open(self, worker: int) -> int:
+        """A new channel for worker ``worker``'s next start; the descriptor its process
+        inherits (it is closed here once that start registered or died)."""
+        ...
+
+    def up(self, origin: Origin) -> None:
+        """A worker incarnation registered: it may be given connections."""
+        ...
+
+    def down(self, origin: Origin) -> None:
+        """A worker incarnation died: give what it had not taken to the others."""
+        ...
+
+    def settings(self, fd: int) -> Any:
+        """What a worker process needs to serve HTTP on the channel ``fd``."""
+        ...
 
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +99,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         max_prompt_bytes: Most UTF-8 bytes of a prompt, checked before tokenizing.
         max_prompt_tokens: Most tokens of a prompt.
         max_new_tokens: Upper bound of a request's ``max_new_tokens``.
+        detokenizers: Number of detokenizers; each request streams through one of them
+            for its whole life, the workers spreading their requests over all.
         max_stream_buffer: Most bytes of a stream's output the caller holds unread; past
             it the request is aborted (``SlowReaderError``).
         submit_timeout: Seconds a request waits for a worker to take it before it fails
@@ -81,6 +108,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     workers: int = 4
+    detokenizers: int = 1
     tokenizer: str | None = None
     step_time: float = 0.0
     max_batch_size: int = 256
@@ -99,6 +127,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers={self.workers}: a pipeline needs at least one worker")
+        if self.detokenizers < 1:
+            raise ValueError(f"detokenizers={self.detokenizers}: a pipeline needs at least one")
         for name in (
             "stall_timeout",
             "deliver_timeout",
@@ -143,21 +173,32 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
     Args:
         config: The pipeline's shape.
         client: The caller inbox told of ``WorkerUp`` / ``WorkerDown``.
+        channels: When the workers serve HTTP: how connections reach them (each worker is
+            then an ``actors.http`` worker, with its channel inherited).
     """
 
-    def __init__(self, config: PipelineConfig, client: ActorRef[CallerMessage]) -> None:
-        #: Each worker's index, by the name of its child spec (kept, never parsed).
+    def __init__(
+        self,
+        config: PipelineConfig,
+        client: ActorRef[CallerMessage],
+        channels: WorkerChannels | None = None,
+    ) -> None:
+        #: Each worker's and detokenizer's index, by the name of its spec (kept, never
+        #: parsed out of the name).
         self.worker_ids = {worker_name(k): k for k in range(config.workers)}
+        self.detokenizer_ids = {detokenizer_name(j): j for j in range(config.detokenizers)}
         stall = config.stall_timeout
+        worker: Any = TokenizerWorker if channels is None else HTTP_WORKER
         specs = [
-            ChildSpec(Detokenizer, name=Member.DETOKENIZER.value, stall_timeout=stall),
+            *(ChildSpec(Detokenizer, name=n, stall_timeout=stall) for n in self.detokenizer_ids),
             ChildSpec(Router, name=Member.ROUTER.value, stall_timeout=stall),
             ChildSpec(Scheduler, name=Member.SCHEDULER.value, stall_timeout=stall),
-            *(ChildSpec(TokenizerWorker, name=n, stall_timeout=stall) for n in self.worker_ids),
+            *(ChildSpec(worker, name=n, stall_timeout=stall) for n in self.worker_ids),
         ]
         super().__init__(specs, max_restarts=config.max_restarts, period=config.period)
         self.config = config
         self.client = client
+        self.channels = channels
         self.routes: dict[Origin, ActorRef[WorkerMessage]] = {}
         self.duplicate_registrations = 0
         self.failed_registrations = 0
@@ -169,7 +210,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         """Fill in what each member needs: the tokenizer, its siblings, this supervisor."""
         cfg = self.config
         member = SHARED.get(spec.name)
-        if member is Member.DETOKENIZER:
+        inherit: tuple[int, ...] = ()
+        if spec.name in self.detokenizer_ids:
             kwargs: dict[str, Any] = {
                 "tokenizer": cfg.tokenizer,
                 "max_states": cfg.max_states,
@@ -180,36 +222,45 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             kwargs = {}
         elif member is Member.SCHEDULER:
             kwargs = {
-                "detokenizer": self.child(Member.DETOKENIZER.value),
+                "detokenizers": [self.child(n) for n in self.detokenizer_ids],
                 "router": self.child(Member.ROUTER.value),
                 "tokenizer": cfg.tokenizer,
                 "step_time": cfg.step_time,
                 "max_batch_size": cfg.max_batch_size,
             }
         else:
+            k = self.worker_ids[spec.name]
             kwargs = {
-                "worker_id": self.worker_ids[spec.name],
+                "worker_id": k,
                 "supervisor": self.ref,
                 "tokenizer": cfg.tokenizer,
                 "register_timeout": cfg.register_timeout,
                 "limits": cfg.limits,
             }
-        return msgspec.structs.replace(spec, kwargs=kwargs)
+            if self.channels is not None:
+                fd = self.channels.open(k)
+                kwargs["http"] = self.channels.settings(fd)
+                inherit = (fd,)
+        return msgspec.structs.replace(spec, kwargs=kwargs, inherit=inherit)
 
     def topology(self) -> Topology:
         """The live refs of the shared members."""
         return Topology(
             scheduler=self.child(Member.SCHEDULER.value),
-            detokenizer=self.child(Member.DETOKENIZER.value),
+            detokenizers=[self.child(n) for n in self.detokenizer_ids],
             router=self.child(Member.ROUTER.value),
         )
 
+    def routers(self) -> list[ActorRef[Any]]:
+        """The live members that hold routes: every detokenizer and the router."""
+        names = [*self.detokenizer_ids, Member.ROUTER.value]
+        return [ref for ref in map(self.child, names) if ref is not None]
+
     async def on_child_started(self, name: str, ref: ActorRef[Any]) -> None:
-        member = SHARED.get(name)
-        if member is None:
+        if name in self.worker_ids:
             await self._tell(ref, self.topology())
             return
-        if member is not Member.SCHEDULER:
+        if name != Member.SCHEDULER.value:
             for origin, worker in self.routes.items():
                 await self._route(ref, origin, worker)
         await self._broadcast(self.topology())
@@ -242,6 +293,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             raise TokenyardError(f"registration from a stale worker incarnation {origin}")
         await self._publish(origin, msg.address)
         self.routes[origin] = msg.address
+        if self.channels is not None:
+            self.channels.up(origin)
         await self._tell(self.client, WorkerUp(worker_id=msg.worker_id, ref=msg.address))
         return ack
 
@@ -254,10 +307,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         """
         timeout = self.config.register_timeout / 4
         asked: list[ActorRef[Any]] = []
-        for member in (Member.DETOKENIZER, Member.ROUTER):
-            ref = self.child(member.value)
-            if ref is None:
-                continue  # restarting: its start publishes every route, this one too
+        for ref in self.routers():  # one restarting is left out: its start publishes all
             asked.append(ref)
             try:
                 await ref.ask(RouteUpdate(origin=origin, ref=address), timeout=timeout)
@@ -268,7 +318,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 for other in asked:  # queued behind the update: a late one is undone too
                     await self._tell(other, RouteUpdate(origin=origin, ref=None))
                 raise TokenyardError(
-                    f"worker {origin} not registered: the {member.value} did not take its "
+                    f"worker {origin} not registered: the {ref.name} did not take its "
                     f"route within {timeout:g} s, a quarter of register_timeout ({err}); the "
                     "worker restarts and registers again (raise "
                     "PipelineConfig.register_timeout if members are this slow)"
@@ -303,30 +353,34 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         worker_id = self.worker_ids.get(name)
         if worker_id is not None:
             origin = Origin(worker_id, down.ref.incarnation)
+            if self.channels is not None:
+                self.channels.down(origin)
             if self.routes.pop(origin, None) is not None:
-                for member in (Member.DETOKENIZER, Member.ROUTER):
-                    ref = self.child(member.value)
-                    if ref is not None:
-                        await self._route(ref, origin, None)
+                for ref in self.routers():
+                    await self._route(ref, origin, None)
             scheduler = self.child(Member.SCHEDULER.value)
             if scheduler is not None:
                 await self._tell(scheduler, Abort(origin=origin, rid=None, reason=down.reason))
             await self._tell(self.client, WorkerDown(origin=origin, reason=down.reason))
             return
-        member = SHARED[name]
-        if member is Member.DETOKENIZER:
-            # Everything the scheduler holds streamed to the dead detokenizer: it drops and
-            # reports it all, and each worker fails those requests to their callers.
+        index = self.detokenizer_ids.get(name)
+        if index is not None:
+            # What the scheduler holds that streamed through the dead detokenizer: it drops
+            # and reports it, and each worker fails those requests to their callers.
             scheduler = self.child(Member.SCHEDULER.value)
             if scheduler is not None:
-                await self._tell(
-                    scheduler,
-                    AbortAll(reason=f"the detokenizer died: {down.reason}", lost_to=member),
+                abort = AbortAll(
+                    reason=f"{name} died: {down.reason}",
+                    lost_to=Member.DETOKENIZER,
+                    detokenizer=index,
                 )
-        elif member is Member.SCHEDULER:
-            detokenizer = self.child(Member.DETOKENIZER.value)
-            if detokenizer is not None:
-                await self._tell(detokenizer, AbortAll(reason=down.reason, lost_to=member))
+                await self._tell(scheduler, abort)
+        elif SHARED[name] is Member.SCHEDULER:
+            for n in self.detokenizer_ids:
+                detokenizer = self.child(n)
+                if detokenizer is not None:
+                    abort = AbortAll(reason=down.reason, lost_to=Member.SCHEDULER)
+                    await self._tell(detokenizer, abort)
         # Each worker fails what depended on the dead member (forwarded to a dead scheduler,
         # or streaming through a dead detokenizer), and keeps what arrives meanwhile.
         await self._broadcast(self.topology())

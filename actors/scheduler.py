@@ -2,8 +2,9 @@
 
 - **Continuous batching.** ``TokenizedGenerate`` requests wait in a FIFO. Each step admits
   waiting requests up to ``max_batch_size`` running, generates one token for every running
-  request and tells the detokenizer ONE ``BatchTokenIDOutput`` for the whole step; requests
-  join and leave the running batch at every step.
+  request and tells each detokenizer ONE ``BatchTokenIDOutput`` for the step, holding the
+  requests that stream through it (each request names its detokenizer); requests join and
+  leave the running batch at every step.
 - **Deterministic tokens.** A request's ids are a seeded function of its prompt ids, its
   sampling seed (only when ``temperature > 0``) and the position, drawn from the tokenizer's
   ordinary (non-special) vocabulary and biased towards non-ASCII text, including characters
@@ -146,15 +147,15 @@ class Scheduler(Actor[SchedulerMessage]):
     refused on arrival with an `AbortNotice` (queue full, a rid its origin already has
     scheduled, a prompt id outside the vocabulary).
 
-    A step whose batch the detokenizer cannot take is held, and steps pause, until it is
-    taken: tried again every ``retry_after`` seconds while the detokenizer lives (so a
+    A step whose batch a detokenizer cannot take is held, and steps pause, until it is
+    taken: tried again every ``retry_after`` seconds while that detokenizer lives (so a
     stalled one that resumes is served again within that), and sent to its successor as
     soon as a `Topology` names one.
     What goes to the router waits in order until the router confirms it (`RouterLink`):
     after the router's death it goes to the successor a `Topology` names.
 
     Args:
-        detokenizer: Where each step's batch goes.
+        detokenizers: Where each step's batches go, by the index a request names.
         router: Where control replies and abort notices go.
         tokenizer: Path of a ``tokenizer.json`` (or a directory holding one) giving the
             vocabulary and eos; ``None`` is the bundled default. Loaded in `on_start`.
@@ -172,7 +173,7 @@ class Scheduler(Actor[SchedulerMessage]):
 
     def __init__(
         self,
-        detokenizer: ActorRef[DetokenizerMessage],
+        detokenizers: list[ActorRef[DetokenizerMessage]],
         router: ActorRef[RouterMessage],
         *,
         tokenizer: str | None = None,
@@ -193,11 +194,13 @@ class Scheduler(Actor[SchedulerMessage]):
             raise ValueError(f"eos_probability must be within [0, 1], got {eos_probability}")
         if retry_after <= 0:
             raise ValueError(f"retry_after must be positive, got {retry_after}")
-        self._detokenizer = detokenizer
+        if not detokenizers:
+            raise ValueError("detokenizers is empty: a scheduler needs at least one")
+        self._detokenizers: list[ActorRef[DetokenizerMessage] | None] = list(detokenizers)
         self._undelivered = 0
         self._retry_after = retry_after
-        #: A step's batch the detokenizer could not take; steps pause until it is sent.
-        self._held: BatchTokenIDOutput | None = None
+        #: The step's batches not yet taken, by detokenizer; steps pause until all are.
+        self._held: dict[int, BatchTokenIDOutput] = {}
         #: Set when a Topology names another detokenizer, or AbortAll drops the held step.
         self._retarget = anyio.Event()
         self._holding = Throttle(logger)
@@ -279,8 +282,8 @@ class Scheduler(Actor[SchedulerMessage]):
     @handler
     def on_topology(self, msg: Topology) -> None:
         """Follow a restarted detokenizer or router (the supervisor publishes their refs)."""
-        if msg.detokenizer is not None and msg.detokenizer != self._detokenizer:
-            self._detokenizer = msg.detokenizer
+        if msg.detokenizers != self._detokenizers:
+            self._detokenizers = list(msg.detokenizers)
             self._retarget.set()
         if msg.router is not None:
             self._router.retarget(msg.router)
@@ -289,24 +292,29 @@ class Scheduler(Actor[SchedulerMessage]):
     def on_abort_all(self, msg: AbortAll) -> None:
         """Drop every request (the detokenizer they streamed to is gone, say) and report
         them, per worker, so that each caller hears of its request."""
+        which = msg.detokenizer
+
+        def hit(req: _Request) -> bool:
+            return which is None or req.msg.detokenizer == which
+
         dropped: dict[Origin, list[str]] = {}
         for queue in (self._waiting, self._running):
-            for origin, rid in queue:
-                dropped.setdefault(origin, []).append(rid)
+            gone = [key for key, req in queue.items() if hit(req)]
+            for key in gone:
+                del queue[key]
+                dropped.setdefault(key[0], []).append(key[1])
+            self._dropped_for_abort_all += len(gone)
         for req in self._reports:
-            dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
-        if self._held is not None:
-            held = self._held
+            if hit(req):
+                dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
+        self._reports = [req for req in self._reports if not hit(req)]
+        for index in [j for j in self._held if which is None or j == which]:
+            held = self._held.pop(index)
             for origin, rid, reason in zip(
                 held.origins, held.rids, held.finished_reasons, strict=True
             ):
                 if reason is not None:  # finished in the held step: its end is lost too
                     dropped.setdefault(origin, []).append(rid)
-        self._dropped_for_abort_all += len(self._waiting) + len(self._running)
-        self._waiting.clear()
-        self._running.clear()
-        self._reports.clear()
-        self._held = None
         self._retarget.set()
         for origin, rids in dropped.items():
             self._router.put(
@@ -357,6 +365,11 @@ class Scheduler(Actor[SchedulerMessage]):
         """Why ``msg`` cannot be queued, or ``None``."""
         if len(self._waiting) >= self._max_waiting:
             return f"scheduler queue full (max_waiting={self._max_waiting})"
+        if not 0 <= msg.detokenizer < len(self._detokenizers):
+            return (
+                f"detokenizer {msg.detokenizer} does not exist (there are "
+                f"{len(self._detokenizers)})"
+            )
         if key in self._waiting or key in self._running:
             return (
                 f"duplicate rid {msg.rid!r}: {msg.origin} already has a request with that rid "
@@ -400,7 +413,7 @@ class Scheduler(Actor[SchedulerMessage]):
         """Run steps while there is work; wait for work otherwise."""
         while True:
             idle = not (self._waiting or self._running or self._reports)
-            if idle or self._held is not None:
+            if idle or self._held:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue  # the work may have been dropped again before this task resumed
@@ -417,29 +430,42 @@ class Scheduler(Actor[SchedulerMessage]):
         successor. Its supervisor, meanwhile, tells this scheduler to drop what it had
         streamed (`AbortAll`, which ends the wait): nothing runs, so no output goes nowhere.
         """
-        while (batch := self._held) is not None:
-            detokenizer = self._detokenizer
+        while self._held:
             self._retarget = anyio.Event()
-            try:
-                await detokenizer.tell(batch, timeout=self._retry_after)
-            except ActorDeadError as err:
-                self._undelivered += 1
-                self._holding.warning("step %d held: the detokenizer died: %s", batch.step, err)
+            waiting_for_successor = False
+            for index, batch in list(self._held.items()):
+                detokenizer = self._detokenizers[index] if index < len(self._detokenizers) else None
+                try:
+                    if detokenizer is None:
+                        raise ActorDeadError(f"detokenizer {index} is restarting")
+                    if not detokenizer.try_tell(batch):
+                        await detokenizer.tell(batch, timeout=self._retry_after)
+                except ActorDeadError as err:
+                    self._undelivered += 1
+                    waiting_for_successor = True
+                    self._holding.warning(
+                        "step %d held: detokenizer %d died: %s", batch.step, index, err
+                    )
+                    continue
+                except TokenyardError as err:
+                    self._undelivered += 1
+                    self._holding.warning(
+                        "step %d held: detokenizer %d does not take it: %s", batch.step, index, err
+                    )
+                    continue
+                if self._held.get(index) is batch:
+                    del self._held[index]
+            if not self._held:
+                return
+            if waiting_for_successor:
                 await self._retarget.wait()
-                continue
-            except TokenyardError as err:
-                self._undelivered += 1
-                self._holding.warning(
-                    "step %d held: the detokenizer does not take it: %s", batch.step, err
-                )
+            else:
                 with anyio.move_on_after(self._retry_after):
                     await self._retarget.wait()
-                continue
-            if self._held is batch:
-                self._held = None
 
-    def _step(self) -> BatchTokenIDOutput:
-        """Admit, generate one token per running request, and build the step's batch.
+    def _step(self) -> dict[int, BatchTokenIDOutput]:
+        """Admit, generate one token per running request, and build the step's batches,
+        one per detokenizer that has a request in it.
 
         Runs without awaiting: the handlers see the state before or after a step, never
         in between.
@@ -449,16 +475,24 @@ class Scheduler(Actor[SchedulerMessage]):
             req.cached = self._cache.match(req.msg.input_ids)
             self._running[key] = req
         self._steps += 1
-        out = _Columns()
+        columns: dict[int, _Columns] = {}
+
+        def out_for(req: _Request) -> _Columns:
+            index = req.msg.detokenizer
+            found = columns.get(index)
+            if found is None:
+                found = columns[index] = _Columns()
+            return found
+
         for req in self._reports:
-            out.add(req, [], req.abort_reason)
+            out_for(req).add(req, [], req.abort_reason)
         self._reports.clear()
         done: list[_Key] = []
         generated = 0
         for key, req in self._running.items():
             max_new_tokens = req.msg.sampling.max_new_tokens
             if req.completion >= max_new_tokens:  # asked for no tokens at all
-                out.add(req, [], "length")
+                out_for(req).add(req, [], "length")
                 done.append(key)
                 continue
             token = self._draw(req)
@@ -469,14 +503,14 @@ class Scheduler(Actor[SchedulerMessage]):
                 reason = "stop"
             elif req.completion >= max_new_tokens:
                 reason = "length"
-            out.add(req, [token], reason)
+            out_for(req).add(req, [token], reason)
             if reason is not None:
                 done.append(key)
         for key in done:
             del self._running[key]
         self._finished += len(done)
         self._generated += generated
-        return out.batch(self._steps)
+        return {index: out.batch(self._steps) for index, out in columns.items()}
 
     def _draw(self, req: _Request) -> int:
         """The request's next id: a function of its draws so far, so of its position."""

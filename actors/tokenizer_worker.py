@@ -26,10 +26,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
 
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 
@@ -53,6 +55,7 @@ from .messages import (
     RegisterWorker,
     RequestOutput,
     RequestOutputs,
+    SamplingParams,
     SchedulerMessage,
     TokenizedGenerate,
     Topology,
@@ -63,9 +66,14 @@ from .messages import (
 logger = logging.getLogger("tokenyard.worker")
 
 
+#: Where a request served in this process (by its HTTP server) gets its outputs.
+LocalSink = Callable[[RequestOutput], None]
+
+
 @dataclass(slots=True)
 class _Request:
-    reply_to: ActorRef[RequestOutputs]
+    #: The caller's inbox, or a sink in this process (`TokenizerWorker.submit_local`).
+    reply_to: ActorRef[RequestOutputs] | LocalSink
     stream: bool
     prompt_tokens: int
     #: The tokenized request, until it is forwarded to a scheduler (held while none is up).
@@ -161,7 +169,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.tokenizer: Any = None
         self.origin = Origin(worker_id, 0)
         self.scheduler: ActorRef[SchedulerMessage] | None = None
-        self.detokenizer: ActorRef[Any] | None = None
+        self.detokenizers: list[ActorRef[Any] | None] = []
+        self._spread = itertools.count()
         self.router: ActorRef[Any] | None = None
         self.requests: dict[str, _Request] = {}
         self.registered = anyio.Event()
@@ -193,18 +202,27 @@ class TokenizerWorker(Actor[WorkerMessage]):
         Requests forwarded to a scheduler that is gone are failed to their callers (lost to
         the scheduler); requests held while none was up go to the new one.
         """
-        old, old_detokenizer = self.scheduler, self.detokenizer
+        old, old_detokenizers = self.scheduler, self.detokenizers
         moved = (msg.scheduler is not None and msg.scheduler != old) or (
             msg.router is not None and msg.router != self.router
         )
-        self.scheduler, self.detokenizer, self.router = msg.scheduler, msg.detokenizer, msg.router
+        self.scheduler, self.detokenizers, self.router = (
+            msg.scheduler,
+            list(msg.detokenizers),
+            msg.router,
+        )
         if old is not None and msg.scheduler != old:
             await self._lose(
                 lambda r: r.scheduler == old, Member.SCHEDULER, "the scheduler died with it"
             )
-        if old_detokenizer is not None and msg.detokenizer != old_detokenizer:
+        gone = {
+            ref
+            for j, ref in enumerate(old_detokenizers)
+            if ref is not None and (j >= len(msg.detokenizers) or msg.detokenizers[j] != ref)
+        }
+        if gone:
             await self._lose(
-                lambda r: r.detokenizer == old_detokenizer,
+                lambda r: r.detokenizer in gone,
                 Member.DETOKENIZER,
                 "the detokenizer died with its output",
             )
@@ -221,42 +239,86 @@ class TokenizerWorker(Actor[WorkerMessage]):
     @handler
     async def generate(self, msg: Generate) -> None:
         """Tokenize a request and hand it to the scheduler."""
+        await self._admit(msg.rid, msg.reply_to, msg.text, msg.input_ids, msg.sampling, msg.stream)
+
+    async def submit_local(
+        self,
+        rid: str,
+        sink: LocalSink,
+        *,
+        text: str | None = None,
+        input_ids: list[int] | None = None,
+        sampling: SamplingParams,
+        stream: bool,
+    ) -> None:
+        """Serve a request of this process's own HTTP server: as `generate` does, with its
+        outputs handed to ``sink`` in this process (no message to any other process).
+
+        Call it from this actor's event loop; `release_local` lets the request go.
+        """
+        await self._admit(rid, sink, text, input_ids, sampling, stream)
+
+    def release_local(self, rid: str) -> None:
+        """Let a request of `submit_local` go (its client left): forget it, and stop the
+        engine generating for it."""
+        self._release(rid)
+
+    async def _admit(
+        self,
+        rid: str,
+        reply_to: ActorRef[RequestOutputs] | LocalSink,
+        text: str | None,
+        input_ids: list[int] | None,
+        sampling: SamplingParams,
+        stream: bool,
+    ) -> None:
         await self.registered.wait()
         self.received += 1
-        if msg.rid in self.requests:
+        if rid in self.requests:
             # Replacing it would leave the first caller waiting for ever.
             await self._fail(
-                msg.reply_to,
-                msg.rid,
+                reply_to,
+                rid,
                 0,
-                f"duplicate rid {msg.rid!r}: worker {self.worker_id} already serves a request "
+                f"duplicate rid {rid!r}: worker {self.worker_id} already serves a request "
                 "with that rid; give each request its own rid",
             )
             return
-        max_new = msg.sampling.max_new_tokens
-        refusal = self.limits.refusal(msg.text, None, max_new)
+        max_new = sampling.max_new_tokens
+        refusal = self.limits.refusal(text, None, max_new)
         if refusal is not None:
-            await self._fail(msg.reply_to, msg.rid, 0, refusal)
+            await self._fail(reply_to, rid, 0, refusal)
             return
-        if msg.input_ids is not None:
-            ids = list(msg.input_ids)
-        elif msg.text is not None:
-            ids = self.tokenizer.encode(msg.text, add_special_tokens=False).ids
+        if input_ids is not None:
+            ids = list(input_ids)
+        elif text is not None:
+            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         else:
-            await self._fail(msg.reply_to, msg.rid, 0, "a request needs text or input_ids")
+            await self._fail(reply_to, rid, 0, "a request needs text or input_ids")
             return
         if not ids:
-            await self._fail(msg.reply_to, msg.rid, 0, "the prompt tokenizes to nothing")
+            await self._fail(reply_to, rid, 0, "the prompt tokenizes to nothing")
             return
         refusal = self.limits.refusal(None, ids, max_new)
         if refusal is not None:
-            await self._fail(msg.reply_to, msg.rid, len(ids), refusal)
+            await self._fail(reply_to, rid, len(ids), refusal)
             return
-        tokenized = TokenizedGenerate(
-            rid=msg.rid, origin=self.origin, input_ids=ids, sampling=msg.sampling
-        )
-        request = self.requests[msg.rid] = _Request(msg.reply_to, msg.stream, len(ids), tokenized)
+        tokenized = TokenizedGenerate(rid=rid, origin=self.origin, input_ids=ids, sampling=sampling)
+        request = self.requests[rid] = _Request(reply_to, stream, len(ids), tokenized)
         await self._forward(request)
+
+    def _pick_detokenizer(self) -> int:
+        """The detokenizer of a new request: the next live one in turn (every worker
+        spreads its requests over all of them, so none is idle while others are busy)."""
+        count = len(self.detokenizers)
+        if count <= 1:
+            return 0
+        start = next(self._spread)
+        for i in range(count):
+            index = (start + i) % count
+            if self.detokenizers[index] is not None:
+                return index
+        return start % count
 
     async def _lose(self, which: Any, member: Member, why: str) -> None:
         """Fail to their callers the requests ``which`` selects, lost to ``member``."""
@@ -275,8 +337,10 @@ class TokenizerWorker(Actor[WorkerMessage]):
         scheduler, tokenized = self.scheduler, request.tokenized
         if scheduler is None or tokenized is None:
             return
+        index = self._pick_detokenizer()
+        tokenized = msgspec.structs.replace(tokenized, detokenizer=index)
         request.tokenized, request.scheduler = None, scheduler
-        request.detokenizer = self.detokenizer
+        request.detokenizer = self.detokenizers[index] if self.detokenizers else None
         try:
             await scheduler.tell(tokenized)
         except ActorDeadError as err:
@@ -294,22 +358,28 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 )
 
     @handler
-    async def abort_request(self, msg: AbortRequest) -> None:
+    def abort_request(self, msg: AbortRequest) -> None:
         """A caller let a request go (gave up, or resolved it elsewhere): forget it here and
         stop generating for it. Its remaining output, if any, is dropped on arrival."""
-        if self.requests.pop(msg.rid, None) is None:
+        self._release(msg.rid)
+
+    def _release(self, rid: str) -> None:
+        request = self.requests.pop(rid, None)
+        if request is None:
             return
         self.released += 1
-        if self.scheduler is not None:
-            with contextlib.suppress(TokenyardError):  # a dead scheduler holds nothing of it
-                await self.scheduler.tell(Abort(origin=self.origin, rid=msg.rid, reason="abort"))
+        if self.scheduler is not None and request.scheduler is not None:
+            # Never waits: a full scheduler mailbox loses only the early stop of this
+            # request's generation (its output is dropped on arrival either way).
+            with contextlib.suppress(TokenyardError):
+                self.scheduler.try_tell(Abort(origin=self.origin, rid=rid, reason="abort"))
 
     # -- output from the detokenizer ------------------------------------------------------
 
     @handler
     async def output(self, msg: BatchStrOutput) -> None:
         """This worker's share of one step: answer each caller with one message."""
-        by_caller: dict[ActorRef[RequestOutputs], list[RequestOutput]] = {}
+        by_caller: dict[ActorRef[RequestOutputs] | LocalSink, list[RequestOutput]] = {}
         for i, rid in enumerate(msg.rids):
             request = self.requests.get(rid)
             if request is None:
@@ -430,7 +500,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
 
     async def _fail(
         self,
-        caller: ActorRef[RequestOutputs],
+        caller: ActorRef[RequestOutputs] | LocalSink,
         rid: str,
         prompt_tokens: int,
         error: str,
@@ -450,7 +520,13 @@ class TokenizerWorker(Actor[WorkerMessage]):
         )
         await self._send(caller, [out])
 
-    async def _send(self, caller: ActorRef[RequestOutputs], outputs: list[RequestOutput]) -> None:
+    async def _send(
+        self, caller: ActorRef[RequestOutputs] | LocalSink, outputs: list[RequestOutput]
+    ) -> None:
+        if not isinstance(caller, ActorRef):
+            for out in outputs:
+                caller(out)
+            return
         try:
             await caller.tell(RequestOutputs(outputs=outputs))
         except TokenyardError as err:

@@ -145,7 +145,7 @@ class TestOneFrameCannotEndAnActor:
         from actors import Pipeline
 
         async with Pipeline(workers=1) as p:
-            members = [await p.system.lookup(n) for n in ("detokenizer", "router", "scheduler")]
+            members = [await p.system.lookup(n) for n in ("detokenizer:0", "router", "scheduler")]
             worker = p.worker_ref(0)
             assert worker is not None
             inbox = await p.system.lookup("pipeline-inbox")

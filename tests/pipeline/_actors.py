@@ -207,7 +207,7 @@ class InspectableSupervisor(PipelineSupervisor):
         spec = super().spec_for(spec)
         if spec.name != self.gated:
             return spec
-        member = {"router": GatedRouter, "detokenizer": GatedDetokenizer}[spec.name]
+        member = {"router": GatedRouter, "detokenizer:0": GatedDetokenizer}[spec.name]
         kwargs = {**spec.kwargs, "gate": self.gate}
         return msgspec.structs.replace(spec, actor=member, process=False, kwargs=kwargs)
 

@@ -220,13 +220,13 @@ class TestDeaths:
         self,
     ) -> None:
         async with Pipeline(workers=2, step_time=0.002) as p:
-            detokenizer = await p.system.lookup("detokenizer")
+            detokenizer = await p.system.lookup("detokenizer:0")
             pid = p.system.pid_of(detokenizer)
             assert pid is not None
             done, failed = await load_with_a_kill(p, lambda: os.kill(pid, signal.SIGKILL))
             assert done + failed == 500
             with anyio.fail_after(60):
-                while (await p.system.lookup("detokenizer", missing_ok=True)) in (
+                while (await p.system.lookup("detokenizer:0", missing_ok=True)) in (
                     None,
                     detokenizer,
                 ):
@@ -347,7 +347,7 @@ class TestSharedMemberDeaths:
             await refused(p)
             assert (await p.generate("after the restart", max_new_tokens=8)).completion_tokens == 8
 
-    @pytest.mark.parametrize("member", ["scheduler", "detokenizer"])
+    @pytest.mark.parametrize("member", ["scheduler", "detokenizer:0"])
     async def test_a_member_killed_under_500_requests_comes_back_with_nothing_left_behind(
         self, member: str
     ) -> None:
@@ -387,7 +387,7 @@ class TestSharedMemberDeaths:
             scheduler = await p.system.lookup("scheduler")
             s = await ask_stats(scheduler, GetSchedulerStats(), SchedulerStats)
             assert (s.running, s.waiting) == (0, 0)
-            detokenizer = await p.system.lookup("detokenizer")
+            detokenizer = await p.system.lookup("detokenizer:0")
             d = await ask_stats(detokenizer, GetDetokenizerStats(), DetokenizerStats)
             assert d.live_states == 0
 
@@ -470,7 +470,7 @@ class TestStreamingDeaths:
 class TestProcesses:
     async def test_every_member_process_is_titled_with_its_name_and_pid(self) -> None:
         async with Pipeline(workers=2) as p:
-            names = ["tokenizer_worker:0", "tokenizer_worker:1", "detokenizer", "scheduler"]
+            names = ["tokenizer_worker:0", "tokenizer_worker:1", "detokenizer:0", "scheduler"]
             titles = {}
             for name in [*names, "router"]:
                 pid = p.system.pid_of(await p.system.lookup(name))

@@ -94,7 +94,7 @@ class TestStalls:
         self,
     ) -> None:
         async with Pipeline(workers=2, step_time=0.002, stall_timeout=2.0) as p:
-            victim = await p.system.lookup("detokenizer")
+            victim = await p.system.lookup("detokenizer:0")
             pid = pid_of(p, victim)
 
             async def stall() -> None:
@@ -103,7 +103,7 @@ class TestStalls:
             done, died, failed = await load(p, 200, stall)
             assert done + died == 200
             assert failed == 0
-            back = await successor(p, "detokenizer", victim)
+            back = await successor(p, "detokenizer:0", victim)
             assert back.incarnation == victim.incarnation + 1
             for i in range(5):  # the finding: 0 of 5 new calls were answered
                 assert (await p.generate(f"after {i}", max_new_tokens=6)).completion_tokens == 6
@@ -112,7 +112,7 @@ class TestStalls:
         self,
     ) -> None:
         async with Pipeline(workers=2, step_time=0.002, stall_timeout=30.0) as p:
-            victim = await p.system.lookup("detokenizer")
+            victim = await p.system.lookup("detokenizer:0")
             pid = pid_of(p, victim)
 
             async def stall() -> None:
@@ -124,7 +124,7 @@ class TestStalls:
             # detokenizer resumes, everything flows within that.
             done, died, failed = await load(p, 200, stall, deadline=30)
             assert (done, died, failed) == (200, 0, 0)
-            assert await p.system.lookup("detokenizer") == victim  # nothing died
+            assert await p.system.lookup("detokenizer:0") == victim  # nothing died
 
     async def test_a_stopped_worker_does_not_hold_up_the_other_and_is_killed_past_the_bound(
         self,

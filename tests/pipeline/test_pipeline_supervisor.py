@@ -94,7 +94,7 @@ async def open_supervisor(
 
 
 class TestRegistration:
-    @pytest.mark.parametrize("member", ["detokenizer", "router"])
+    @pytest.mark.parametrize("member", ["detokenizer:0", "router"])
     async def test_a_worker_serves_only_once_the_detokenizer_and_the_router_hold_its_route(
         self, member: str
     ) -> None:

@@ -359,7 +359,7 @@ class TestCap:
         async with open_detokenizer(workers=1, max_states=1) as h:
             aborts: Inbox[Abort] = Inbox()
             reborn: ActorRef[Any] = await h.system.spawn(FakeScheduler, aborts, process=False)
-            topology = Topology(scheduler=reborn, detokenizer=h.detokenizer, router=None)
+            topology = Topology(scheduler=reborn, detokenizers=[h.detokenizer], router=None)
             await h.detokenizer.tell(topology)
             await h.send(Entry(W0, "a", [5]), Entry(W0, "b", [5]), step=0)
             assert await aborts.wait_until(bool) == [Abort(origin=W0, rid="b", reason="abort")]

@@ -27,6 +27,7 @@ from actors.messages import (
     GetLoad,
     GetSchedulerStats,
     LoadReply,
+    Member,
     Origin,
     SamplingParams,
     SchedulerStats,
@@ -206,7 +207,7 @@ async def open_engine(*, process: bool = False, **kwargs: Any) -> AsyncIterator[
         steps, router = Steps(), Inbox[Message]()
         det = await system.spawn(FakeDetokenizer, steps, name="detokenizer", process=False)
         rtr = await system.spawn(FakeRouter, router, name="router", process=False)
-        ref = await system.spawn(Scheduler, det, rtr, name="scheduler", process=process, **kwargs)
+        ref = await system.spawn(Scheduler, [det], rtr, name="scheduler", process=process, **kwargs)
         yield Engine(system, det, ref, steps, router)
 
 
@@ -482,18 +483,24 @@ class TestAborts:
         assert all(e.reason is None for e in dead)
         assert max(e.step for e in dead) <= stats.steps
 
-    async def test_abort_all_drops_every_request_silently_and_counts_them(self) -> None:
+    async def test_abort_all_drops_every_request_and_reports_each_to_its_worker(self) -> None:
         async with open_engine(max_batch_size=2) as engine:
             for rid in ("a", "b"):
                 await engine.submit(rid, max_new_tokens=FOREVER, ignore_eos=True)
                 await engine.steps.running(rid)
             await engine.submit("c", PROMPTS[1], origin=OTHER)
-            await engine.tell(AbortAll())
+            await engine.tell(AbortAll(reason="gone", lost_to=Member.DETOKENIZER))
             stats = await engine.stats()
+            notices = [await engine.reply(1), await engine.reply(2)]
             await engine.submit("after", PROMPTS[2], max_new_tokens=2)
             await engine.steps.finished("after")
         assert (stats.dropped_for_abort_all, stats.running, stats.waiting) == (3, 0, 0)
         assert "c" not in engine.steps.entries
+        # Nothing vanishes: every dropped request is reported, per worker, with its cause.
+        by_origin = {n.origin: n for n in notices if isinstance(n, AbortNotice)}
+        assert sorted(by_origin[ORIGIN].rids) == ["a", "b"]
+        assert by_origin[OTHER].rids == ["c"]
+        assert all(n.lost_to is Member.DETOKENIZER for n in by_origin.values())
         for rid in ("a", "b"):
             assert all(
                 e.reason is None and e.step <= stats.steps for e in engine.steps.entries[rid]
@@ -631,7 +638,7 @@ class TestConfiguration:
         ref: ActorRef[Any] = ActorRef(name="nobody", address="ipc:///nowhere")
         settings: dict[str, Any] = {setting: value}
         with pytest.raises(ValueError, match=setting):
-            Scheduler(ref, ref, **settings)
+            Scheduler([ref], ref, **settings)
 
 
 class TestFailures:
@@ -643,7 +650,7 @@ class TestFailures:
             successor: ActorRef[Any] = await engine.system.spawn(
                 FakeDetokenizer, steps, name="detokenizer-2", process=False
             )
-            await engine.tell(Topology(scheduler=None, detokenizer=successor, router=None))
+            await engine.tell(Topology(scheduler=None, detokenizers=[successor], router=None))
             await steps.wait_until(lambda: any("length" in b.finished_reasons for b in steps.items))
             ids = [i for b in steps.items for i in b.decode_ids[0]]
             assert len(ids) == 3  # every token reached the successor, none was lost
