@@ -57,7 +57,7 @@ from .messages import (
     WorkerMessage,
     WorkerUp,
 )
-from .pipeline_supervisor import PipelineConfig, PipelineSupervisor, worker_name
+from .pipeline_supervisor import PipelineConfig, PipelineSupervisor, WorkerChannels, worker_name
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -328,6 +328,8 @@ class Pipeline:
         step_time: Seconds per step of the stand-in engine.
         max_batch_size: Most requests the engine runs at once.
         ready_timeout: Seconds to wait for every worker to register.
+        channels: Have the workers serve HTTP on the connections these channels bring
+            (`actors.http.Dispatcher`; ``python -m actors serve``).
         **config: Other ``PipelineConfig`` fields (limits, timeouts, ...).
 
     Example:
@@ -345,6 +347,7 @@ class Pipeline:
         step_time: float = 0.0,
         max_batch_size: int = 256,
         ready_timeout: float = 60.0,
+        channels: WorkerChannels | None = None,
         **config: Any,
     ) -> None:
         self.config = PipelineConfig(
@@ -355,6 +358,7 @@ class Pipeline:
             **config,
         )
         self.ready_timeout = ready_timeout
+        self.channels = channels
         self.system = ActorSystem(name="pipeline")
         self._state = _CallerState(self.config)
         self._supervisor: ActorRef[Any] | None = None
@@ -376,6 +380,7 @@ class Pipeline:
                 PipelineSupervisor,
                 self.config,
                 inbox,
+                self.channels,
                 name="pipeline-supervisor",
                 process=False,
                 spawn_timeout=self.ready_timeout,

@@ -64,6 +64,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         itl: Seconds between successive chunks carrying text.
         e2e: Seconds from sending to the end of the answer (or the failure).
         output_tokens: Completion tokens of the usage chunk (0 without one).
+        worker: The worker that answered (its ``x-tokenyard-worker`` header), when known.
+        local_port: The client's port of the connection it went on (0 before one).
     """
 
     ok: bool
@@ -73,6 +75,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     itl: list[float] = msgspec.field(default_factory=list)
     e2e: float = 0.0
     output_tokens: int = 0
+    worker: int | None = None
+    local_port: int = 0
 
 
 class LoadResult(msgspec.Struct, kw_only=True):
@@ -108,6 +112,8 @@ class LoadSpec:
         model: The ``model`` field (``None``: left out).
         ignore_eos: Ask for every ``max_tokens`` token (vLLM's and SGLang's extension).
         timeout: Seconds one request may take.
+        keepalive: Reuse each client's connection (``False``: a new connection for every
+            request, ``Connection: close``).
     """
 
     url: str
@@ -120,6 +126,7 @@ class LoadSpec:
     model: str | None = None
     ignore_eos: bool = True
     timeout: float = 60.0
+    keepalive: bool = True
 
     def __post_init__(self) -> None:
         if self.api not in ("completions", "chat"):
@@ -189,7 +196,10 @@ def _requests(spec: LoadSpec, host: str) -> list[bytes]:
         head = (
             b"POST " + path + b" HTTP/1.1\r\nhost: " + host.encode() + b"\r\n"
             b"content-type: application/json\r\naccept: text/event-stream\r\n"
-            b"content-length: " + str(len(data)).encode() + b"\r\n\r\n"
+            + (b"" if spec.keepalive else b"connection: close\r\n")
+            + b"content-length: "
+            + str(len(data)).encode()
+            + b"\r\n\r\n"
         )
         out.append(head + data)
     return out
@@ -204,9 +214,11 @@ class _Client:
         self.tally = result
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.local_port = 0
 
     async def connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.local_port = self.writer.get_extra_info("sockname")[1]
         self.tally.connects += 1
 
     async def drop(self) -> None:
@@ -227,6 +239,7 @@ class _Client:
                     record.error = "refused"
                     await asyncio.sleep(REFUSED_BACKOFF)
                     return
+            record.local_port = self.local_port
             try:
                 await self._exchange(request, t0, record)
                 return
@@ -252,6 +265,9 @@ class _Client:
             raise _ClosedError(answered=False) from err
         status = int(head[9:12])
         headers = head.lower()
+        at = headers.find(b"\r\nx-tokenyard-worker:")
+        if at >= 0:
+            record.worker = int(headers[at + 21 : headers.index(b"\r\n", at + 2)])
         chunked = b"\r\ntransfer-encoding: chunked" in headers
         close = b"\r\nconnection: close" in headers
         try:

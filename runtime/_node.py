@@ -586,8 +586,13 @@ class Node:
         """Whether the actor at ``address`` is known to be dead."""
         return address in self._dead
 
-    def close(self) -> None:
-        """Close every socket and the context; fail what is still pending."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket and the context; fail what is still pending.
+
+        Args:
+            linger_ms: How long what was sent may still be delivered (an actor process
+                leaving lets its last replies and notices reach their peers).
+        """
         if self.closed:
             return
         self.closed = True
@@ -607,16 +612,13 @@ class Node:
         # not keep (and one day notify) every one of them.
         for ref in self._watched.values():
             self._notify(ref.owner, Kind.UNWATCH, _encode(WatchBody(ref, self.reply_address)))
-        self._close_sockets()
+        self.reply_sock.close(0)
+        self._close_context(linger_ms)
         _context.leave(self, self._token)
         self._token = None
 
-    def _close_sockets(self) -> None:
-        self.reply_sock.close(0)
-        self._close_context()
-
-    def _close_context(self) -> None:
-        self.outbox.close(0)
+    def _close_context(self, linger_ms: int = 0) -> None:
+        self.outbox.close(linger_ms)
         if self.zap is not None:
             self.zap.close()
         self.ctx.term()

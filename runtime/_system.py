@@ -242,9 +242,7 @@ class ActorSystem:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             node = self.node
-            if self._in_child:
-                node.outbox.close()
-            node.close()
+            node.close(self.options.linger_ms if self._in_child else 0)
             self._remove_dir()
 
     def _remove_dir(self) -> None:

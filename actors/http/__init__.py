@@ -19,12 +19,19 @@ from ._chat import DEFAULT_CHAT_TEMPLATE as DEFAULT_CHAT_TEMPLATE
 from ._chat import ChatTemplate as ChatTemplate
 from ._chat import ChatTemplateError as ChatTemplateError
 from ._config import ServeConfig as ServeConfig
+from ._dispatch import Dispatcher as Dispatcher
+from ._dispatch import DispatchStatistics as DispatchStatistics
 from ._engine import Chunk as Chunk
 from ._engine import Completion as Completion
 from ._engine import Engine as Engine
 from ._engine import EngineError as EngineError
 from ._engine import EngineUnavailableError as EngineUnavailableError
 from ._pipeline_engine import PipelineEngine as PipelineEngine
+from ._serve import Server as Server
+from ._serve import open_server as open_server
+from ._worker import HttpSettings as HttpSettings
+from ._worker import HttpWorker as HttpWorker
+from ._worker_engine import WorkerEngine as WorkerEngine
 
 __all__ = (
     "DEFAULT_CHAT_TEMPLATE",
@@ -32,13 +39,20 @@ __all__ = (
     "ChatTemplateError",
     "Chunk",
     "Completion",
+    "DispatchStatistics",
+    "Dispatcher",
     "Engine",
     "EngineError",
     "EngineUnavailableError",
     "HTTPStatistics",
+    "HttpSettings",
+    "HttpWorker",
     "OpenAIApp",
     "PipelineEngine",
     "ServeConfig",
+    "Server",
+    "WorkerEngine",
+    "open_server",
 )
 
 _publish(__name__, globals(), __all__)

@@ -1,0 +1,167 @@
+"""``open_server``: the pipeline with every tokenizer worker serving HTTP on one port, and
+``python -m actors serve``, its command line.
+
+The process that runs it owns the listening socket (`Dispatcher`) and the pipeline's
+supervisor; each worker process serves the OpenAI-compatible API (`HttpWorker`) on the
+connections handed to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from actors.pipeline import Pipeline
+
+from ._dispatch import Dispatcher, DispatchStatistics
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import AsyncIterator, Sequence
+
+    from ._config import ServeConfig
+
+__all__ = ("Server", "main", "open_server")
+
+logger = logging.getLogger("tokenyard.http")
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running server: the pipeline behind it and the port's owner.
+
+    Attributes:
+        pipeline: The pipeline (its workers serve the HTTP).
+        dispatcher: Who owns the port and hands out the connections.
+    """
+
+    pipeline: Pipeline
+    dispatcher: Dispatcher
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (``http://host:port``)."""
+        host, port = self.dispatcher.address
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}"
+
+    def statistics(self) -> DispatchStatistics:
+        """Connections accepted, and handed to each worker."""
+        return self.dispatcher.statistics()
+
+
+@contextlib.asynccontextmanager
+async def open_server(
+    workers: int = 4,
+    tokenizer: str | os.PathLike[str] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    detokenizers: int = 1,
+    config: ServeConfig | None = None,
+    model: str | None = None,
+    context_length: int | None = None,
+    **pipeline: Any,
+) -> AsyncIterator[Server]:
+    """Start the pipeline with its workers serving the OpenAI API on ``host:port``.
+
+    Args:
+        workers: Tokenizer workers, each serving HTTP in its own process.
+        tokenizer: A ``tokenizer.json`` (None: the bundled one).
+        host: The interface to listen on.
+        port: The port (0: any free one; `Server.url` says which).
+        detokenizers: Detokenizer processes.
+        config: The HTTP layer's limits.
+        model: The model id (None: derived from the tokenizer).
+        context_length: Most prompt plus completion tokens of one request.
+        **pipeline: Other `actors.Pipeline` arguments (``step_time``, limits, ...).
+
+    Yields:
+        The server, once every worker serves.
+    """
+    dispatcher = Dispatcher(
+        host,
+        port,
+        config=config,
+        model=model,
+        context_length=context_length,
+        max_stream_buffer=pipeline.get("max_stream_buffer", 4 << 20),
+    )
+    try:
+        async with Pipeline(
+            workers, tokenizer, detokenizers=detokenizers, channels=dispatcher, **pipeline
+        ) as p:
+            yield Server(p, dispatcher)
+    finally:
+        dispatcher.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m actors serve",
+        description="the OpenAI-compatible server: every tokenizer worker serves HTTP on one port",
+    )
+    parser.add_argument("--workers", type=int, default=4, help="tokenizer workers (default 4)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--tokenizer", help="a tokenizer.json, or a directory holding one")
+    parser.add_argument("--detokenizers", type=int, default=1, help="detokenizers (default 1)")
+    parser.add_argument("--model", help="the model id (default: from the tokenizer)")
+    parser.add_argument(
+        "--step-time", type=float, default=0.0, help="seconds per step of the stand-in engine"
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    return parser
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    stop = anyio.Event()
+    received: list[int] = []
+
+    async def signals() -> None:
+        # Kept until the end: a second signal during the shutdown is ignored, not a crash.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                received.append(signum)
+                stop.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(signals)
+        async with open_server(
+            args.workers,
+            args.tokenizer,
+            host=args.host,
+            port=args.port,
+            detokenizers=args.detokenizers,
+            model=args.model,
+            step_time=args.step_time,
+        ) as server:
+            sys.stdout.write(
+                f"serving {server.url} with {args.workers} workers and "
+                f"{args.detokenizers} detokenizer(s); Ctrl-C stops\n"
+            )
+            sys.stdout.flush()
+            await stop.wait()
+        tg.cancel_scope.cancel()
+    return 128 + received[0] if received else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP (exit 128 + it)."""
+    args = _parser().parse_args(argv)
+    if args.workers < 1 or args.detokenizers < 1:
+        sys.stderr.write("--workers and --detokenizers must be at least 1\n")
+        return 2
+    logging.basicConfig(level=args.log_level.upper())
+    try:
+        return anyio.run(_serve, args)
+    except OSError as err:
+        sys.stderr.write(f"cannot serve on {args.host}:{args.port}: {err}\n")
+        return 1

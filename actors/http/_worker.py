@@ -1,0 +1,129 @@
+"""``HttpWorker``: a tokenizer worker that serves the OpenAI-compatible API itself.
+
+One of N in ``python -m actors serve``. The process that owns the port accepts each
+connection and hands it to a worker (`actors.http._dispatch`); the worker's HTTP server
+parses the request, its tokenizer tokenizes it, the worker forwards it to the scheduler,
+and its output, detokenized, comes back to this same process and out on the same
+connection: the CPU work of HTTP, tokenization and streaming is spread over the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+# Resolved at run time: the spawn arguments are decoded with __init__'s annotations.
+from actors.messages import PipelineSupervisorMessage  # noqa: TC001
+from actors.tokenizer_worker import Limits, TokenizerWorker
+from runtime import ActorRef  # noqa: TC001
+
+from ._app import OpenAIApp
+from ._chat import ChatTemplate
+from ._config import ServeConfig
+from ._connections import ConnectionServer
+from ._pipeline_engine import DEFAULT_CONTEXT_LENGTH, model_id_of
+from ._worker_engine import WorkerEngine
+
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
+    from ._asgi import Receive, Scope, Send
+
+__all__ = ("WORKER_HEADER", "HttpSettings", "HttpWorker")
+
+logger = logging.getLogger("tokenyard.http")
+
+
+class HttpSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker needs to serve HTTP (travels to its process as one value).
+
+    Attributes:
+        channel: Its inherited end of the connection channel.
+        config: The HTTP layer's limits.
+        model: The model id (``None``: derived from the tokenizer).
+        context_length: Most prompt plus completion tokens of one request.
+        max_stream_buffer: Most bytes of a stream held for a client that does not read.
+        log_level: uvicorn's log level.
+    """
+
+    channel: int
+    config: ServeConfig = ServeConfig()
+    model: str | None = None
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    max_stream_buffer: int = 4 << 20
+    log_level: str = "warning"
+
+
+class HttpWorker(TokenizerWorker):
+    """A `TokenizerWorker` that also serves HTTP on the connections handed to it.
+
+    Args:
+        worker_id: Its index among the workers.
+        supervisor: Where it registers.
+        tokenizer: Path of a ``tokenizer.json`` (None: the bundled one).
+        register_timeout: Seconds to get registered before it gives up.
+        limits: What one request may ask for.
+        http: How to serve (its channel, limits, model).
+
+    Raises:
+        ValueError: ``http`` is missing.
+    """
+
+    def __init__(
+        self,
+        worker_id: int,
+        supervisor: ActorRef[PipelineSupervisorMessage],
+        tokenizer: str | None = None,
+        register_timeout: float = 10.0,
+        limits: Limits | None = None,
+        http: HttpSettings | None = None,
+    ) -> None:
+        super().__init__(worker_id, supervisor, tokenizer, register_timeout, limits)
+        if http is None:
+            raise ValueError("an HttpWorker needs its http settings (its connection channel)")
+        self.http = http
+        self.server: ConnectionServer | None = None
+        self.engine: WorkerEngine | None = None
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        http = self.http
+        self.engine = WorkerEngine(
+            self,
+            model=http.model or model_id_of(self.tokenizer_path),
+            context_length=http.context_length,
+            chat_template=ChatTemplate.from_tokenizer(self.tokenizer_path),
+            max_stream_buffer=http.max_stream_buffer,
+        )
+        app = _Labelled(OpenAIApp(self.engine, config=http.config), self.worker_id)
+        self.server = ConnectionServer(app, http.channel, log_level=http.log_level)
+        self.start_soon(self.server.run)
+
+    async def on_stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        await super().on_stop()
+
+
+#: The response header naming the worker that served a request.
+WORKER_HEADER = b"x-tokenyard-worker"
+
+
+class _Labelled:
+    """The app, with every response saying which worker served it (`WORKER_HEADER`)."""
+
+    def __init__(self, app: OpenAIApp, worker: int) -> None:
+        self.app = app
+        self.header = (WORKER_HEADER, str(worker).encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        header = self.header
+
+        async def labelled(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
+
+        await self.app(scope, receive, labelled)

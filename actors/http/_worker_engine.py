@@ -1,0 +1,214 @@
+"""``WorkerEngine``: the `Engine` protocol over the tokenizer worker living in this process.
+
+In a serving worker process the HTTP app and the worker actor share one event loop: a
+request is tokenized by the app, handed to the worker by a method call
+(`TokenizerWorker.submit_local`), and its outputs come back through a callback, so nothing
+crosses to another process but the request to the engine and the engine's output itself.
+
+A request that a pipeline member's death cost its output before any reached the client is
+resubmitted here, under a new rid, at most `MAX_RESUBMITS` times; one that had output fails
+(the stream ends with an error event, or the request with a 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ._engine import Chunk, Completion, EngineError, EngineUnavailableError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Callable
+
+    from actors.messages import RequestOutput, SamplingParams
+    from actors.tokenizer_worker import TokenizerWorker
+
+    from ._chat import ChatTemplate
+
+__all__ = ("MAX_RESUBMITS", "WorkerEngine")
+
+#: How many times a request is started again after a member's death cost it its output.
+MAX_RESUBMITS = 3
+
+
+class _Outputs:
+    """The outputs of one attempt, as the worker hands them over (in this loop), held
+    until the request's reader takes them, up to ``limit`` bytes: past it the request is
+    let go at once, whether or not its reader ever comes back."""
+
+    __slots__ = ("_release", "arrived", "items", "limit", "overflow", "rid", "unread")
+
+    def __init__(self, rid: str, limit: int, release: Callable[[str], None]) -> None:
+        self.rid = rid
+        self.limit = limit
+        self._release = release
+        self.items: collections.deque[RequestOutput] = collections.deque()
+        self.arrived = asyncio.Event()
+        self.unread = 0
+        self.overflow = False
+
+    def put(self, out: RequestOutput) -> None:
+        if self.overflow:
+            return
+        self.items.append(out)
+        self.unread += len(out.text) + len(out.output_ids)
+        if self.unread > self.limit and out.finish_reason is None:
+            self.overflow = True
+            self.items.clear()
+            self._release(self.rid)
+        self.arrived.set()
+
+    async def next(self) -> RequestOutput:
+        while not self.items:
+            if self.overflow:
+                raise EngineUnavailableError(
+                    f"request {self.rid!r}: its client fell more than {self.limit} bytes "
+                    "behind; it was let go"
+                )
+            self.arrived.clear()
+            await self.arrived.wait()
+        out = self.items.popleft()
+        self.unread -= len(out.text) + len(out.output_ids)
+        return out
+
+
+class WorkerEngine:
+    """An `Engine` over the `TokenizerWorker` in this process (its tokenizer loaded).
+
+    Args:
+        worker: The worker actor; its ``on_start`` has loaded its tokenizer.
+        model: The model id.
+        context_length: Most prompt plus completion tokens of one request.
+        chat_template: How chat messages become prompts.
+        max_stream_buffer: Most bytes of a stream's output held for a client that does not
+            read; past it the request is let go (its stream ends with an error).
+    """
+
+    def __init__(
+        self,
+        worker: TokenizerWorker,
+        *,
+        model: str,
+        context_length: int,
+        chat_template: ChatTemplate,
+        max_stream_buffer: int = 4 << 20,
+    ) -> None:
+        self._worker = worker
+        self._tokenizer: Any = worker.tokenizer
+        self._model = model
+        self._context_length = context_length
+        self._chat_template = chat_template
+        self._max_stream_buffer = max_stream_buffer
+        vocab: dict[str, int] = self._tokenizer.get_vocab(with_added_tokens=True)
+        self._vocab_size = max(vocab.values()) + 1
+        self.resubmitted = 0
+
+    @property
+    def model(self) -> str:
+        """The model id."""
+        return self._model
+
+    @property
+    def context_length(self) -> int:
+        """Most prompt plus completion tokens of one request."""
+        return self._context_length
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are ``0..vocab_size-1``."""
+        return self._vocab_size
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The chat template of the worker's tokenizer (or the default)."""
+        return self._chat_template
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, no special tokens added (as the worker encodes)."""
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
+        return text
+
+    async def _start(
+        self, prompt: str | list[int], params: SamplingParams, stream: bool
+    ) -> tuple[str, _Outputs]:
+        rid = uuid.uuid4().hex
+        outputs = _Outputs(rid, self._max_stream_buffer, self._worker.release_local)
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        await self._worker.submit_local(
+            rid, outputs.put, text=text, input_ids=ids, sampling=params, stream=stream
+        )
+        return rid, outputs
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
+        """Generate a whole completion (cancelling the call lets the request go)."""
+        for attempt in range(MAX_RESUBMITS + 1):
+            rid, outputs = await self._start(prompt, params, stream=False)
+            try:
+                out = await outputs.next()
+            except BaseException:
+                self._worker.release_local(rid)
+                raise
+            if out.error is None:
+                return Completion(
+                    text=out.text,
+                    output_ids=out.output_ids,
+                    prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens,
+                    finish_reason=out.finish_reason or "stop",
+                )
+            if out.lost_to is not None and attempt < MAX_RESUBMITS:
+                self.resubmitted += 1
+                continue
+            raise _failure(out)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def stream(
+        self, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncGenerator[Chunk, None]:
+        """Stream a completion (closing the generator early lets the request go)."""
+        attempt = 0
+        while True:
+            rid, outputs = await self._start(prompt, params, stream=True)
+            sent = False
+            finished = False
+            try:
+                while True:
+                    out = await outputs.next()
+                    if out.error is not None:
+                        finished = True
+                        if out.lost_to is not None and not sent and attempt < MAX_RESUBMITS:
+                            break  # nothing reached the client: start it again
+                        raise _failure(out)
+                    if out.finish_reason is None:
+                        if out.text:
+                            sent = True
+                            yield Chunk(text=out.text)
+                        continue
+                    finished = True
+                    yield Chunk(
+                        text=out.text,
+                        finish_reason=out.finish_reason,
+                        prompt_tokens=out.prompt_tokens,
+                        completion_tokens=out.completion_tokens,
+                    )
+                    return
+            finally:
+                if not finished and not outputs.overflow:
+                    self._worker.release_local(rid)
+            attempt += 1
+            self.resubmitted += 1
+
+
+def _failure(out: RequestOutput) -> EngineError:
+    """What a failed output means to the HTTP layer: 503 when trying later may help."""
+    reason = out.error or "aborted"
+    if out.lost_to is not None:
+        return EngineUnavailableError(f"request {out.rid!r} lost its {out.lost_to.value}: {reason}")
+    return EngineUnavailableError(f"the pipeline refused request {out.rid!r}: {reason}")
