@@ -269,8 +269,8 @@ class PipelineInbox(Actor[CallerMessage]):
                 state.fail(
                     req,
                     SlowReaderError(
-                        f"request {req.rid!r}: its reader fell {req.unread} bytes behind, "
-                        f"past max_stream_buffer={limit}; the request was aborted"
+                        f"request {req.rid!r}: its reader fell {req.unread} characters and "
+                        f"ids behind, past max_stream_buffer={limit}; the request was aborted"
                     ),
                 )
             req.changed.notify()
@@ -486,7 +486,8 @@ class Pipeline:
     ) -> AsyncGenerator[str, None]:
         """Yield the text of a completion piece by piece as it is decoded.
 
-        Output the reader has not taken yet is held up to ``max_stream_buffer`` bytes; a
+        Output the reader has not taken yet is held up to ``max_stream_buffer`` (characters
+        of text plus token ids); a
         reader further behind gets `SlowReaderError` after the pieces held, and the engine
         stops generating for it.
 

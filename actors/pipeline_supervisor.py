@@ -101,8 +101,9 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         max_new_tokens: Upper bound of a request's ``max_new_tokens``.
         detokenizers: Number of detokenizers; each request streams through one of them
             for its whole life, the workers spreading their requests over all.
-        max_stream_buffer: Most bytes of a stream's output the caller holds unread; past
-            it the request is aborted (``SlowReaderError``).
+        max_stream_buffer: Most of a stream's output the caller holds unread, counted in
+            characters of text plus token ids; past it the request is aborted
+            (``SlowReaderError``).
         submit_timeout: Seconds a request waits for a worker to take it before it fails
             with ``PipelineBusyError``.
     """

@@ -380,10 +380,29 @@ class TokenizerWorker(Actor[WorkerMessage]):
     async def output(self, msg: BatchStrOutput) -> None:
         """This worker's share of one step: answer each caller with one message."""
         by_caller: dict[ActorRef[RequestOutputs] | LocalSink, list[RequestOutput]] = {}
+        errors = msg.errors
         for i, rid in enumerate(msg.rids):
             request = self.requests.get(rid)
             if request is None:
                 continue  # aborted meanwhile, or output for a request this incarnation lacks
+            if errors is not None and errors[i] is not None:
+                # The detokenizer refused it (its cap on live states, a malformed stop):
+                # the caller hears why, as for any refusal.
+                del self.requests[rid]
+                self.failed += 1
+                by_caller.setdefault(request.reply_to, []).append(
+                    RequestOutput(
+                        rid=rid,
+                        worker=self.worker_id,
+                        text="",
+                        output_ids=[],
+                        prompt_tokens=request.prompt_tokens,
+                        completion_tokens=0,
+                        finish_reason="abort",
+                        error=errors[i],
+                    )
+                )
+                continue
             finish = msg.finished_reasons[i]
             piece, ids = msg.output_strs[i], msg.output_ids[i]
             if request.stream:

@@ -101,18 +101,27 @@ class Children:
 
     async def probe(self, child: Child) -> None:
         """Kill ``child``'s process when it leaves liveness probes unanswered for its
-        ``stall_timeout`` (stopped, or its event loop blocked): stuck ends as dead does."""
+        ``stall_timeout`` (stopped, or its event loop blocked): stuck ends as dead does.
+
+        A probe goes every quarter of the bound and waits a quarter for its answer; only a
+        whole bound without any answer kills, so one probe or answer lost on a full queue
+        never does.
+        """
         node, limit = self.node, child.stall_timeout
         assert node is not None
         assert limit is not None
         assert child.process is not None
+        answered = time.monotonic()
         while not child.exited.is_set():
-            with anyio.move_on_after(limit / 4):
-                await child.exited.wait()
-            if child.exited.is_set() or await node.ping(child.node_address, limit):
+            if await node.ping(child.node_address, limit / 4):
+                answered = time.monotonic()
+                with anyio.move_on_after(limit / 4):
+                    await child.exited.wait()
                 continue
             if child.exited.is_set():
                 return
+            if time.monotonic() - answered < limit:
+                continue
             child.unresponsive = f"unresponsive for {limit:g} s (killed)"
             logger.warning("actor %s %s", child.ref.name, child.unresponsive)
             child.process.kill()

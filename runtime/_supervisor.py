@@ -98,6 +98,11 @@ class ChildSpec(msgspec.Struct, kw_only=False):
             raise TypeError(f"ChildSpec.actor must be an Actor class, got {self.actor!r}")
         if not self.name:
             self.name = self.actor.rpartition(":")[2]
+        if self.stall_timeout is not None and not self.process:
+            raise ValueError(
+                f"ChildSpec {self.name!r}: stall_timeout is for process children (an "
+                "in-process child shares its supervisor's loop: nothing could probe it)"
+            )
 
 
 class SupervisorStatistics(Message):

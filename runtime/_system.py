@@ -296,6 +296,11 @@ class ActorSystem:
         stop_after = self.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
         if stall_timeout is not None and stall_timeout <= 0:
             raise ValueError(f"stall_timeout={stall_timeout} must be positive (or None)")
+        if stall_timeout is not None and not process:
+            raise ValueError(
+                "stall_timeout is for actor processes: an in-process actor shares this "
+                "process's event loop, so nothing could probe it (pass process=True)"
+            )
         if not process:
             return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
         return await self._spawn_process(

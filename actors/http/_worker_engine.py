@@ -64,8 +64,8 @@ class _Outputs:
         while not self.items:
             if self.overflow:
                 raise EngineUnavailableError(
-                    f"request {self.rid!r}: its client fell more than {self.limit} bytes "
-                    "behind; it was let go"
+                    f"request {self.rid!r}: its client fell more than {self.limit} characters "
+                    "and ids behind; it was let go"
                 )
             self.arrived.clear()
             await self.arrived.wait()

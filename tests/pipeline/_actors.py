@@ -209,7 +209,9 @@ class InspectableSupervisor(PipelineSupervisor):
             return spec
         member = {"router": GatedRouter, "detokenizer:0": GatedDetokenizer}[spec.name]
         kwargs = {**spec.kwargs, "gate": self.gate}
-        return msgspec.structs.replace(spec, actor=member, process=False, kwargs=kwargs)
+        return msgspec.structs.replace(
+            spec, actor=member, process=False, kwargs=kwargs, stall_timeout=None
+        )
 
     @handler
     def registry(self, msg: GetRegistry) -> Registry:

@@ -333,6 +333,28 @@ class TestLimits:
             assert out.error is not None
             assert "max_prompt_bytes" in out.error
 
+    async def test_a_request_the_detokenizer_refuses_fails_to_its_caller_with_the_reason(
+        self,
+    ) -> None:
+        async with Pipeline(workers=1, step_time=0.002, max_states=1) as p:
+            outcomes: list[BaseException | str] = []
+
+            async def one(i: int) -> None:
+                try:
+                    outcomes.append(
+                        (await p.generate(f"p{i}", max_new_tokens=200, ignore_eos=True)).text
+                    )
+                except RequestFailedError as err:
+                    outcomes.append(err)
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    for i in range(3):
+                        tg.start_soon(one, i)
+            refused = [o for o in outcomes if isinstance(o, RequestFailedError)]
+            assert refused  # one state at a time: the others were refused, not "finished"
+            assert all("max_states=1" in str(o) for o in refused), refused
+
     async def test_a_stream_nobody_reads_is_aborted_and_stops_generating(self) -> None:
         async with Pipeline(workers=1, step_time=0.001, max_stream_buffer=2000) as p:
             pieces = p.stream("read me", max_new_tokens=20_000, ignore_eos=True)
