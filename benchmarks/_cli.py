@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from . import dispatch, mailbox, pipeline, spawn, supervision
+from . import dispatch, mailbox, pipeline, serve, spawn, supervision
 from ._console import RichProgress, print_summary
 from ._proc import BenchmarkError
 from ._results import Results, describe_machine, now_iso, read_results, write_results
@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 #: and one line here.
 SUITES: dict[str, Suite] = {
     suite.name: suite
-    for suite in (mailbox.SUITE, dispatch.SUITE, pipeline.SUITE, supervision.SUITE, spawn.SUITE)
+    for suite in (
+        mailbox.SUITE,
+        dispatch.SUITE,
+        pipeline.SUITE,
+        serve.SUITE,
+        supervision.SUITE,
+        spawn.SUITE,
+    )
 }
 
 

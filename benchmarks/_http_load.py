@@ -361,8 +361,13 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def run_load(spec: LoadSpec) -> LoadResult:
-    """Run the load described by ``spec`` and return every request's record."""
+async def run_load(spec: LoadSpec, stop: asyncio.Event | None = None) -> LoadResult:
+    """Run the load described by ``spec`` and return every request's record.
+
+    Args:
+        spec: What to send, for how long.
+        stop: Ends the load early once set (each client finishes its request first).
+    """
     parts = urlsplit(spec.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     requests = _requests(spec, f"{host}:{port}")
@@ -374,7 +379,11 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     async def client() -> None:
         c = _Client(host, port, tally)
         try:
-            while tally.sent < budget and time.perf_counter() < deadline:
+            while (
+                tally.sent < budget
+                and time.perf_counter() < deadline
+                and not (stop is not None and stop.is_set())
+            ):
                 request = requests[tally.sent % len(requests)]
                 tally.sent += 1
                 start = time.perf_counter()

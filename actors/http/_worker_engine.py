@@ -17,12 +17,14 @@ import collections
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from actors.messages import RequestOutput
+
 from ._engine import Chunk, Completion, EngineError, EngineUnavailableError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
 
-    from actors.messages import RequestOutput, SamplingParams
+    from actors.messages import SamplingParams
     from actors.tokenizer_worker import TokenizerWorker
 
     from ._chat import ChatTemplate
@@ -61,6 +63,8 @@ class _Outputs:
         self.arrived.set()
 
     async def next(self) -> RequestOutput:
+        """The next output; several that arrived meanwhile come as one (their text joined,
+        the latest counts), so a reader that fell behind sends fewer, longer chunks."""
         while not self.items:
             if self.overflow:
                 raise EngineUnavailableError(
@@ -70,7 +74,21 @@ class _Outputs:
             self.arrived.clear()
             await self.arrived.wait()
         out = self.items.popleft()
-        self.unread -= len(out.text) + len(out.output_ids)
+        while self.items and out.error is None and out.finish_reason is None:
+            later = self.items.popleft()
+            if later.error is not None:
+                self.items.appendleft(later)  # a failure is told on its own
+                break
+            out = RequestOutput(
+                rid=later.rid,
+                worker=later.worker,
+                text=out.text + later.text,
+                output_ids=out.output_ids + later.output_ids,
+                prompt_tokens=later.prompt_tokens,
+                completion_tokens=later.completion_tokens,
+                finish_reason=later.finish_reason,
+            )
+        self.unread = sum(len(o.text) + len(o.output_ids) for o in self.items)
         return out
 
 
