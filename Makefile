@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[pipeline,bench]'
+	$(BIN)/python -m pip install -q -e '.[serve,bench]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python

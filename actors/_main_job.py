@@ -1,26 +1,31 @@
-"""The main job of ``python -m actors`` (``make run``).
+"""The main job of ``python -m actors`` (``make run``): the server, used as its clients use it.
 
-It starts the embedded default pipeline (4 tokenizer workers on the bundled tokenizer, the
-stand-in engine at zero step time), streams a few generations to the terminal piece by
-piece, then runs a closed-loop load with a progress bar and SIGKILLs one worker when a
-third of the requests are done. At the end it prints requests/s, p50/p99 latency, how many
-requests were resubmitted or failed, and the worker's restart time (kill until its new
-incarnation serves).
+It starts ``serve``'s shape on the bundled tokenizer (4 tokenizer workers, each serving the
+OpenAI API on one port; the stand-in engine), streams a few chat completions to the
+terminal piece by piece over HTTP, then drives a closed-loop streaming load through real
+HTTP (keep-alive clients, and clients opening a new connection for every request) with a
+progress bar, and SIGKILLs one worker a third of the way in. At the end it prints
+requests/s, TTFT, inter-token and end-to-end latency percentiles, the requests each worker
+served, the worker's restart time, how many requests failed and how many *waiting
+connections were lost*.
 
-A request is *lost* when it neither completed nor failed with ``WorkerDiedError`` (any other
-error, or no answer before the deadline). The exit status is 0 only when no request was
-lost and the killed worker served again; 1 otherwise; 2 for bad arguments; 128 + the
-signal's number after SIGINT, SIGTERM or SIGHUP, which stop the job cleanly.
+A failed request is allowed only when it was in flight on the killed worker: on a connection
+that worker incarnation had taken (the server records which client port went to which
+worker). Any other failure, and any refused connection, is a lost waiting connection. The
+exit status is 0 only when none was lost and the killed worker served again; 1 otherwise; 2
+for bad arguments; 128 + the signal's number after SIGINT, SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import math
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,13 +49,15 @@ except ImportError as err:  # the `bench` extra; `make run` installs it
         f"python -m actors needs rich ({err}); install it with: pip install 'tokenyard[bench]'"
     ) from err
 
-from . import Pipeline, WorkerDiedError
 from ._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
-STREAM_PROMPTS = (
+    from .http import Server
+    from .http._load import RequestRecord
+
+CHAT_PROMPTS = (
     "Tell me about the harbour of Yokohama 🚢",
     "你好，请介绍一下你自己。",  # noqa: RUF001 (CJK punctuation is the point)
     "Bonjour à tous 😀, quoi de neuf ?",
@@ -69,48 +76,9 @@ LOAD_PROMPTS = (
 PIECE_STYLES = ("bold green", "green")
 #: Seconds a killed worker has to serve again before the job calls it a failure.
 RESTART_TIMEOUT = 60.0
-#: Seconds one streamed generation may take.
-STREAM_TIMEOUT = 60.0
-#: Reasons of lost requests printed at the end.
-MAX_ERRORS_SHOWN = 5
-
-
-@dataclass
-class LoadReport:
-    """What happened to the requests of one load.
-
-    Attributes:
-        requests: Requests sent.
-        latencies: Seconds from submit to result of each completed request.
-        died: Requests that failed with ``WorkerDiedError``.
-        lost: Requests that neither completed nor failed with ``WorkerDiedError``.
-        errors: What happened to the first lost requests.
-        elapsed: Seconds from the first request to the last answer.
-        killed: Which worker was killed, and when; ``""`` if none was.
-        restart_s: Seconds from the kill until the worker's new incarnation served.
-        restart_error: Why there is no restart time, when a kill was asked for.
-    """
-
-    requests: int
-    latencies: list[float] = field(default_factory=list)
-    died: int = 0
-    lost: int = 0
-    errors: list[str] = field(default_factory=list)
-    elapsed: float = 0.0
-    killed: str = ""
-    restart_s: float | None = None
-    restart_error: str = ""
-
-    @property
-    def completed(self) -> int:
-        """Requests that returned a result."""
-        return len(self.latencies)
-
-    def lose(self, count: int, why: str) -> None:
-        """Count ``count`` lost requests; keep the first few reasons."""
-        self.lost += count
-        if len(self.errors) < MAX_ERRORS_SHOWN:
-            self.errors.append(why)
+#: Clients opening a new connection for every request, beside the keep-alive ones: new
+#: connections keep arriving while the worker dies and comes back.
+FRESH_CLIENTS = 4
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -123,303 +91,281 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def load_prompt(i: int) -> tuple[str, int]:
-    """Request ``i``'s prompt and ``max_new_tokens`` (16..32), deterministic."""
-    return LOAD_PROMPTS[i % len(LOAD_PROMPTS)], 16 + (i * 7) % 17
+@dataclass
+class LoadReport:
+    """What happened to the requests of one load.
+
+    Attributes:
+        records: Every request's record.
+        elapsed: Seconds from the first request to the last answer.
+        killed: The worker killed, and its incarnation (``None``: no kill).
+        restart_s: Seconds from the kill until its successor served.
+        restart_error: Why there is no restart time, when a kill was asked for.
+        lost: The requests that failed other than in flight on the killed worker.
+    """
+
+    records: list[RequestRecord] = field(default_factory=list)
+    elapsed: float = 0.0
+    killed: tuple[int, int] | None = None
+    restart_s: float | None = None
+    restart_error: str = ""
+    lost: list[RequestRecord] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[RequestRecord]:
+        """The requests that streamed to the end."""
+        return [r for r in self.records if r.ok]
+
+    @property
+    def failed(self) -> int:
+        """Requests that failed in flight on the killed worker (allowed)."""
+        return sum(not r.ok for r in self.records) - len(self.lost)
 
 
-async def stream_demo(p: Pipeline, console: Console, max_new_tokens: int) -> list[str]:
-    """Stream each demo prompt's generation to the terminal as its pieces arrive.
+async def stream_chats(server: Server, console: Console, max_tokens: int) -> list[str]:
+    """Stream each chat prompt's completion to the terminal as its chunks arrive.
 
     Returns:
         What went wrong, one line per failed stream (empty when all went well).
     """
+    from .http._load import stream_chat
+
     errors: list[str] = []
-    console.rule("[bold]streaming")
+    console.rule("[bold]streaming chat completions over HTTP")
     console.print(
         "[dim]The stand-in engine draws its tokens, so the text is noise; the colour "
-        "alternates with each streamed piece.[/]"
+        "changes at every chunk the server sent.[/]"
     )
-    for prompt in STREAM_PROMPTS:
-        console.print(f"[bold cyan]>[/] {escape(prompt)}")
-        pieces = 0
-        t0 = time.perf_counter()
+    for prompt in CHAT_PROMPTS:
+        console.print(f"[bold cyan]user>[/] {escape(prompt)}")
+        console.print("[bold magenta]assistant>[/] ", end="")
+        n = 0
         try:
-            with anyio.fail_after(STREAM_TIMEOUT):
-                async for piece in p.stream(prompt, max_new_tokens=max_new_tokens):
-                    console.print(
-                        piece,
-                        style=PIECE_STYLES[pieces % 2],
-                        end="",
-                        markup=False,
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                    pieces += 1
-        # A stream that fails is a lost request like any other: count it and go on.
-        except Exception as err:  # noqa: BLE001
-            errors.append(f"stream of {prompt!r}: {type(err).__name__}: {err}")
-        ms = (time.perf_counter() - t0) * 1000
-        console.print(f"\n[dim]  {pieces} pieces in {ms:.0f} ms[/]")
+            with anyio.fail_after(60):
+                async for piece in stream_chat(server.url, prompt, max_tokens):
+                    console.print(escape(piece), style=PIECE_STYLES[n % 2], end="")
+                    n += 1
+        except (OSError, TimeoutError, ValueError) as err:
+            errors.append(f"streaming {prompt!r} failed: {err}")
+        console.print(f"\n[dim]({n} chunks)[/]")
     return errors
 
 
 async def run_load(
-    p: Pipeline,
+    server: Server,
     console: Console,
     *,
     requests: int,
     concurrency: int,
     kill: int | None,
-    deadline: float,
 ) -> LoadReport:
-    """Send ``requests`` from ``concurrency`` closed-loop clients; SIGKILL worker ``kill``
-    once a third are answered, and time its restart."""
-    report = LoadReport(requests=requests)
-    indices = iter(range(requests))
-    kill_at = max(1, requests // 3)
-    killed = anyio.Event()  # set at the kill, or when it could not be done
-    answered = 0
-    t0 = time.perf_counter()
-    last = t0
-    incarnation = 0
-    t_kill = 0.0
+    """The load, with a progress bar, and worker ``kill`` SIGKILLed a third of the way in."""
+    from .http._load import LoadSpec
+    from .http._load import run_load as load
 
-    bar = Progress(
+    report = LoadReport()
+    done = asyncio.Event()
+    third = anyio.Event()
+    fresh_share = max(requests // 8, 1)
+    keep = LoadSpec(
+        url=server.url,
+        concurrency=concurrency,
+        requests=requests - fresh_share,
+        max_tokens=24,
+        prompts=LOAD_PROMPTS,
+    )
+    fresh = LoadSpec(
+        url=server.url,
+        concurrency=FRESH_CLIENTS,
+        requests=fresh_share,
+        max_tokens=24,
+        prompts=LOAD_PROMPTS,
+        keepalive=False,
+    )
+    columns = (
         SpinnerColumn(),
-        TextColumn("[bold]load[/]"),
+        TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:>6,.0f} req/s"),
         TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
     )
-    task = bar.add_task("", total=requests, rate=0.0)
+    t0 = time.perf_counter()
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("streaming requests", total=requests)
 
-    def kill_now(k: int) -> None:
-        nonlocal incarnation, t_kill
-        try:
-            ref = p.kill_worker(k)
-        except LookupError as err:
-            report.restart_error = f"could not kill worker {k}: {err}"
-        else:
-            t_kill = time.perf_counter()
-            incarnation = ref.incarnation
-            report.killed = (
-                f"worker {k} (incarnation {incarnation}) after {answered:,} of {requests:,}"
-            )
-            bar.update(task, description=f"[yellow]SIGKILLed worker {k}[/]")
-        killed.set()
+        def on_record(record: RequestRecord) -> None:
+            report.records.append(record)
+            progress.advance(task)
+            if len(report.records) >= requests // 3:
+                third.set()
+            if len(report.records) >= requests:
+                done.set()
 
-    async def client() -> None:
-        nonlocal answered, last
-        for i in indices:
-            text, budget = load_prompt(i)
-            t = time.perf_counter()
+        async def killer(k: int) -> None:
+            await third.wait()
+            pipeline = server.pipeline
+            ref = pipeline.kill_worker(k)
+            report.killed = (k, ref.incarnation)
+            killed_at = time.perf_counter()
+            progress.update(task, description=f"worker {k} SIGKILLed; streaming requests")
             try:
-                result = await p.generate(text, max_new_tokens=budget)
-            except WorkerDiedError:
-                report.died += 1
-            # Anything else loses the request: count it, and keep the load going.
-            except Exception as err:  # noqa: BLE001
-                report.lose(1, f"request {i}: {type(err).__name__}: {err}")
-            else:
-                if result.finish_reason in ("length", "stop"):
-                    report.latencies.append(time.perf_counter() - t)
-                else:
-                    report.lose(1, f"request {i} finished with {result.finish_reason!r}")
-            answered += 1
-            last = time.perf_counter()
-            bar.update(task, advance=1, rate=answered / (last - t0))
-            if kill is not None and answered == kill_at:
-                kill_now(kill)
+                with anyio.fail_after(RESTART_TIMEOUT):
+                    await pipeline.wait_worker(k, after=ref.incarnation)
+            except TimeoutError:
+                report.restart_error = (
+                    f"worker {k} did not serve again within {RESTART_TIMEOUT:g} s"
+                )
+                return
+            report.restart_s = time.perf_counter() - killed_at
+            progress.update(task, description=f"worker {k} back; streaming requests")
 
-    async def watch_restart(k: int) -> None:
-        await killed.wait()
-        if report.restart_error:
-            return
-        try:
-            await p.wait_worker(k, after=incarnation, timeout=RESTART_TIMEOUT)
-        except TimeoutError:
-            report.restart_error = (
-                f"worker {k} did not serve again within {RESTART_TIMEOUT:g} s of its kill"
-            )
-            return
-        report.restart_s = time.perf_counter() - t_kill
-        bar.update(
-            task,
-            description=f"[green]worker {k} back after {report.restart_s:.2f} s[/]",
-        )
-
-    with bar, anyio.move_on_after(deadline) as scope:
         async with anyio.create_task_group() as tg:
-            for _ in range(min(concurrency, requests)):
-                tg.start_soon(client)
             if kill is not None:
-                tg.start_soon(watch_restart, kill)
-    report.elapsed = last - t0
-    if scope.cancelled_caught:
-        unanswered = requests - answered
-        if unanswered:
-            report.lose(unanswered, f"{unanswered} requests unanswered after {deadline:g} s")
-    if kill is not None and report.restart_s is None and not report.restart_error:
-        report.restart_error = f"worker {kill} had not served again after {deadline:g} s"
+                tg.start_soon(killer, kill)
+            async with anyio.create_task_group() as loads:
+                loads.start_soon(load, keep, None, on_record)
+                loads.start_soon(load, fresh, None, on_record)
+            third.set()  # the load may have ended early: let a pending kill go
+    report.elapsed = time.perf_counter() - t0
+    if report.killed is not None:
+        on_killed = {
+            port
+            for port, origin in server.dispatcher.recent
+            if (origin.worker, origin.incarnation) == report.killed
+        }
+    else:
+        on_killed = set()
+    report.lost = [
+        r
+        for r in report.records
+        if not r.ok and (r.error == "refused" or r.local_port not in on_killed)
+    ]
     return report
 
 
-def summary(report: LoadReport, p: Pipeline) -> Table:
-    """The figures of a load, one per row."""
-    table = Table(title="load", title_justify="left", show_header=False)
+def summary(report: LoadReport, server: Server, workers: int) -> Table:
+    """The figures of one load, as a table."""
+    ok = report.ok
+    table = Table(title="load over HTTP", show_header=False)
     table.add_column("figure")
     table.add_column("value", justify="right")
-    rate = report.completed / report.elapsed if report.elapsed > 0 else 0.0
-    restart = (
-        f"{report.restart_s:.2f} s"
-        if report.restart_s is not None
-        else (report.restart_error or "no worker killed")
+    rps = len(ok) / report.elapsed if report.elapsed else float("nan")
+    table.add_row("requests/s", f"{rps:,.0f}")
+    series = {
+        "TTFT": [r.ttft * 1e3 for r in ok if r.ttft is not None],
+        "inter-token": [g * 1e3 for r in ok for g in r.itl],
+        "end-to-end": [r.e2e * 1e3 for r in ok],
+    }
+    for name, values in series.items():
+        for q in (0.5, 0.99):
+            table.add_row(f"{name} p{round(q * 100)}", f"{percentile(values, q):.1f} ms")
+    served = Counter(r.worker for r in ok if r.worker is not None)
+    table.add_row(
+        "served per worker", ", ".join(f"{k}: {served.get(k, 0):,}" for k in range(workers))
     )
-    rows = (
-        ("requests", f"{report.requests:,}"),
-        ("completed", f"{report.completed:,}"),
-        ("requests/s", f"{rate:,.0f}"),
-        ("latency p50", f"{percentile(report.latencies, 0.50) * 1000:.1f} ms"),
-        ("latency p99", f"{percentile(report.latencies, 0.99) * 1000:.1f} ms"),
-        ("resubmitted", f"{p.resubmitted:,}"),
-        ("failed (WorkerDiedError)", f"{report.died:,}"),
-        ("lost", f"{report.lost:,}"),
-        ("killed", report.killed or "none"),
-        ("restart time", restart),
-    )
-    for name, value in rows:
-        table.add_row(name, value)
+    table.add_row("completed", f"{len(ok):,}")
+    table.add_row("failed in flight on the killed worker", f"{report.failed:,}")
+    table.add_row("lost waiting connections", f"{len(report.lost):,}")
+    stats = server.statistics()
+    table.add_row("connections accepted", f"{stats.accepted:,}")
+    table.add_row("given to another worker after a death", f"{stats.rehanded:,}")
+    if report.killed is not None:
+        table.add_row("killed", f"worker {report.killed[0]} (incarnation {report.killed[1]})")
+    if report.restart_s is not None:
+        table.add_row("restart time", f"{report.restart_s:.2f} s")
     return table
 
 
-class Interrupt:
-    """A stop signal's number, and the scope it cancels (the job's, inside the pipeline)."""
+async def run_job(args: argparse.Namespace, console: Console) -> int:
+    """Start the server, stream, load, report; the exit status."""
+    from .http import open_server
 
-    def __init__(self) -> None:
-        self.signum = 0
-        self.scope: anyio.CancelScope | None = None
-
-    def stop(self, signum: int) -> None:
-        """Stop the job now if it runs, else as soon as its pipeline is up."""
-        self.signum = signum
-        if self.scope is not None:
-            self.scope.cancel()
+    name = args.tokenizer or f"{DEFAULT_TOKENIZER_PATH.name} (bundled)"
+    console.print(
+        f"[bold]tokenyard[/] serve: {args.workers} tokenizer workers serving HTTP, {name}"
+    )
+    t0 = time.perf_counter()
+    async with open_server(args.workers, args.tokenizer, port=args.port) as server:
+        console.print(
+            f"[dim]{server.url}: every worker serves after {time.perf_counter() - t0:.2f} s[/]"
+        )
+        errors = await stream_chats(server, console, args.max_tokens)
+        console.rule("[bold]load")
+        kill = None if args.no_kill else args.workers - 1
+        console.print(
+            f"{args.requests:,} streaming requests from {args.concurrency} keep-alive and "
+            f"{FRESH_CLIENTS} new-connection clients"
+            + ("" if kill is None else f"; worker {kill} is SIGKILLed a third of the way in")
+        )
+        report = await run_load(
+            server, console, requests=args.requests, concurrency=args.concurrency, kill=kill
+        )
+        console.print(summary(report, server, args.workers))
+    problems = list(errors)
+    problems += [f"request on port {r.local_port} failed: {r.error}" for r in report.lost[:5]]
+    if report.restart_error:
+        problems.append(report.restart_error)
+    if not problems:
+        console.print(
+            f"[bold green]no waiting connection lost[/]: {len(report.ok):,} completed, "
+            f"{report.failed:,} failed in flight on the killed worker"
+        )
+        return 0
+    console.print(f"[bold red]{len(report.lost):,} waiting connections lost[/]")
+    for problem in problems:
+        console.print(f"[red]- {escape(problem)}[/]")
+    return 1
 
 
 async def main_job(args: argparse.Namespace, console: Console) -> int:
-    """`run_job`, stopped cleanly (pipeline processes and sockets gone) on SIGINT, SIGTERM
-    or SIGHUP.
+    """`run_job`, stopped cleanly (every process and socket gone) on SIGINT, SIGTERM or
+    SIGHUP: a signal cancels the job inside the server's ``async with``."""
+    received: list[int] = []
 
-    A signal cancels only the job *inside* the pipeline's ``async with``: the pipeline must
-    not be closed from within a cancelled scope (see ``run_job``).
-    """
-    interrupt = Interrupt()
-
-    async def watch(signals: AsyncIterator[int]) -> None:
+    async def watch(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
         async for signum in signals:
             console.print(f"[yellow]{signal.Signals(signum).name}: stopping[/]")
-            interrupt.stop(signum)
+            received.append(signum)
+            scope.cancel()
 
+    status = 1
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watch, signals)
-            status = await run_job(args, console, interrupt)
+            with anyio.CancelScope() as job:
+                tg.start_soon(watch, signals, job)
+                status = await run_job(args, console)
             tg.cancel_scope.cancel()
-    return status
-
-
-async def run_job(args: argparse.Namespace, console: Console, interrupt: Interrupt) -> int:
-    """Start the pipeline, stream, load, report; the exit status."""
-    name = args.tokenizer or f"{DEFAULT_TOKENIZER_PATH.name} (bundled)"
-    console.print(f"[bold]tokenyard[/] pipeline: {args.workers} tokenizer workers, {name}")
-    t0 = time.perf_counter()
-    async with Pipeline(workers=args.workers, tokenizer=args.tokenizer, step_time=0.0) as p:
-        console.print(f"[dim]every worker serves after {time.perf_counter() - t0:.2f} s[/]")
-        # Cancelling a scope around `async with Pipeline` would leave its shutdown waiting
-        # for children whose watchers were cancelled too; this scope ends inside it.
-        with anyio.CancelScope() as interrupt.scope:
-            if interrupt.signum:
-                interrupt.scope.cancel()
-            status = await load_and_report(args, console, p)
-        interrupt.scope = None
-    if interrupt.signum:
+    if received:
         console.print("[yellow]interrupted[/]")
-        return 128 + interrupt.signum
+        return 128 + received[0]
     return status
-
-
-async def load_and_report(args: argparse.Namespace, console: Console, p: Pipeline) -> int:
-    """Stream, run the load, print the figures; the exit status."""
-    stream_errors = await stream_demo(p, console, args.max_new_tokens)
-    console.rule("[bold]load")
-    kill = None if args.no_kill else args.workers - 1
-    console.print(
-        f"{args.requests:,} requests from {args.concurrency} clients"
-        + ("" if kill is None else f"; worker {kill} is SIGKILLed a third of the way in")
-    )
-    report = await run_load(
-        p,
-        console,
-        requests=args.requests,
-        concurrency=args.concurrency,
-        kill=kill,
-        deadline=args.deadline,
-    )
-    for error in stream_errors:
-        report.lose(1, error)
-    console.print(summary(report, p))
-    failures = list(report.errors)
-    if report.restart_error:
-        failures.append(report.restart_error)
-    if report.lost == 0 and not report.restart_error:
-        console.print(
-            f"[bold green]no request lost[/]: {report.completed:,} completed, "
-            f"{p.resubmitted:,} resubmitted, {report.died:,} failed with WorkerDiedError"
-        )
-        return 0
-    if report.lost:
-        console.print(f"[bold red]{report.lost:,} requests lost[/]")
-    else:
-        console.print("[bold red]no request lost, but the killed worker did not come back[/]")
-    for failure in failures:
-        console.print(f"[red]- {escape(failure)}[/]")
-    return 1
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actors``."""
     parser = argparse.ArgumentParser(
         prog="python -m actors",
-        description="Run the tokenyard pipeline: stream a few generations, then a load with "
-        "one worker killed midway; exit 0 only if no request was lost.",
+        description="Run tokenyard's OpenAI-compatible server: stream a few chat "
+        "completions over HTTP, then a streaming load with one worker killed midway; exit 0 "
+        "only if no waiting connection was lost.",
     )
     parser.add_argument("--workers", type=int, default=4, help="tokenizer workers (4)")
     parser.add_argument("--requests", type=int, default=2_000, help="requests in the load (2000)")
     parser.add_argument(
-        "--concurrency", type=int, default=64, help="closed-loop clients of the load (64)"
+        "--concurrency", type=int, default=32, help="keep-alive clients of the load (32)"
     )
+    parser.add_argument("--port", type=int, default=0, help="port (0: any free one)")
     parser.add_argument("--no-kill", action="store_true", help="do not kill a worker")
     parser.add_argument(
         "--tokenizer", metavar="PATH", help="a tokenizer.json (default: the bundled one)"
     )
     parser.add_argument(
         "--stream-tokens",
-        dest="max_new_tokens",
+        dest="max_tokens",
         type=int,
         default=48,
         metavar="N",
-        help="max_new_tokens of each streamed generation (48)",
-    )
-    parser.add_argument(
-        "--deadline",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="requests unanswered this long after the load started are lost (120)",
+        help="max_tokens of each streamed chat completion (48)",
     )
     return parser
 
@@ -428,11 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m actors``."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    for flag in ("workers", "requests", "concurrency", "max_new_tokens"):
+    for flag in ("workers", "requests", "concurrency", "max_tokens"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.deadline <= 0:
-        parser.error("--deadline must be positive")
     console = Console(width=None if sys.stdout.isatty() else 100)
     logging.basicConfig(
         level=logging.WARNING,

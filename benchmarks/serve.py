@@ -5,7 +5,7 @@ Run it with ``python -m benchmarks serve [--json PATH] [--full] [--concurrency N
 [--duration S] [--workers 1,2,4]``.
 
 Variants, each a fresh server process (``benchmarks._serve_peer``) and its pipeline, loaded
-from this process by the lean HTTP client (``benchmarks._http_load``: C closed-loop clients
+from this process by the lean HTTP client (``actors.http._load``: C closed-loop clients
 on keep-alive connections streaming ``/v1/completions`` with ``stream_options.include_usage``,
 24 tokens a request, the stand-in engine at zero step time):
 
@@ -51,7 +51,8 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from ._http_load import LoadResult, LoadSpec, run_load
+from actors.http._load import LoadResult, LoadSpec, run_load
+
 from ._proc import BenchmarkError, _env, reap
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
 from ._serve_peer import PeerReport
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
 
     from ._suite import Progress
 
+MAX_TOKENS = 24
+#: Worker SIGKILLs under load, unless --worker-kills says otherwise.
+KILLS = 20
+
 OPTIONS = (
     Option("--concurrency", "streaming clients (quick 32, full 64)"),
     Option(
@@ -73,6 +78,7 @@ OPTIONS = (
         type=float,
         metavar="S",
     ),
+    Option("--worker-kills", f"worker SIGKILLs under load ({KILLS})"),
     Option(
         "--workers",
         "tokenizer worker counts, comma-separated (1,2,4); 1, the baseline, always runs",
@@ -81,7 +87,6 @@ OPTIONS = (
     ),
 )
 
-MAX_TOKENS = 24
 PROMPTS = (
     "Tell me about the harbour of Yokohama.",
     "你好，请介绍一下你自己。",  # noqa: RUF001 (CJK punctuation is the point)
@@ -91,7 +96,6 @@ PROMPTS = (
 #: Roles a process of a server's tree plays, by the start of its title's name.
 ROLES = ("server", "worker", "detokenizer", "router", "scheduler")
 ENGINE = "scheduler"
-KILLS = 20
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ def variants(workers: Sequence[int]) -> list[Variant]:
     for k in workers:
         out.append(Variant(f"baseline{k}", f"baseline, {k} workers", "baseline", k, 1, BASELINE))
         out.append(Variant(f"serve{k}", f"serve, {k} workers", "serve", k))
-    out.append(Variant("serve2d2", "serve, 2 workers, 2 detokenizers", "serve", 2, 2, INFO))
+    if 2 in workers:
+        out.append(Variant("serve2d2", "serve, 2 workers, 2 detokenizers", "serve", 2, 2, INFO))
     return out
 
 
@@ -252,7 +257,7 @@ def _spec(port: int, concurrency: int, duration: float, **kw: Any) -> LoadSpec:
 def measure(variant: Variant, concurrency: int, duration: float) -> list[Figure]:
     """Load one server and read every process's CPU around the timed load."""
     with running(variant) as peer:
-        anyio.run(run_load, _spec(peer.port, concurrency, 1.5))  # warm-up
+        anyio.run(run_load, _spec(peer.port, concurrency, min(duration, 1.5)))  # warm-up
         root = peer.proc.pid
         before = snapshot(root)
         load0 = _rusage()
@@ -338,11 +343,11 @@ def figures_of(
     return figs
 
 
-def measure_kills(concurrency: int, timeout: float) -> tuple[list[Figure], list[str]]:
-    """Serve with 2 workers under load while 20 of its workers are SIGKILLed, one every
-    0.8 s once the previous one's successor serves; the load ends when the kills are done."""
-    variant = Variant("kills", f"serve, 2 workers, {KILLS} SIGKILLs", "serve", 2)
-    with running(variant, kills=KILLS) as peer:
+def measure_kills(concurrency: int, kills: int, timeout: float) -> tuple[list[Figure], list[str]]:
+    """Serve with 2 workers under load while ``kills`` of its workers are SIGKILLed, one
+    every 0.8 s once the previous one's successor serves; the load ends with the kills."""
+    variant = Variant("kills", f"serve, 2 workers, {kills} SIGKILLs", "serve", 2)
+    with running(variant, kills=kills) as peer:
         results: list[LoadResult] = []
 
         async def load() -> None:
@@ -457,7 +462,7 @@ TARGETS = (
     ),
     ("serve 2 req/s >= best baseline", "serve2.requests_per_s", "BEST_BASELINE", ">=", 1.0),
     ("serve 4 balance <= 1.25x", "serve4.balance", "", "<=", 1.25),
-    ("0 waiting connections lost over 20 kills", "kills.lost_waiting", "", "<=", 0.0),
+    ("0 waiting connections lost over the kills", "kills.lost_waiting", "", "<=", 0.0),
 )
 
 
@@ -532,8 +537,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         progress.step(variant.label)
         figures += measure(variant, concurrency, duration)
         progress.advance()
-    progress.step(f"serve, {KILLS} SIGKILLs under load")
-    kill_figures, kill_notes = measure_kills(16, timeout=180.0)
+    kills = pick(args, "worker_kills", KILLS, KILLS)
+    progress.step(f"serve, {kills} SIGKILLs under load")
+    kill_figures, kill_notes = measure_kills(16, kills, timeout=180.0)
     figures += kill_figures
     progress.advance()
     figures, targets = summarise(figures)
@@ -544,7 +550,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "concurrency": concurrency,
             "duration_s": duration,
             "max_tokens": MAX_TOKENS,
-            "kills": KILLS,
+            "kills": kills,
+            "worker_counts": ",".join(map(str, getattr(args, "workers", None) or WORKER_COUNTS)),
             "full": bool(args.full),
             "load": os.getloadavg()[0],
         },

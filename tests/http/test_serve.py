@@ -24,7 +24,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from actors.http import open_server
-from benchmarks._http_load import LoadResult, LoadSpec, run_load
+from actors.http._load import LoadResult, LoadSpec, run_load
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Tell me about the harbour of Yokohama.", "你好, 世界", "Bonjour à tous 😀")

@@ -48,11 +48,45 @@ SMALLEST: dict[str, list[str]] = {
     "pipeline": ["--requests", "1", "--concurrency", "1", "--workers", "2"],
     "supervision": ["--kills", "1"],
     "spawn": ["--actors", "1"],
+    "serve": [
+        "--workers",
+        "1",
+        "--duration",
+        "0.5",
+        "--concurrency",
+        "2",
+        "--worker-kills",
+        "1",
+    ],
 }
 
 #: What each suite's results must hold: the params the options set, figures by key, ratios
 #: as (figure, baseline) pairs, the figures its targets check, and the charts it draws.
 EXPECTED: dict[str, dict[str, Any]] = {
+    "serve": {
+        # --workers 1 is the smallest comparison: a baseline and serve at one worker.
+        "params": {"concurrency": 2, "duration_s": 0.5, "kills": 1, "worker_counts": "1"},
+        "figures": [
+            f"{v}.{m}"
+            for v in ("baseline1", "serve1")
+            for m in (
+                "requests_per_s",
+                "ttft_p50",
+                "e2e_p99",
+                "cpu_front_end_us",
+                "busiest_us",
+                "projected_rps",
+                "load_generator_us",
+            )
+        ]
+        + ["serve1.balance", "kills.lost_waiting", "kills.kills"],
+        "ratios": [
+            ("serve1.requests_per_s", "baseline1.requests_per_s"),
+            ("serve1.projected_rps", "baseline1.projected_rps"),
+        ],
+        "targets": ["kills.lost_waiting"],
+        "charts": ["serve-throughput", "serve-cpu"],
+    },
     "mailbox": {
         "params": {"messages": 1, "batches": 1, "asks": 1, "rounds": 1},
         "figures": [

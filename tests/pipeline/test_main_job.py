@@ -34,21 +34,28 @@ def figure(output: str, name: str) -> str:
 
 
 @pytest.mark.timeout(180)
-def test_the_main_job_loses_no_request_when_a_worker_is_killed() -> None:
-    done = run_main_job("--requests", "300", "--concurrency", "32")
+def test_the_main_job_loses_no_waiting_connection_when_a_worker_is_killed() -> None:
+    done = run_main_job("--requests", "400", "--concurrency", "16")
     out = done.stdout
     assert done.returncode == 0, f"{out[-3000:]}\n{done.stderr[-3000:]}"
+    assert "user> " in out
+    assert "assistant> " in out
     assert re.fullmatch(r"[\d,]+", figure(out, "requests/s"))
-    assert re.fullmatch(r"[\d.]+ ms", figure(out, "latency p50"))
-    assert re.fullmatch(r"[\d.]+ ms", figure(out, "latency p99"))
-    assert re.fullmatch(r"\d+", figure(out, "resubmitted"))
-    failed = figure(out, "failed (WorkerDiedError)")
-    assert re.fullmatch(r"\d+", failed)
-    assert figure(out, "lost") == "0"
-    assert int(figure(out, "completed").replace(",", "")) + int(failed) == 300
-    assert figure(out, "killed").startswith("worker 3 ")
+    for name in ("TTFT", "inter-token", "end-to-end"):
+        assert re.fullmatch(r"[\d.]+ ms", figure(out, f"{name} p50"))
+        assert re.fullmatch(r"[\d.]+ ms", figure(out, f"{name} p99"))
+    served = {
+        int(k): int(v.replace(",", ""))
+        for k, v in re.findall(r"(\d+): ([\d,]+)", figure(out, "served per worker"))
+    }
+    assert sorted(served) == [0, 1, 2, 3]
+    failed = int(figure(out, "failed in flight on the killed worker").replace(",", ""))
+    assert figure(out, "lost waiting connections") == "0"
+    assert int(figure(out, "completed").replace(",", "")) + failed == 400
+    assert sum(served.values()) == 400 - failed
+    assert figure(out, "killed") == "worker 3 (incarnation 1)"
     assert re.fullmatch(r"[\d.]+ s", figure(out, "restart time"))
-    assert "no request lost" in out
+    assert "no waiting connection lost" in out
 
 
 def test_a_missing_tokenizer_is_a_usage_error() -> None:

@@ -21,7 +21,7 @@ closed is counted and replaced; a request that found its reused connection alrea
 before any byte of its answer, is sent again on a fresh one (the race every keep-alive
 client has), so only real failures are failures.
 
-Run ``python -m benchmarks._http_load --url http://127.0.0.1:8000 --concurrency 8
+Run ``python -m actors.http._load --url http://127.0.0.1:8000 --concurrency 8
 --duration 10`` (``--help`` for the rest); ``--json PATH`` writes every record.
 """
 
@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 __all__ = ("LoadResult", "LoadSpec", "RequestRecord", "main", "run_load", "summarize")
 
@@ -361,12 +361,17 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def run_load(spec: LoadSpec, stop: asyncio.Event | None = None) -> LoadResult:
+async def run_load(
+    spec: LoadSpec,
+    stop: asyncio.Event | None = None,
+    on_record: Callable[[RequestRecord], object] | None = None,
+) -> LoadResult:
     """Run the load described by ``spec`` and return every request's record.
 
     Args:
         spec: What to send, for how long.
         stop: Ends the load early once set (each client finishes its request first).
+        on_record: Called with each request's record as it ends (a progress bar).
     """
     parts = urlsplit(spec.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -396,6 +401,8 @@ async def run_load(spec: LoadSpec, stop: asyncio.Event | None = None) -> LoadRes
                     await c.drop()
                 record.e2e = time.perf_counter() - start
                 tally.records.append(record)
+                if on_record is not None:
+                    on_record(record)
         finally:
             await c.drop()
 
@@ -410,6 +417,46 @@ async def run_load(spec: LoadSpec, stop: asyncio.Event | None = None) -> LoadRes
         connects=tally.connects,
         server_closes=tally.server_closes,
     )
+
+
+async def stream_chat(url: str, prompt: str, max_tokens: int) -> AsyncIterator[str]:
+    """Stream one chat completion of ``prompt`` from the server at ``url``: each chunk's
+    text as it arrives, on a connection of its own (closed at the end).
+
+    Raises:
+        OSError: The server could not be reached, or closed the connection.
+        ValueError: It answered with an error (the text of its error object).
+    """
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    spec = LoadSpec(url=url, api="chat", max_tokens=max_tokens, prompts=(prompt,), ignore_eos=False)
+    (request,) = _requests(spec, f"{host}:{port}")
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head[9:12] != b"200":
+            raise ValueError(f"the server answered {head[9:12].decode()}")
+        buffer = b""
+        while data := await _chunk(reader):
+            buffer += data
+            while (end := buffer.find(b"\n\n")) >= 0:
+                event, buffer = buffer[:end], buffer[end + 2 :]
+                if not event.startswith(b"data: ") or event[6:] == _DONE:
+                    continue
+                chunk = _EVENT.decode(event[6:])
+                if chunk.error is not None:
+                    raise ValueError(str(chunk.error.get("message", chunk.error)))
+                for choice in chunk.choices:
+                    if choice.delta is not None and choice.delta.content:
+                        yield choice.delta.content
+    except asyncio.IncompleteReadError as err:
+        raise ConnectionResetError("the server closed the connection mid-stream") from err
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 # -- reporting ------------------------------------------------------------------------------
@@ -480,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         with open(args.json, "wb") as out:
             out.write(msgspec.json.encode(result))
-    print(msgspec.json.format(msgspec.json.encode(summarize(result)).decode()))
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(summarize(result)).decode()) + "\n")
     return 0 if result.records and all(r.ok for r in result.records) else 1
 
 

@@ -1,4 +1,4 @@
-"""benchmarks._http_load: the load generator against the real app, and against small
+"""actors.http._load: the load generator against the real app, and against small
 scripted servers that refuse, close, reset and fail streams the ways real servers do."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from benchmarks._http_load import LoadSpec, main, run_load, summarize
+from actors.http._load import LoadSpec, main, run_load, summarize
 
 from ._server import serve_pipeline
 
