@@ -486,10 +486,10 @@ class Pipeline:
     ) -> AsyncGenerator[str, None]:
         """Yield the text of a completion piece by piece as it is decoded.
 
-        Output the reader has not taken yet is held up to ``max_stream_buffer`` (characters
-        of text plus token ids); a
-        reader further behind gets `SlowReaderError` after the pieces held, and the engine
-        stops generating for it.
+        Pieces that arrived while the reader was busy come joined as one. Output the reader
+        has not taken yet is held up to ``max_stream_buffer`` (characters of text plus token
+        ids); a reader further behind gets `SlowReaderError` after what was held, and the
+        engine stops generating for it.
 
         Raises:
             InvalidRequestError: The request breaks a limit; nothing was sent.
@@ -497,24 +497,11 @@ class Pipeline:
             SlowReaderError: The reader fell too far behind.
         """
         params = SamplingParams(max_new_tokens=max_new_tokens, stop=tuple(stop), **sampling)
-        req = self._new(text, True, params)
-        try:
-            await self._state.submit(req)
-            while True:
-                req.unread -= len(req.ids)  # a stream's reader takes text only
-                req.ids.clear()
-                while req.pieces:
-                    piece = req.pieces.popleft()
-                    req.unread -= len(piece)
-                    yield piece
-                if req.error is not None:
-                    raise req.error
-                if req.done.is_set():
-                    return
-                await req.changed.wait()
-        finally:
-            if not req.done.is_set():
-                self._state.release(req)
+        outputs = self.stream_outputs(text, params)
+        async with contextlib.aclosing(outputs):
+            async for out in outputs:
+                if out.text:
+                    yield out.text
 
     async def stream_outputs(
         self, text: str | list[int], sampling: SamplingParams

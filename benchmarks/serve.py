@@ -377,68 +377,44 @@ def measure_kills(concurrency: int, kills: int, timeout: float) -> tuple[list[Fi
     on_killed = {port for port, w, i in report.recent if (w, i) in killed}
     failed = [r for r in records if not r.ok]
     lost = [r for r in failed if r.error == "refused" or r.local_port not in on_killed]
+
+    def figure(metric: str, value: float, role: str = INFO, **extra: Any) -> Figure:
+        key = metric.replace(" ", "_")
+        return Figure(
+            key=f"kills.{key}",
+            variant=variant.label,
+            payload="",
+            metric=metric,
+            value=value,
+            unit=extra.pop("unit", ""),
+            role=role,
+            **extra,
+        )
+
     figs = [
-        Figure(
-            key="kills.kills",
-            variant=variant.label,
-            payload="",
-            metric="kills",
-            value=len(report.killed),
-            unit="",
-            role=INFO,
-        ),
-        Figure(
-            key="kills.requests",
-            variant=variant.label,
-            payload="",
-            metric="requests",
-            value=len(records),
-            unit="",
-            role=INFO,
-        ),
-        Figure(
-            key="kills.failed_in_flight",
-            variant=variant.label,
-            payload="",
-            metric="failed in flight",
-            value=len(failed) - len(lost),
-            unit="",
-            role=INFO,
+        figure("kills", len(report.killed)),
+        figure("requests", len(records)),
+        figure(
+            "failed in flight",
+            len(failed) - len(lost),
             note="on connections a killed worker had taken",
         ),
-        Figure(
-            key="kills.lost_waiting",
-            variant=variant.label,
-            payload="",
-            metric="lost waiting connections",
-            value=len(lost),
-            unit="",
-            role=SUBJECT,
+        figure(
+            "lost waiting",
+            len(lost),
+            SUBJECT,
+            note="failures on connections no killed worker had taken, and refusals",
         ),
-        Figure(
-            key="kills.rehanded",
-            variant=variant.label,
-            payload="",
-            metric="rehanded",
-            value=report.rehanded,
-            unit="",
-            role=INFO,
+        figure(
+            "rehanded",
+            report.rehanded,
             note="connections a dying worker had not taken, given to the other",
         ),
     ]
     if report.restarts_ms:
-        figs.append(
-            Figure(
-                key="kills.restart_p50",
-                variant=variant.label,
-                payload="",
-                metric="restart p50",
-                unit="ms",
-                role=INFO,
-                value=round(nearest_rank_quantile(report.restarts_ms, 0.5), 1),
-                rounds=[round(r, 1) for r in report.restarts_ms],
-            )
-        )
+        p50 = round(nearest_rank_quantile(report.restarts_ms, 0.5), 1)
+        rounds = [round(r, 1) for r in report.restarts_ms]
+        figs.append(figure("restart p50", p50, unit="ms", rounds=rounds))
     errors = collections.Counter(r.error for r in failed)
     return figs, [f"serve kills: failures by kind {dict(errors)}"]
 

@@ -7,7 +7,7 @@ reach the worker living in the same process. Neither the app nor its tests know 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -20,7 +20,14 @@ if TYPE_CHECKING:
 
     from ._chat import ChatTemplate
 
-__all__ = ("Chunk", "Completion", "Engine", "EngineError", "EngineUnavailableError")
+__all__ = (
+    "Chunk",
+    "Completion",
+    "Engine",
+    "EngineError",
+    "EngineUnavailableError",
+    "TokenizerFacts",
+)
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,3 +137,61 @@ class Engine(Protocol):
         the request: the engine stops generating for it.
         """
         ...
+
+
+class TokenizerFacts:
+    """What an engine says about its model and tokenizer: the part of `Engine` both of
+    tokenyard's engines share (they differ in how they generate).
+
+    Args:
+        tokenizer: The ``tokenizers.Tokenizer`` the pipeline's workers use.
+        model: The model id.
+        context_length: Most prompt plus completion tokens of one request.
+        chat_template: How chat messages become prompts.
+
+    Raises:
+        ValueError: ``context_length`` is below 2.
+    """
+
+    def __init__(
+        self, tokenizer: Any, *, model: str, context_length: int, chat_template: ChatTemplate
+    ) -> None:
+        if context_length < 2:
+            raise ValueError(f"context_length={context_length}: it must be at least 2")
+        self._tokenizer = tokenizer
+        self._model = model
+        self._context_length = context_length
+        self._chat_template = chat_template
+        # As the scheduler counts it: ids 0..max, added tokens included.
+        vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
+        self._vocab_size = max(vocab.values()) + 1
+
+    @property
+    def model(self) -> str:
+        """The model id."""
+        return self._model
+
+    @property
+    def context_length(self) -> int:
+        """Most prompt plus completion tokens of one request."""
+        return self._context_length
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are ``0..vocab_size-1``."""
+        return self._vocab_size
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The chat template beside the tokenizer (or the default)."""
+        return self._chat_template
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, no special tokens added (as the workers encode)."""
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
+        return text

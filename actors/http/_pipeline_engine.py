@@ -14,7 +14,7 @@ from actors.pipeline import Pipeline
 from runtime import TokenyardError
 
 from ._chat import ChatTemplate
-from ._engine import Chunk, Completion, EngineError, EngineUnavailableError
+from ._engine import Chunk, Completion, EngineError, EngineUnavailableError, TokenizerFacts
 
 if TYPE_CHECKING:
     import os
@@ -44,7 +44,7 @@ def model_id_of(tokenizer: str | os.PathLike[str] | None) -> str:
     return directory.name or BUNDLED_MODEL_ID
 
 
-class PipelineEngine:
+class PipelineEngine(TokenizerFacts):
     """An `Engine` over an open `actors.Pipeline` in this process.
 
     It tokenizes with its own copy of the pipeline's tokenizer (for ``/tokenize``, prompt
@@ -71,17 +71,14 @@ class PipelineEngine:
         model: str | None = None,
         context_length: int = DEFAULT_CONTEXT_LENGTH,
     ) -> None:
-        if context_length < 2:
-            raise ValueError(f"context_length={context_length}: it must be at least 2")
         path = pipeline.config.tokenizer
+        super().__init__(
+            load_tokenizer(path),
+            model=model or model_id_of(path),
+            context_length=context_length,
+            chat_template=ChatTemplate.from_tokenizer(path),
+        )
         self.pipeline = pipeline
-        self._tokenizer: Any = load_tokenizer(path)
-        self._model = model or model_id_of(path)
-        self._context_length = context_length
-        # As the scheduler counts it: ids 0..max, added tokens included.
-        vocab: dict[str, int] = self._tokenizer.get_vocab(with_added_tokens=True)
-        self._vocab_size = max(vocab.values()) + 1
-        self._chat_template = ChatTemplate.from_tokenizer(path)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -105,36 +102,6 @@ class PipelineEngine:
         """
         async with Pipeline(workers, tokenizer, **pipeline) as p:
             yield cls(p, model=model, context_length=context_length)
-
-    @property
-    def model(self) -> str:
-        """The model id."""
-        return self._model
-
-    @property
-    def context_length(self) -> int:
-        """Most prompt plus completion tokens of one request."""
-        return self._context_length
-
-    @property
-    def vocab_size(self) -> int:
-        """Token ids are ``0..vocab_size-1``."""
-        return self._vocab_size
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        """The chat template beside the pipeline's tokenizer (or the default)."""
-        return self._chat_template
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, no special tokens added (as the workers encode)."""
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        """The text of ``ids``, special tokens included."""
-        text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
-        return text
 
     async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
         """Generate a whole completion (cancelling the call abandons the request)."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from actors.messages import RequestOutput
 
-from ._engine import Chunk, Completion, EngineError, EngineUnavailableError
+from ._engine import Chunk, Completion, EngineError, EngineUnavailableError, TokenizerFacts
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
@@ -92,7 +92,7 @@ class _Outputs:
         return out
 
 
-class WorkerEngine:
+class WorkerEngine(TokenizerFacts):
     """An `Engine` over the `TokenizerWorker` in this process (its tokenizer loaded).
 
     Args:
@@ -113,45 +113,15 @@ class WorkerEngine:
         chat_template: ChatTemplate,
         max_stream_buffer: int = 4 << 20,
     ) -> None:
+        super().__init__(
+            worker.tokenizer,
+            model=model,
+            context_length=context_length,
+            chat_template=chat_template,
+        )
         self._worker = worker
-        self._tokenizer: Any = worker.tokenizer
-        self._model = model
-        self._context_length = context_length
-        self._chat_template = chat_template
         self._max_stream_buffer = max_stream_buffer
-        vocab: dict[str, int] = self._tokenizer.get_vocab(with_added_tokens=True)
-        self._vocab_size = max(vocab.values()) + 1
         self.resubmitted = 0
-
-    @property
-    def model(self) -> str:
-        """The model id."""
-        return self._model
-
-    @property
-    def context_length(self) -> int:
-        """Most prompt plus completion tokens of one request."""
-        return self._context_length
-
-    @property
-    def vocab_size(self) -> int:
-        """Token ids are ``0..vocab_size-1``."""
-        return self._vocab_size
-
-    @property
-    def chat_template(self) -> ChatTemplate:
-        """The chat template of the worker's tokenizer (or the default)."""
-        return self._chat_template
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, no special tokens added (as the worker encodes)."""
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        """The text of ``ids``, special tokens included."""
-        text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
-        return text
 
     async def _start(
         self, prompt: str | list[int], params: SamplingParams, stream: bool

@@ -9,7 +9,6 @@ inbox, and then the actor must answer an ask, and the rejections must have been 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
@@ -22,9 +21,7 @@ from runtime import ActorSystem
 from runtime._protocol import Header, Kind, encode_header
 
 from ._actors import Echo, Ping, Pong
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+from .test_hardening import spray
 
 values = st.recursive(
     st.none()
@@ -85,15 +82,6 @@ def messages(cookie: bytes) -> st.SearchStrategy[list[list[bytes]]]:
         bodies.map(lambda b: [b]) | st.binary().map(lambda b: [b"\xc1" + b]) | lying_header(cookie)
     )
     return st.lists(one, min_size=1, max_size=12)
-
-
-async def spray(sock: zmq.Socket[bytes], parts: Sequence[bytes]) -> None:
-    while True:
-        try:
-            sock.send_multipart(parts, zmq.NOBLOCK)
-            return
-        except zmq.Again:
-            await anyio.lowlevel.checkpoint()
 
 
 def test_no_bytes_on_a_mailbox_or_a_reply_inbox_keep_the_actor_from_answering() -> None:
