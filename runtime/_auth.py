@@ -34,6 +34,8 @@ logger = logging.getLogger("tokenyard.auth")
 #: The ZAP endpoint libzmq asks (RFC 27).
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _IPC_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
+#: How many judged addresses a policy remembers.
+_KNOWN_KEPT = 4096
 _TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
 
 
@@ -92,9 +94,20 @@ class AddressPolicy:
         self._ipc_prefix = f"ipc://{os.path.realpath(ipc_dir)}/" if ipc_dir else None
         self._raw_prefix = f"ipc://{ipc_dir}/" if ipc_dir else None
         self.tcp_hosts = set(tcp_hosts)
+        #: Addresses already judged (an ask's reply address is checked on every ask).
+        self._known: dict[str, bool] = {}
 
     def allows(self, address: str) -> bool:
         """Whether ``address`` is one of the system's own."""
+        verdict = self._known.get(address)
+        if verdict is None:
+            verdict = self._judge(address)
+            if len(self._known) >= _KNOWN_KEPT:
+                self._known.clear()
+            self._known[address] = verdict
+        return verdict
+
+    def _judge(self, address: str) -> bool:
         if address.startswith("ipc://"):
             for prefix in (self._raw_prefix, self._ipc_prefix):
                 if prefix is not None and address.startswith(prefix):
@@ -106,6 +119,7 @@ class AddressPolicy:
     def allow_host(self, host: str) -> None:
         """Admit tcp endpoints on ``host`` too (a node of the system lives there)."""
         self.tcp_hosts.add(host.strip("[]"))
+        self._known.clear()
 
 
 def make_server(sock: zmq.Socket[bytes], keys: Keys | None) -> None:
