@@ -40,6 +40,7 @@ from ._message import registry as message_registry
 from ._protocol import (
     HEADER_BYTE,
     MAX_FRAMES,
+    NODE_KINDS,
     Cause,
     Down,
     ErrorBody,
@@ -160,6 +161,9 @@ class Node:
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
+        #: Takes the frames of the node protocol (JOIN, SPAWN, KILL, NODES) when this
+        #: process is the system's root or one of its nodes (`runtime._nodes`).
+        self.on_node_frame: Callable[[Header, bytes], None] | None = None
         #: Frames the reply inbox refused (undecodable, no cookie, unexpected).
         self.rejected = 0
         self._rejections = Throttle(logger)
@@ -336,6 +340,37 @@ class Node:
         finally:
             self.drop_request(corr)
 
+    async def request(self, address: str, kind: Kind, body: bytes, timeout: float) -> bytes:
+        """Send a node-protocol request and wait for its `Kind.ANSWER` body.
+
+        Raises:
+            AskTimeoutError: No answer within ``timeout``.
+            RemoteActorError: The other side failed to do it (the error as data).
+        """
+        corr, future = self.new_request(address)
+        try:
+            with anyio.fail_after(timeout):
+                await self.send_control(address, kind, corr, body, timeout=timeout)
+                _, answer = await future
+                assert isinstance(answer, bytes)
+                return answer
+        except TimeoutError as err:
+            raise AskTimeoutError(
+                f"no answer to {kind.name} from {address} in {timeout:g} s"
+            ) from err
+        finally:
+            self.drop_request(corr)
+
+    def answer(self, header: Header, body: bytes) -> None:
+        """Answer a node-protocol request (from a loop callback: never waits)."""
+        if header.reply_to:
+            self._notify(header.reply_to, Kind.ANSWER, body, header.corr)
+
+    def answer_error(self, header: Header, error: BaseException) -> None:
+        """Answer a node-protocol request with the failure, as data."""
+        if header.reply_to:
+            self._notify(header.reply_to, Kind.ERROR, _encode(ErrorBody.of(error)), header.corr)
+
     async def ping(self, node_address: str, timeout: float) -> bool:
         """Probe the node at ``node_address``: whether its event loop answered in time."""
         corr, future = self.new_request(node_address)
@@ -445,6 +480,11 @@ class Node:
             watch = watch_decoder.decode(body)
             self._subscribers.get(watch.ref.address, {}).pop(watch.subscriber, None)
             return
+        if kind in NODE_KINDS:
+            if self.on_node_frame is None:
+                raise ProtocolError(f"a {kind.name} frame to a process that is no node")
+            self.on_node_frame(header, body)
+            return
         if kind is Kind.DOWN:
             down = down_decoder.decode(body)
             # Only the node we asked may report a death, and of the ref we asked about.
@@ -462,7 +502,7 @@ class Node:
             return
         if pending is None or pending.future.done():
             return  # the asker gave up (timeout, cancellation): a late reply is dropped
-        if kind not in (Kind.REPLY, Kind.ERROR, Kind.FAILED, Kind.READY, Kind.PONG):
+        if kind not in (Kind.REPLY, Kind.ERROR, Kind.FAILED, Kind.READY, Kind.PONG, Kind.ANSWER):
             raise ProtocolError(f"a {kind.name} frame sent to a reply inbox")
         del self._pending[header.corr]
         if pending.timer is not None:
@@ -470,7 +510,7 @@ class Node:
         try:
             if kind is Kind.REPLY:
                 pending.future.set_result(self._decode_reply(header.body_type, body))
-            elif kind in (Kind.READY, Kind.PONG):
+            elif kind in (Kind.READY, Kind.PONG, Kind.ANSWER):
                 pending.future.set_result((header, body))
             else:
                 err = error_decoder.decode(body)
@@ -559,18 +599,23 @@ class Node:
         if len(subscribers) > _SUBSCRIBERS_KEPT:
             del subscribers[next(iter(subscribers))]
 
-    def owner_died(self, node_address: str, name: str) -> None:
-        """A child process (whose node is ``node_address``) died: the actors it owned died
-        with it (they follow their parent), and it can no longer report their deaths.
+    def owner_died(
+        self,
+        node_address: str,
+        name: str,
+        cause: Cause = Cause.OWNER_DIED,
+        reason: str = "",
+    ) -> None:
+        """A child process (whose node is ``node_address``) died, or a node was lost: the
+        actors it owned are dead to this process, and it can no longer report their deaths.
 
         The socket to its reply inbox (made to answer its asks) is closed too: libzmq would
         otherwise keep reconnecting to the dead path for as long as this process lives.
         """
+        why = reason or f"its owner {name!r} died"
         orphans = [ref for ref in self._watched.values() if ref.owner == node_address]
         for orphan in orphans:
-            self.mark_dead(
-                Down(ref=orphan, cause=Cause.OWNER_DIED, reason=f"its owner {name!r} died")
-            )
+            self.mark_dead(Down(ref=orphan, cause=cause, reason=why))
         self.outbox.forget(node_address)
 
     def _notify(self, address: str, kind: Kind, body: bytes, corr: int = 0) -> None:

@@ -56,6 +56,16 @@ class Kind(enum.IntEnum):
     """The answer to a PING."""
     UNWATCH = 14
     """A watching node that closes: forget it (body: `WatchBody`)."""
+    JOIN = 15
+    """A node on another host joins the system (body: `NodeHello`; reply: `NodeWelcome`)."""
+    SPAWN = 16
+    """Start an actor on the node asked (body: `RemoteSpawn`; reply: `RemoteSpawned`)."""
+    KILL = 17
+    """End an actor of the node asked at once (body: `RemoteKill`; reply: empty)."""
+    NODES = 18
+    """The system's nodes now (body: `NodeList`), told to each node."""
+    ANSWER = 19
+    """The answer to a JOIN, SPAWN or KILL (body: the request's answer)."""
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -80,6 +90,8 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
     cookie: bytes = b""
 
 
+#: The kinds of the node protocol (`runtime._nodes`), taken by a node's reply inbox.
+NODE_KINDS = frozenset({Kind.JOIN, Kind.SPAWN, Kind.KILL, Kind.NODES})
 #: First byte of every header frame (msgpack never emits it).
 HEADER_MARK = 0xC1
 HEADER_BYTE = bytes([HEADER_MARK])
@@ -166,6 +178,79 @@ class LookupReply(Message):
     ref: ActorRef[Any] | None = None
 
 
+class NodeHello(msgspec.Struct, array_like=True, frozen=True):
+    """A node's first word to the system's root.
+
+    Attributes:
+        name: The node's name, unique in the system.
+        address: Its reply inbox (where spawn and kill requests go, and its actors' owner).
+        host: The host its mailboxes bind on.
+        pid: Its process id, for people.
+    """
+
+    name: str
+    address: str
+    host: str
+    pid: int = 0
+
+
+class NodeInfo(msgspec.Struct, array_like=True, frozen=True):
+    """One node of the system, as every node learns of it."""
+
+    name: str
+    address: str
+    host: str
+
+
+class NodeList(msgspec.Struct, array_like=True, frozen=True):
+    """The system's root and nodes now (the answer to a `NodeHello`, and told to every node
+    when one joins): each admits the others' hosts."""
+
+    root: str
+    root_host: str
+    nodes: list[NodeInfo]
+
+
+class RemoteSpawn(msgspec.Struct, array_like=True, frozen=True):
+    """Start one actor on the node asked, as its own child.
+
+    Attributes:
+        actor: ``module:QualName`` of the actor class.
+        main: How to re-import ``__main__`` (see ``SpawnSpec.main``).
+        name: The actor's name.
+        incarnation: Which incarnation of that name (the root counts them).
+        args: Each positional argument, encoded alone.
+        kwargs: Each keyword argument, encoded alone.
+        spawn_timeout: Seconds it has to become ready.
+        shutdown_timeout: Seconds it gets to stop before SIGTERM.
+        stall_timeout: Liveness bound of its process (``None``: not probed).
+    """
+
+    actor: str
+    main: str
+    name: str
+    incarnation: int
+    args: list[msgspec.Raw]
+    kwargs: dict[str, msgspec.Raw]
+    spawn_timeout: float
+    shutdown_timeout: float
+    stall_timeout: float | None = None
+
+
+class RemoteSpawned(msgspec.Struct, array_like=True, frozen=True):
+    """A node's answer to `RemoteSpawn`: where the actor listens, its process."""
+
+    address: str
+    pid: int
+
+
+class RemoteKill(msgspec.Struct, array_like=True, frozen=True):
+    """End one actor of the node at once (a stop that escalated)."""
+
+    address: str
+    reason: str
+
+
 # -- the one death record ---------------------------------------------------------------------
 
 
@@ -186,6 +271,9 @@ class Cause(enum.Enum):
     """An in-process actor that did not stop in time was cancelled."""
     UNRESPONSIVE = "unresponsive"
     """Its process stopped answering liveness probes and was killed."""
+    NOCONNECTION = "noconnection"
+    """The node it ran on was lost (its process, its host or the network): whether it still
+    runs is unknown, and if it does it is stopped when its node sees the loss too."""
 
 
 class Down(Message):
@@ -218,3 +306,8 @@ watch_decoder = msgspec.msgpack.Decoder(WatchBody)
 down_decoder = msgspec.msgpack.Decoder(Down)
 lookup_decoder = msgspec.msgpack.Decoder(LookupQuery)
 body_encoder = msgspec.msgpack.Encoder()
+hello_decoder = msgspec.msgpack.Decoder(NodeHello)
+nodes_decoder = msgspec.msgpack.Decoder(NodeList)
+spawn_decoder = msgspec.msgpack.Decoder(RemoteSpawn)
+spawned_decoder = msgspec.msgpack.Decoder(RemoteSpawned)
+kill_decoder = msgspec.msgpack.Decoder(RemoteKill)
