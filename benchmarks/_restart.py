@@ -271,7 +271,7 @@ async def _spawn_profiled(system: ActorSystem, log: int, name: str) -> ActorRef[
     os.environ["PYTHONPROFILEIMPORTTIME"] = "1"
     try:
         os.dup2(log, 2)
-        return await system.spawn(Pinger, name=name)
+        return await system.spawn(Pinger, name=name, start="spawn")
     finally:
         os.dup2(saved, 2)
         os.close(saved)

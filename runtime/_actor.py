@@ -195,6 +195,7 @@ class SystemHandle(Protocol):
         shutdown_timeout: float | None = None,
         stall_timeout: float | None = None,
         inherit: Sequence[int] = (),
+        start: str | None = None,
         **kwargs: Any,
     ) -> ActorRef[N]:
         """Start a child actor (``ActorSystem.spawn``)."""

@@ -1,4 +1,6 @@
-"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``).
+"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``), or
+`main` called in a fork of a fork server (`runtime._forkserver`), which reads its spec the
+same way.
 
 The actor lives the same life as an in-process one (`runtime._cell.host`); this module adds
 only what a process needs: reading its spawn spec, its title, its ready report and last
@@ -157,6 +159,13 @@ def main() -> None:
     global _spec
     _set_parent_death_signal()
     spec = _spec = read_spec(sys.stdin.buffer)
+    if spec.env is not None:
+        # A fork of a fork server: take the environment and directory its parent has now,
+        # as a fresh interpreter is started with them.
+        os.environ.clear()
+        os.environ.update(spec.env)
+        with contextlib.suppress(OSError):
+            os.chdir(spec.cwd)
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)

@@ -72,6 +72,8 @@ class ChildSpec(msgspec.Struct, kw_only=False):
             before it is killed (and restarted like any dead child); ``None``: not probed.
         inherit: File descriptors a process child inherits (see ``ActorSystem.spawn``);
             a supervisor filling them in at each start does it in ``spec_for``.
+        start: How a process child starts: ``"spawn"`` (a fresh interpreter) or
+            ``"fork-server"``; ``None``: as its supervisor's system starts them.
 
     Example:
         >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
@@ -87,6 +89,7 @@ class ChildSpec(msgspec.Struct, kw_only=False):
     main: str = ""
     stall_timeout: float | None = None
     inherit: tuple[int, ...] = ()
+    start: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):
@@ -227,6 +230,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             shutdown_timeout=spec.shutdown_timeout,
             stall_timeout=spec.stall_timeout,
             inherit=spec.inherit,
+            start=spec.start,
             **spec.kwargs,
         )
         entry.ref = ref
