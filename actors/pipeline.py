@@ -355,7 +355,7 @@ class Pipeline:
             **config,
         )
         self.ready_timeout = ready_timeout
-        self.system = ActorSystem(name="pipeline")
+        self.system = ActorSystem(name="pipeline", preload=("actors",))
         self._state = _CallerState(self.config)
         self._supervisor: ActorRef[Any] | None = None
 

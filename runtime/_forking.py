@@ -29,12 +29,13 @@ import anyio
 import msgspec
 
 from ._errors import SpawnError
-from ._forkserver import COMMAND, PID, ForkRequest, Hello, Reply, encoder, reply_decoder
+from ._forkwire import COMMAND, PID, ForkRequest, Hello, Reply, encoder, reply_decoder
+from ._spawn import ChildProcess, child_env
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._spawn import ChildProcess, SpawnSpec
+    from ._spawn import SpawnSpec
 
 #: Seconds a closing server gets to exit on end of file before it is killed.
 _CLOSE_GRACE = 2.0
@@ -105,6 +106,8 @@ class ForkServer:
         self._ready: asyncio.Future[Reply] | None = None
         #: Set once the socket reached end of file (the server exited or was killed).
         self.gone = False
+        #: Actor processes it forked.
+        self.forked = 0
 
     @property
     def pid(self) -> int | None:
@@ -113,8 +116,6 @@ class ForkServer:
 
     def start(self) -> None:
         """Start the server process; it preloads while the caller goes on (`ready`)."""
-        from ._spawn import ChildProcess, child_env
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             popen = subprocess.Popen(
@@ -197,8 +198,6 @@ class ForkServer:
             ForkRefused: The actor's module started a thread in the server.
             SpawnError: The server could not fork, or did not answer within ``timeout``.
         """
-        from ._spawn import ChildProcess
-
         await self.ready()
         ours, theirs = socket.socketpair()
         pid = 0
@@ -257,6 +256,7 @@ class ForkServer:
                 self.kill()
             pid = await _self_reported(ours)
             if pid:
+                self.forked += 1
                 return pid
             if deadline.cancelled_caught:
                 raise SpawnError(
@@ -269,6 +269,7 @@ class ForkServer:
             raise ForkRefused(reply.refused, reply.threads)
         if reply.error or not reply.pid:
             raise SpawnError(f"the fork server could not fork actor {spec.name!r}: {reply.error}")
+        self.forked += 1
         return reply.pid
 
     async def _send(self, data: bytes, fds: list[int]) -> None:

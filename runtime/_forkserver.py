@@ -32,83 +32,29 @@ import importlib
 import os
 import signal
 import socket
-import struct
 import sys
 from typing import NoReturn
 
 import msgspec
 
-#: What the server process runs (``-c``, not ``-m``: ``-m`` would run this module as a
-#: second copy named ``__main__`` beside the one the ``runtime`` package imports).
-COMMAND = "from runtime._forkserver import main; main()"
-#: Most descriptors one request may carry (the kernel's SCM_MAX_FD).
-MAX_FDS = 253
-#: Largest request, in bytes (a request names modules and numbers, never arguments).
-MAX_REQUEST = 1 << 20
-#: How a child reports its own pid on its stdin socket, first thing after the fork.
-PID = struct.Struct("!I")
+from . import _child
+from ._clone import fork_sibling
+from ._forkwire import (
+    MAX_FDS,
+    MAX_REQUEST,
+    PID,
+    ForkRequest,
+    Hello,
+    Reply,
+    encoder,
+    request_decoder,
+)
+from ._spawn import _import_main
+
 _PR_SET_PDEATHSIG = 1
 #: What every fork server imports before it serves: the actor process's own code, and
 #: what the child's event loop would otherwise import lazily when it starts.
 BASE_PRELOAD = ("runtime._child", "anyio._backends._asyncio")
-
-
-class Hello(msgspec.Struct, tag=True, kw_only=True):
-    """The parent's first message: what to import before serving.
-
-    Attributes:
-        name: The system's name (the server's process title).
-        preload: Modules to import, in order (``ActorSystem(preload=...)``).
-        sys_path: The parent's ``sys.path``.
-    """
-
-    name: str
-    preload: list[str]
-    sys_path: list[str]
-
-
-class ForkRequest(msgspec.Struct, tag=True, kw_only=True):
-    """Fork one actor process.
-
-    Attributes:
-        id: Correlates the `Reply`.
-        actor: The actor class's ``module:QualName``: its module is imported first.
-        main: How to re-import ``__main__`` for a class defined there ('' otherwise).
-        sys_path: The parent's ``sys.path`` now.
-        cwd: The parent's working directory now (for relative ``sys.path`` entries).
-        fds: The number each carried descriptor takes in the child, after the first (the
-            child's stdin): 1 and 2 for the parent's stdout and stderr, then ``inherit``.
-    """
-
-    id: int
-    actor: str
-    main: str
-    sys_path: list[str]
-    cwd: str
-    fds: list[int]
-
-
-class Reply(msgspec.Struct, kw_only=True):
-    """The answer to `Hello` (``id`` 0) or to a `ForkRequest`.
-
-    Attributes:
-        id: The request's id.
-        pid: The forked child (for `Hello`: this server).
-        refused: A module whose import started a thread (the server exits after saying so).
-        threads: How many threads the server had after importing it.
-        error: Why nothing was forked, in words.
-    """
-
-    id: int
-    pid: int = 0
-    refused: str = ""
-    threads: int = 0
-    error: str = ""
-
-
-request_decoder = msgspec.msgpack.Decoder(Hello | ForkRequest)
-reply_decoder = msgspec.msgpack.Decoder(Reply)
-encoder = msgspec.msgpack.Encoder()
 
 
 def thread_count() -> int:
@@ -172,18 +118,15 @@ class _Server:
             sys.path[:] = request.sys_path
         with contextlib.suppress(OSError):
             os.chdir(request.cwd)
-        if request.main:
-            from ._spawn import _import_main
-
-            if "__mp_main__" not in sys.modules:
-                self.imported.add("__mp_main__")
-                try:
-                    _import_main(request.main)
-                except (Exception, SystemExit):  # noqa: BLE001 - the child reports it
-                    sys.modules.pop("__mp_main__", None)
-                if thread_count() > 1:
-                    raise _Refusal(request.main.partition(":")[2], thread_count())
-                self.frozen = False
+        if request.main and "__mp_main__" not in sys.modules:
+            self.imported.add("__mp_main__")
+            try:
+                _import_main(request.main)
+            except (Exception, SystemExit):  # noqa: BLE001 - the child reports it
+                sys.modules.pop("__mp_main__", None)
+            if thread_count() > 1:
+                raise _Refusal(request.main.partition(":")[2], thread_count())
+            self.frozen = False
         self.need(request.actor.partition(":")[0])
         if not self.frozen:
             # Objects that exist now are never scanned by a child's collector, so its
@@ -247,8 +190,6 @@ def serve(sock: socket.socket) -> tuple[ForkRequest, list[int]] | None:
             server.send(Reply(id=request.id, refused=refusal.module, threads=refusal.threads))
             return None
         try:
-            from ._clone import fork_sibling
-
             pid = fork_sibling()
         except OSError as err:
             for fd in fds:
@@ -285,8 +226,6 @@ def become_actor(request: ForkRequest, fds: list[int], sock: socket.socket) -> N
     # Its own process group in its parent's session, as a fresh interpreter gets.
     os.setpgid(0, 0)
     _place(fds, request.fds)
-    from . import _child
-
     _child.main()
     sys.exit(0)  # main() always exits; this satisfies NoReturn
 
@@ -306,7 +245,7 @@ def main() -> None:
     sock = socket.socket(fileno=fd)
     forked = serve(sock)
     if forked is None:
-        sock.close()
-        sys.exit(0)
+        # No interpreter shutdown: it would wait for any thread a refused import started.
+        os._exit(0)
     request, fds = forked
     become_actor(request, fds, sock)

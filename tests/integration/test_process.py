@@ -499,13 +499,14 @@ class TestLifecycleHooks:
 
 
 class TestInheritedDescriptors:
+    @pytest.mark.parametrize("start", ["fork-server", "spawn"])
     async def test_an_actor_process_inherits_the_descriptors_it_is_given_and_no_other(
-        self,
+        self, start: str
     ) -> None:
         given, kept = socket.socketpair()
         other, other_peer = socket.socketpair()
         try:
-            async with ActorSystem() as system:
+            async with ActorSystem(start=start) as system:
                 writer = await system.spawn(
                     FdWriter, given.fileno(), name="writer", inherit=[given.fileno()]
                 )
