@@ -167,8 +167,8 @@ def summarise(figures: list[Figure]) -> list[Target]:
             )
     targets = []
     for key, goal, name in (
-        ("spawn.concurrent.wall", CONCURRENT_GOAL, "spawns, concurrent, fork server: wall"),
-        ("actor.uss", USS_GOAL, "idle forked actor: USS"),
+        ("spawn.concurrent.wall", CONCURRENT_GOAL, "fork server: wall"),
+        ("actor.uss", USS_GOAL, "forked actor: USS"),
     ):
         checked = by_key.get(key)
         if checked is not None:

@@ -313,8 +313,10 @@ def _notes(kills: int, as_given_cached: bool) -> list[str]:
         " imports nothing (its module's import time is the server's).",
         "pipeline worker: actors.Pipeline(workers=2) with 8 closed-loop clients (16 new tokens"
         " each) while worker 0 is SIGKILLed; kill → its new incarnation registered and"
-        " serving (Pipeline.wait_worker). Requests served, failed (WorkerDiedError) and"
-        " resubmitted over the loop are info figures.",
+        " serving (Pipeline.wait_worker). Its supervisor's restart window is 0.25 s and"
+        " kills are 0.3-0.35 s apart, so each restart is immediate (later restarts within"
+        " one window back off on purpose, up to 2 s). Requests served, failed"
+        " (WorkerDiedError) and resubmitted over the loop are info figures.",
         f"{kills} SIGKILLs per loop; percentiles are over all kills (with fewer than 100"
         " kills, p99 is the max). Every kill is in the JSON (the p50 figures' rounds).",
         RULE,
