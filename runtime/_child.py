@@ -78,8 +78,14 @@ def _watch_parent_pipe(fd: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: The kernel's flag of a process that is exiting (``/proc/<pid>/stat``'s 9th field).
+_PF_EXITING = 0x4
+
+
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a killed parent not yet reaped (a zombie) counts as dead."""
+    """Whether ``pid`` runs; a killed parent not yet reaped (a zombie) counts as dead, and
+    so does one still exiting: its descriptors close (the end of file that wakes
+    `_watch_parent_pipe`) before it is a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -88,10 +94,11 @@ def _alive(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
+            fields = stat.read().rpartition(b")")[2].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
         return True
-    return state not in (b"Z", b"X")
+    return state not in (b"Z", b"X") and not flags & _PF_EXITING
 
 
 def _set_parent_death_signal() -> None:

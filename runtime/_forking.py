@@ -184,6 +184,9 @@ class ForkServer:
         for future in pending.values():
             if not future.done():
                 future.set_exception(ForkServerGone())
+                # Nobody may be waiting (a server started eagerly that died idle): that
+                # is no error to log; whoever waits later gets it all the same.
+                future.exception()
 
     async def fork(self, spec: SpawnSpec, payload: bytes, timeout: float) -> ChildProcess:
         """Ask for one actor process and hand it ``payload`` (its length-prefixed spec).
@@ -200,6 +203,7 @@ class ForkServer:
         """
         await self.ready()
         ours, theirs = socket.socketpair()
+        ours.setblocking(False)  # this end only: the child's end reads its spec blocking
         pid = 0
         try:
             with anyio.CancelScope(shield=True):
