@@ -48,10 +48,21 @@ _spec: SpawnSpec | None = None
 _children: Callable[[], list[int]] = list
 
 
+#: One clean-up at a time: the parent-death signal's handler and the pipe's watcher often
+#: run together, and the watcher SIGKILLs the process when done, which must not cut the
+#: other's removal of the directory short (each would skip what the other was removing).
+_cleaning = threading.RLock()
+
+
 def _clean_up() -> None:
     """Before dying of a signal: kill our own children outright (they would get only the
     parent-death SIGTERM, which one ignoring SIGTERM would survive), remove our socket
     files, and the system directory too when the root is gone."""
+    with _cleaning:
+        _clean_up_now()
+
+
+def _clean_up_now() -> None:
     for pid in _children():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
