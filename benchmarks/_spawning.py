@@ -33,7 +33,7 @@ from typing import Any
 
 import anyio
 
-from runtime import ActorRef, ActorSystem
+from runtime import ActorRef, ActorSystem, StartMethod
 
 from ._lifecycle_actors import Ping, Pinger, Pong
 from ._proc import BenchmarkError, die_with_parent
@@ -203,7 +203,11 @@ async def drive_memory(opts: argparse.Namespace) -> Report:
     for r in range(opts.rounds):
         add("bare", await anyio.to_thread.run_sync(_waiting_process, "pass"))
         add("imports", await anyio.to_thread.run_sync(_waiting_process, CHILD_IMPORTS))
-        for prefix, start in (("actor", "fork-server"), ("actor_fresh", "spawn")):
+        starts: tuple[tuple[str, StartMethod], ...] = (
+            ("actor", "fork-server"),
+            ("actor_fresh", "spawn"),
+        )
+        for prefix, start in starts:
             async with ActorSystem(name="bench-memory", start=start) as system:
                 ref = await system.spawn(Pinger, name="idle")
                 pid = await _answer(ref)  # it has served: its sockets are connected

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 
@@ -34,14 +34,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tokenyard.system")
 
-SPAWN = "spawn"
-FORK_SERVER = "fork-server"
+StartMethod = Literal["fork-server", "spawn"]
+"""How an actor process starts: forked from the system's fork server, or a fresh interpreter."""
+
+SPAWN: StartMethod = "spawn"
+FORK_SERVER: StartMethod = "fork-server"
 START_METHODS = (SPAWN, FORK_SERVER)
 #: The start method of a system that names none.
-DEFAULT_START = FORK_SERVER if SUPPORTED else SPAWN
+DEFAULT_START: StartMethod = FORK_SERVER if SUPPORTED else SPAWN
 
 
-def check_start(start: str, where: str) -> str:
+def check_start(start: str, where: str) -> StartMethod:
     """``start`` if it is a start method this platform has.
 
     Raises:
@@ -54,7 +57,7 @@ def check_start(start: str, where: str) -> str:
             f"{where}start='fork-server' needs Linux on x86-64 or arm64 (it forks with "
             "clone(CLONE_PARENT)); use start='spawn' here"
         )
-    return start
+    return FORK_SERVER if start == FORK_SERVER else SPAWN
 
 
 class Launcher:
@@ -66,7 +69,7 @@ class Launcher:
         preload: Modules its fork server imports before serving.
     """
 
-    def __init__(self, name: str, start: str, preload: Sequence[str]) -> None:
+    def __init__(self, name: str, start: StartMethod, preload: Sequence[str]) -> None:
         self.name = name
         self.start = start
         self.preload = tuple(preload)
@@ -77,7 +80,7 @@ class Launcher:
         self._preload_refusal = ""
 
     def launcher(
-        self, spec: SpawnSpec, start: str | None
+        self, spec: SpawnSpec, start: StartMethod | None
     ) -> Callable[[float], Awaitable[ChildProcess]] | None:
         """How to start ``spec``'s process (``None``: a fresh interpreter)."""
         method = self.start if start is None else start

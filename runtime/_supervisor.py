@@ -24,6 +24,7 @@ import msgspec
 
 from ._actor import Actor, handler
 from ._errors import SpawnError, TokenyardError
+from ._launcher import StartMethod
 from ._message import Message, Request
 from ._protocol import Down
 from ._ref import ActorRef
@@ -89,7 +90,7 @@ class ChildSpec(msgspec.Struct, kw_only=False):
     main: str = ""
     stall_timeout: float | None = None
     inherit: tuple[int, ...] = ()
-    start: str | None = None
+    start: StartMethod | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):

@@ -27,7 +27,7 @@ from ._errors import (
     TokenyardError,
 )
 from ._exit import oom_kills
-from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, check_start
+from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, StartMethod, check_start
 from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
 from ._node import Node
@@ -123,7 +123,7 @@ class ActorSystem:
         keys: Keys | str | os.PathLike[str] | None = None,
         curve: bool = True,
         attach: Credentials | None = None,
-        start: str = DEFAULT_START,
+        start: StartMethod = DEFAULT_START,
         preload: Sequence[str] = (),
         eager_fork_server: bool = False,
     ) -> None:
@@ -142,6 +142,7 @@ class ActorSystem:
         )
         self.spawn_timeout = spawn_timeout
         self.shutdown_timeout = shutdown_timeout
+        #: How this system starts actor processes, and its fork server (``.server``).
         self.launcher = Launcher(name, check_start(start, "ActorSystem("), preload)
         self._eager_fork_server = eager_fork_server
         self.ipc_dir = ""
@@ -184,7 +185,7 @@ class ActorSystem:
         system._cookie = spec.cookie
         system._keys_source = spec.keys
         system._in_child = True
-        system.launcher = Launcher(spec.name, spec.start, spec.preload)
+        system.launcher = Launcher(spec.name, check_start(spec.start, "SpawnSpec("), spec.preload)
         return system
 
     @property
@@ -287,7 +288,7 @@ class ActorSystem:
         shutdown_timeout: float | None = None,
         stall_timeout: float | None = None,
         inherit: Sequence[int] = (),
-        start: str | None = None,
+        start: StartMethod | None = None,
         **kwargs: Any,
     ) -> ActorRef[M]:
         """Start an actor and return its ref once its ``on_start`` has finished.
@@ -355,7 +356,7 @@ class ActorSystem:
         timeout: float,
         stall_timeout: float | None,
         inherit: Sequence[int],
-        start: str | None,
+        start: StartMethod | None,
     ) -> ActorRef[M]:
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)

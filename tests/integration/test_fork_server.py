@@ -87,10 +87,10 @@ class TestForkedActors:
 
     async def test_an_unknown_start_method_names_the_choices(self) -> None:
         with pytest.raises(ValueError, match="choose 'fork-server' or 'spawn'"):
-            ActorSystem(start="forkserver")
+            ActorSystem(start="forkserver")  # type: ignore[arg-type] # the wrong name, on purpose
         async with ActorSystem() as system:
             with pytest.raises(ValueError, match="choose 'fork-server' or 'spawn'"):
-                await system.spawn(Forked, start="exec")
+                await system.spawn(Forked, start="exec")  # type: ignore[arg-type] # on purpose
 
     async def test_preloaded_modules_run_once_in_an_eager_fork_server(self) -> None:
         async with ActorSystem(

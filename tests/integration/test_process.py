@@ -26,6 +26,7 @@ from runtime import (
     RemoteActorError,
     Request,
     SpawnError,
+    StartMethod,
     handler,
 )
 from runtime._protocol import Header, Kind, encode_header
@@ -501,7 +502,7 @@ class TestLifecycleHooks:
 class TestInheritedDescriptors:
     @pytest.mark.parametrize("start", ["fork-server", "spawn"])
     async def test_an_actor_process_inherits_the_descriptors_it_is_given_and_no_other(
-        self, start: str
+        self, start: StartMethod
     ) -> None:
         given, kept = socket.socketpair()
         other, other_peer = socket.socketpair()

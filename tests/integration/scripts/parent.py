@@ -18,7 +18,7 @@ from pathlib import Path
 
 import anyio
 
-from runtime import ActorSystem, ChildSpec, Supervisor
+from runtime import ActorSystem, ChildSpec, StartMethod, Supervisor
 from tests.integration._actors import Echo, GetPid, Pid, Stubborn, Worker
 
 
@@ -41,7 +41,7 @@ def is_actor(pid: int) -> bool:
     return title.startswith("tokenyard::") and ".fork-server:" not in title
 
 
-async def main(shape: str, start: str) -> None:
+async def main(shape: str, start: StartMethod) -> None:
     async with ActorSystem(start=start) as system:
         if shape == "tree":
             specs = [ChildSpec(Worker, name="leaf-1"), ChildSpec(Worker, name="leaf-2")]
@@ -66,4 +66,5 @@ async def main(shape: str, start: str) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    anyio.run(main, args[0] if args else "flat", args[1] if len(args) > 1 else "fork-server")
+    start: StartMethod = "spawn" if args[1:2] == ["spawn"] else "fork-server"
+    anyio.run(main, args[0] if args else "flat", start)
