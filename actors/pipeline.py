@@ -359,7 +359,7 @@ class Pipeline:
         )
         self.ready_timeout = ready_timeout
         self.channels = channels
-        self.system = ActorSystem(name="pipeline")
+        self.system = ActorSystem(name="pipeline", preload=("actors",))
         self._state = _CallerState(self.config)
         self._supervisor: ActorRef[Any] | None = None
 

@@ -16,7 +16,14 @@ polling         the baseline: the same ``Pinger`` started by the same ``system.s
 spawn-ready     ``system.spawn`` of a fresh ``Pinger`` -> ready, the handshake included;
                 then what more fresh ``Pinger`` processes import until they have answered,
                 by package (their interpreters run with ``PYTHONPROFILEIMPORTTIME``)
+pipeline        an ``actors.Pipeline`` under a closed-loop load of ``--concurrency``
+                clients; per kill of tokenizer worker 0: SIGKILL -> the new incarnation
+                registered and serving; requests failed and resubmitted meanwhile
 ==============  ========================================================================
+
+``--start`` is the start method of the driver's system (``fork-server`` or ``spawn``); the
+supervisor process of ``--where process`` inherits it, and so forks its child from a fork
+server of its own. ``spawn-ready`` always starts fresh interpreters (what it profiles).
 
 Every clock is ``time.monotonic()`` (``CLOCK_MONOTONIC``: one clock for every process of
 a Linux machine), read in the driver, which both kills and watches, and in the restarted
@@ -62,6 +69,8 @@ from ._stream import Report, run_role, step
 #: Seconds any single wait may take before the run is declared broken (never when healthy).
 TIMEOUT = 60.0
 CHILD = "pinger"
+#: The pipeline's restart intensity window in the pipeline role, in seconds.
+PIPELINE_WINDOW = 0.25
 
 
 def pauses(n: int, span: float, seed: int) -> list[float]:
@@ -110,7 +119,7 @@ async def drive_supervised(opts: argparse.Namespace) -> Report:
     restart_ms: list[float] = []
     imported_ms: list[float] = []
     started_ms: list[float] = []
-    async with ActorSystem(name="bench-supervision") as system:
+    async with ActorSystem(name="bench-supervision", start=opts.start) as system:
         sup = await system.spawn(
             Supervisor,
             children=[ChildSpec(Pinger, name=CHILD)],
@@ -185,7 +194,7 @@ async def drive_polling(opts: argparse.Namespace) -> Report:
     restart_ms: list[float] = []
     imported_ms: list[float] = []
     started_ms: list[float] = []
-    async with ActorSystem(name="bench-polling") as system:
+    async with ActorSystem(name="bench-polling", start=opts.start) as system:
         first = system.pid_of(await system.spawn(Pinger, name=CHILD))
         assert first is not None
         pid = first
@@ -248,7 +257,7 @@ async def drive_spawn_ready(opts: argparse.Namespace) -> Report:
     samples: dict[str, list[float]] = {
         key: [] for key in ("spawn_ready", "answer", "imported", "started")
     }
-    async with ActorSystem(name="bench-spawn") as system:
+    async with ActorSystem(name="bench-spawn", start="spawn") as system:
         for i in range(opts.count):
             t0 = time.monotonic()
             ref = await system.spawn(Pinger, name=f"fresh-{i}")
@@ -271,7 +280,7 @@ async def _spawn_profiled(system: ActorSystem, log: int, name: str) -> ActorRef[
     os.environ["PYTHONPROFILEIMPORTTIME"] = "1"
     try:
         os.dup2(log, 2)
-        return await system.spawn(Pinger, name=name)
+        return await system.spawn(Pinger, name=name, start="spawn")
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -301,10 +310,58 @@ async def _profile_imports(system: ActorSystem, count: int) -> dict[str, list[fl
     return groups
 
 
+async def drive_pipeline(opts: argparse.Namespace) -> Report:
+    """Kill tokenizer worker 0 of a loaded ``Pipeline`` ``opts.kills`` times; time each
+    restart until the new incarnation serves."""
+    from actors import Pipeline, WorkerDiedError
+
+    restart_ms: list[float] = []
+    counts = {"served": 0, "failed": 0}
+    # Each kill comes after the supervisor's restart window has passed, so every restart
+    # is the first of its window, immediate: the deliberate backoff of later restarts
+    # within one window (up to 2 s) is not what this measures.
+    pipeline = Pipeline(workers=opts.workers, max_restarts=opts.kills + 10, period=PIPELINE_WINDOW)
+    # The pipeline's own system, with the start method under test (preloading only where
+    # there is a fork server to preload).
+    preload = ("actors",) if opts.start == "fork-server" else ()
+    pipeline.system = ActorSystem(name="pipeline", start=opts.start, preload=preload)
+    async with pipeline, anyio.create_task_group() as load:
+
+        async def client(c: int) -> None:
+            n = 0
+            while True:
+                n += 1
+                try:
+                    await pipeline.generate(f"client {c} request {n}", max_new_tokens=16)
+                    counts["served"] += 1
+                except WorkerDiedError:
+                    counts["failed"] += 1
+
+        for c in range(opts.concurrency):
+            load.start_soon(client, c)
+        for i, pause in enumerate(pauses(opts.kills, opts.max_pause, opts.seed)):
+            await anyio.sleep(PIPELINE_WINDOW * 1.2 + pause)
+            killed = time.monotonic()
+            old = pipeline.kill_worker(0)
+            await pipeline.wait_worker(0, after=old.incarnation, timeout=TIMEOUT)
+            restart_ms.append(_ms(killed, time.monotonic()))
+            step(f"kill {i + 1}/{opts.kills}")
+        load.cancel_scope.cancel()
+    return Report(
+        samples={"restart": restart_ms},
+        values={
+            "served": float(counts["served"]),
+            "failed": float(counts["failed"]),
+            "resubmitted": float(pipeline.resubmitted),
+        },
+    )
+
+
 DRIVERS = {
     "supervised": drive_supervised,
     "polling": drive_polling,
     "spawn-ready": drive_spawn_ready,
+    "pipeline": drive_pipeline,
 }
 
 
@@ -324,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--count", type=int, default=10, help="spawn-ready: timed spawns")
     parser.add_argument("--profiles", type=int, default=2, help="spawn-ready: profiled ones")
+    parser.add_argument("--start", choices=["fork-server", "spawn"], default="fork-server")
+    parser.add_argument("--workers", type=int, default=2, help="pipeline: tokenizer workers")
+    parser.add_argument("--concurrency", type=int, default=8, help="pipeline: clients")
     opts = parser.parse_args(argv)
     die_with_parent()
     return run_role(DRIVERS[opts.role], opts)

@@ -10,10 +10,13 @@ spawn-many     ``system.spawn`` of ``--actors`` ``Pinger`` processes, one after 
 floor          the same number of ``python -c "<what an actor process imports>"``
                processes, one after the other or all at once, until every one has
                imported (then idle, like actors): interpreters with no runtime start
-memory         the resident set of an idle ``Pinger`` process, of a bare ``python -c``
+memory         the resident set of an idle ``Pinger`` process (forked from a fork server,
+               and in a fresh interpreter), of that fork server, of a bare ``python -c``
                process and of a process that only imports what an actor imports (both
                waiting on stdin), read from ``/proc/<pid>/status`` and ``smaps_rollup``
 =============  =========================================================================
+
+``spawn-many`` starts its actors with ``--start`` (``fork-server`` or ``spawn``).
 
 Each role reports one step per round and prints a ``Report`` last (``benchmarks._stream``):
 samples in milliseconds, memory in kB.
@@ -30,7 +33,7 @@ from typing import Any
 
 import anyio
 
-from runtime import ActorRef, ActorSystem
+from runtime import ActorRef, ActorSystem, StartMethod
 
 from ._lifecycle_actors import Ping, Pinger, Pong
 from ._proc import BenchmarkError, die_with_parent
@@ -85,8 +88,9 @@ async def drive_spawn_many(opts: argparse.Namespace) -> Report:
     ready: list[float] = []
     answered: list[float] = []
     stopped: list[float] = []
-    async with ActorSystem(name="bench-spawn") as system:
-        # Untimed: the first spawn of a process pays for lazy imports in this one.
+    async with ActorSystem(name="bench-spawn", start=opts.start) as system:
+        # Untimed: the first spawn of a process pays for lazy imports in this one (and
+        # for starting the fork server, which then imports the actor's module).
         await system.stop(await system.spawn(Pinger, name="warm-up"))
         for r in range(opts.rounds):
             names = [f"r{r}-a{k}" for k in range(opts.actors)]
@@ -199,12 +203,20 @@ async def drive_memory(opts: argparse.Namespace) -> Report:
     for r in range(opts.rounds):
         add("bare", await anyio.to_thread.run_sync(_waiting_process, "pass"))
         add("imports", await anyio.to_thread.run_sync(_waiting_process, CHILD_IMPORTS))
-        async with ActorSystem(name="bench-memory") as system:
-            ref = await system.spawn(Pinger, name="idle")
-            pid = await _answer(ref)  # it has served: its sockets are connected
-            await anyio.sleep(SETTLE)
-            add("actor", memory_kb(pid))
-            await system.stop(ref)
+        starts: tuple[tuple[str, StartMethod], ...] = (
+            ("actor", "fork-server"),
+            ("actor_fresh", "spawn"),
+        )
+        for prefix, start in starts:
+            async with ActorSystem(name="bench-memory", start=start) as system:
+                ref = await system.spawn(Pinger, name="idle")
+                pid = await _answer(ref)  # it has served: its sockets are connected
+                await anyio.sleep(SETTLE)
+                add(prefix, memory_kb(pid))
+                server = system.launcher.server
+                if server is not None and server.pid is not None:
+                    add("server", memory_kb(server.pid))
+                await system.stop(ref)
         step(f"round {r + 1}/{opts.rounds}")
     return Report(samples=values)
 
@@ -221,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["sequential", "concurrent"], default="sequential")
     parser.add_argument("--actors", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--start", choices=["fork-server", "spawn"], default="fork-server")
     opts = parser.parse_args(argv)
     die_with_parent()
     if opts.role == "floor":

@@ -5,16 +5,23 @@ Run it with ``python -m benchmarks supervision [--json PATH] [--full] [--kills N
 (``--kills``: 20, ``--full`` 100; ``--rounds``: repeats of each fresh-process timing, 5,
 ``--full`` 15).
 
-Kill loops, each in a fresh driver process (``benchmarks._restart``), ``--kills`` SIGKILLs:
+Kill loops, each in a fresh driver process (``benchmarks._restart``), ``--kills`` SIGKILLs,
+each tokenyard loop under both start methods, the **fork server** (``start="fork-server"``,
+the default: the restarted child is forked from a preloaded process) and the **fresh
+interpreter** (``start="spawn"``):
 
-* **tokenyard, supervisor in the caller**: ``system.spawn(Supervisor, ..., process=False)``
-  in the driver's event loop (how ``actors.Pipeline`` runs its supervisor), one PERMANENT
+* **supervisor in the caller**: ``system.spawn(Supervisor, ..., process=False)`` in the
+  driver's event loop (how ``actors.Pipeline`` runs its supervisor), one PERMANENT
   ``Pinger`` child process. The watcher hears of the death from this process's own pidfd.
-* **tokenyard, supervisor process**: the same supervisor in a process of its own (the
-  default of ``spawn``): the child is a grandchild of the driver, whose watcher hears of
-  its death from the supervisor's process.
-* **polling every 0.5 s** (baseline): the same child started by the same ``system.spawn``,
-  kept alive by a loop that sleeps 0.5 s, checks the pid and restarts a dead child.
+* **supervisor process**: the same supervisor in a process of its own (the default of
+  ``spawn``): the child is a grandchild of the driver, whose watcher hears of its death
+  from the supervisor's process.
+* **polling every 0.5 s** (baseline): the same child started by the same ``system.spawn``
+  (fresh interpreters), kept alive by a loop that sleeps 0.5 s, checks the pid and
+  restarts a dead child.
+* **pipeline worker**: an ``actors.Pipeline`` (2 tokenizer workers) under a closed-loop load
+  of 8 clients; per kill of worker 0, SIGKILL -> the new incarnation registered and
+  serving, fork server against fresh interpreter.
 
 Per kill: *kill -> death noticed* (tokenyard: the ``Down`` delivered to a ``system.watch``
 watcher in the driver; polling: the poll that finds the pid gone) and *kill -> answering*
@@ -85,9 +92,12 @@ KILL_FLOOR = "kernel: SIGKILL -> reaped, no runtime"
 #: Actor processes whose imports are profiled (median per package).
 PROFILES = 2
 PERCENTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99, "max": 1.0}
+PIPELINE = "pipeline worker: kill → serving again, under load"
 #: The issue's goals, in ms.
 DOWN_GOAL = 20.0
 READY_GOAL = 300.0
+#: Kill -> answering with the fork server.
+FORK_READY_GOAL = 40.0
 
 OPTIONS = (Option("--kills", "SIGKILLs per kill loop (quick 20, full 100)"),)
 
@@ -102,24 +112,57 @@ class KillLoop:
     args: tuple[str, ...]  # its role and options in benchmarks._restart
 
 
+_SPAWN = ("--start", "spawn")
+_FORK = ("--start", "fork-server")
 CALLER = KillLoop(
-    "caller", "tokenyard, supervisor in the caller", SUBJECT, ("supervised", "--where", "caller")
+    "caller",
+    "fresh interpreter, supervisor in the caller",
+    SUBJECT,
+    ("supervised", "--where", "caller", *_SPAWN),
 )
 PROCESS = KillLoop(
-    "process", "tokenyard, supervisor process", SUBJECT, ("supervised", "--where", "process")
+    "process",
+    "fresh interpreter, supervisor process",
+    SUBJECT,
+    ("supervised", "--where", "process", *_SPAWN),
+)
+CALLER_FORK = KillLoop(
+    "caller_fork",
+    "fork server, supervisor in the caller",
+    SUBJECT,
+    ("supervised", "--where", "caller", *_FORK),
+)
+PROCESS_FORK = KillLoop(
+    "process_fork",
+    "fork server, supervisor process",
+    SUBJECT,
+    ("supervised", "--where", "process", *_FORK),
 )
 POLLING = KillLoop(
     "polling",
     f"polling every {POLL_INTERVAL:g} s",
     BASELINE,
-    ("polling", "--interval", str(POLL_INTERVAL)),
+    ("polling", "--interval", str(POLL_INTERVAL), *_SPAWN),
 )
-KILL_LOOPS = (CALLER, PROCESS, POLLING)
+KILL_LOOPS = (CALLER_FORK, PROCESS_FORK, CALLER, PROCESS, POLLING)
+#: The loops restarted by a fork server, each with its fresh-interpreter twin.
+FORKED = {CALLER_FORK.name: CALLER.name, PROCESS_FORK.name: PROCESS.name}
+#: The loops whose restarts start an interpreter, and so split into parts.
+FRESH_LOOPS = (CALLER, PROCESS, POLLING)
+PIPELINE_FORK = KillLoop(
+    "pipeline_fork", "pipeline worker, fork server", SUBJECT, ("pipeline", *_FORK)
+)
+PIPELINE_SPAWN = KillLoop(
+    "pipeline_spawn", "pipeline worker, fresh interpreter", BASELINE, ("pipeline", *_SPAWN)
+)
+PIPELINE_LOOPS = (PIPELINE_FORK, PIPELINE_SPAWN)
 
 #: Short names of the kill loops where a label must fit under a bar.
 SHORT = {
-    CALLER.name: "supervisor in caller",
-    PROCESS.name: "supervisor process",
+    CALLER_FORK.name: "fork, in caller",
+    PROCESS_FORK.name: "fork, sup. process",
+    CALLER.name: "fresh, in caller",
+    PROCESS.name: "fresh, sup. process",
     POLLING.name: "polling",
 }
 
@@ -142,6 +185,26 @@ def percentile_figures(
     ]
 
 
+def pipeline_figures(loop: KillLoop, report: Report) -> list[Figure]:
+    """Percentiles of a pipeline loop's restarts, and its request counts (info)."""
+    figures = percentile_figures(
+        f"{loop.name}.restart", loop.label, PIPELINE, loop.role, report.samples["restart"]
+    )
+    figures += [
+        Figure(
+            key=f"{loop.name}.{count}",
+            variant=loop.label,
+            payload="pipeline requests during the kills",
+            metric=count,
+            value=report.values[count],
+            unit="requests",
+            role=INFO,
+        )
+        for count in ("served", "failed", "resubmitted")
+    ]
+    return figures
+
+
 def latency_figures(loop: KillLoop, report: Report) -> list[Figure]:
     """Percentiles of a kill loop's two series (kill -> death noticed, -> answering)."""
     return [
@@ -153,45 +216,61 @@ def latency_figures(loop: KillLoop, report: Report) -> list[Figure]:
     ]
 
 
+def _ratio(fig: Figure, base: Figure | None, label: str) -> None:
+    if base is not None and base.value:
+        fig.ratios.append(Ratio(baseline=base.key, label=label, value=fig.value / base.value))
+
+
+def _below(label: str, fig: Figure, goal: float) -> Target:
+    return Target(
+        name=f"{label} p50 < {goal:g} ms",
+        figure=fig.key,
+        baseline="",
+        op="<",
+        threshold=goal,
+        value=fig.value,
+        met=fig.value < goal,
+    )
+
+
 def summarise(figures: list[Figure]) -> list[Target]:
-    """Attach ratios against the polling baseline and check the issue's goals (pure)."""
+    """Attach ratios against the polling baseline (and of each fork-server loop against its
+    fresh-interpreter twin) and check the issue's goals (pure). Loops absent from
+    ``figures`` are skipped."""
     by_key = {f.key: f for f in figures}
     targets: list[Target] = []
-    for loop in (CALLER, PROCESS):
+    for loop in KILL_LOOPS:
+        if loop is POLLING or f"{loop.name}.down.p50" not in by_key:
+            continue
         for series in ("down", "ready"):
             for metric in ("p50", "max"):
                 fig = by_key[f"{loop.name}.{series}.{metric}"]
-                base = by_key[f"{POLLING.name}.{series}.{metric}"]
-                if base.value:
-                    fig.ratios.append(
-                        Ratio(baseline=base.key, label="polling", value=fig.value / base.value)
-                    )
-        for series, goal, what in (("down", DOWN_GOAL, "Down"), ("ready", READY_GOAL, "answering")):
+                _ratio(fig, by_key.get(f"{POLLING.name}.{series}.{metric}"), "polling")
+                twin = FORKED.get(loop.name)
+                if twin is not None:
+                    _ratio(fig, by_key.get(f"{twin}.{series}.{metric}"), "fresh interpreter")
+        goals = [("down", DOWN_GOAL, "Down"), ("ready", READY_GOAL, "answering")]
+        if loop.name in FORKED:
+            goals.append(("ready", FORK_READY_GOAL, "answering"))
+        for series, goal, what in goals:
             fig = by_key[f"{loop.name}.{series}.p50"]
-            targets.append(
-                Target(
-                    name=f"{loop.label}: kill → {what} p50 < {goal:g} ms",
-                    figure=fig.key,
-                    baseline="",
-                    op="<",
-                    threshold=goal,
-                    value=fig.value,
-                    met=fig.value < goal,
-                )
-            )
+            targets.append(_below(f"{loop.label}: kill → {what}", fig, goal))
+    fork = by_key.get(f"{PIPELINE_FORK.name}.restart.p50")
+    if fork is not None:
+        _ratio(fork, by_key.get(f"{PIPELINE_SPAWN.name}.restart.p50"), "fresh interpreter")
     return targets
 
 
 def charts() -> list[Chart]:
     """The suite's charts, as data."""
-    goals = {DOWN: DOWN_GOAL, READY: READY_GOAL}
+    goals = {DOWN: DOWN_GOAL, READY: FORK_READY_GOAL}
     return [
         Chart(
             name="supervision-latency",
             title="SIGKILL of a supervised actor process (lower is better)",
             metrics=list(PERCENTILES),
             unit="ms",
-            payloads=[DOWN, READY],
+            payloads=[DOWN, READY, PIPELINE],
             limits=goals,
             log=True,  # 5 ms and 500 ms on one axis
         ),
@@ -227,6 +306,17 @@ def charts() -> list[Chart]:
 
 def _notes(kills: int, as_given_cached: bool) -> list[str]:
     notes = [
+        "Start methods: 'fork server' loops restart the child by a fork of the system's"
+        " preloaded fork server (start='fork-server'); 'fresh interpreter' loops and the"
+        " polling baseline start python -m runtime._child (start='spawn'). The parts of"
+        " kill → answering are split for the fresh-interpreter loops only: a forked child"
+        " imports nothing (its module's import time is the server's).",
+        "pipeline worker: actors.Pipeline(workers=2) with 8 closed-loop clients (16 new tokens"
+        " each) while worker 0 is SIGKILLed; kill → its new incarnation registered and"
+        " serving (Pipeline.wait_worker). Its supervisor's restart window is 0.25 s and"
+        " kills are 0.3-0.35 s apart, so each restart is immediate (later restarts within"
+        " one window back off on purpose, up to 2 s). Requests served, failed"
+        " (WorkerDiedError) and resubmitted over the loop are info figures.",
         f"{kills} SIGKILLs per loop; percentiles are over all kills (with fewer than 100"
         " kills, p99 is the max). Every kill is in the JSON (the p50 figures' rounds).",
         RULE,
@@ -300,7 +390,7 @@ def _measure(
         )
         timings["spawn_ready"] = fresh.samples["spawn_ready"]
         loops["fresh"] = fresh
-        for loop in KILL_LOOPS:
+        for loop in (*KILL_LOOPS, *PIPELINE_LOOPS):
             cmd = _restart.command(*loop.args, "--kills", str(kills), "--seed", "1")
             on_step = advancing(progress, loop.label)
             loops[loop.name] = run_reporting_driver(cmd, timeout, on_step, env)
@@ -314,9 +404,12 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     start = time.monotonic()
     kills = pick(args, "kills", 20, 100)
     repeats = args.rounds or (15 if args.full else 5)
-    progress.begin((len(TIMINGS) + 1) * repeats + repeats + PROFILES + kills * len(KILL_LOOPS))
+    all_loops = len(KILL_LOOPS) + len(PIPELINE_LOOPS)
+    progress.begin((len(TIMINGS) + 1) * repeats + repeats + PROFILES + kills * all_loops)
     timings, loops = _measure(progress, kills, repeats)
     figures = [f for loop in KILL_LOOPS for f in latency_figures(loop, loops[loop.name])]
+    for loop in PIPELINE_LOOPS:
+        figures += pipeline_figures(loop, loops[loop.name])
     figures += percentile_figures("kill_floor", KILL_FLOOR, DOWN, INFO, timings.pop("kill_floor"))
     targets = summarise(figures)
     restarts = {
@@ -326,7 +419,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     fresh = loops.pop("fresh")
     sources = [
         PartsSource(loop.name, loop.label, loop.role, loops[loop.name].samples, "down", "ready")
-        for loop in KILL_LOOPS
+        for loop in FRESH_LOOPS
     ]
     sources.append(PartsSource("fresh", FRESH, INFO, fresh.samples, None, "answer"))
     figures += startup + part_figures(sources, medians["python_pass"])

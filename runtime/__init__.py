@@ -20,6 +20,7 @@ from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteActorError as RemoteActorError
 from ._errors import SpawnError as SpawnError
 from ._errors import TokenyardError as TokenyardError
+from ._launcher import StartMethod as StartMethod
 from ._mailbox import MailboxStatistics as MailboxStatistics
 from ._message import Message as Message
 from ._message import Request as Request
@@ -65,6 +66,7 @@ __all__ = (
     "Restart",
     "RestartIntensityError",
     "SpawnError",
+    "StartMethod",
     "Strategy",
     "Supervisor",
     "SupervisorMessage",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     import anyio.abc
 
+    from ._launcher import StartMethod
     from ._mailbox import MailboxStatistics
     from ._protocol import Down
     from ._ref import ActorRef
@@ -195,6 +196,7 @@ class SystemHandle(Protocol):
         shutdown_timeout: float | None = None,
         stall_timeout: float | None = None,
         inherit: Sequence[int] = (),
+        start: StartMethod | None = None,
         **kwargs: Any,
     ) -> ActorRef[N]:
         """Start a child actor (``ActorSystem.spawn``)."""

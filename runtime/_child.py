@@ -1,4 +1,6 @@
-"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``).
+"""Entry point of an actor process: ``python -m runtime._child`` (started by ``spawn``), or
+`main` called in a fork of a fork server (`runtime._forkserver`), which reads its spec the
+same way.
 
 The actor lives the same life as an in-process one (`runtime._cell.host`); this module adds
 only what a process needs: reading its spawn spec, its title, its ready report and last
@@ -46,10 +48,21 @@ _spec: SpawnSpec | None = None
 _children: Callable[[], list[int]] = list
 
 
+#: One clean-up at a time: the parent-death signal's handler and the pipe's watcher often
+#: run together, and the watcher SIGKILLs the process when done, which must not cut the
+#: other's removal of the directory short (each would skip what the other was removing).
+_cleaning = threading.RLock()
+
+
 def _clean_up() -> None:
     """Before dying of a signal: kill our own children outright (they would get only the
     parent-death SIGTERM, which one ignoring SIGTERM would survive), remove our socket
     files, and the system directory too when the root is gone."""
+    with _cleaning:
+        _clean_up_now()
+
+
+def _clean_up_now() -> None:
     for pid in _children():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -76,8 +89,14 @@ def _watch_parent_pipe(fd: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: The kernel's flag of a process that is exiting (``/proc/<pid>/stat``'s 9th field).
+_PF_EXITING = 0x4
+
+
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a killed parent not yet reaped (a zombie) counts as dead."""
+    """Whether ``pid`` runs; a killed parent not yet reaped (a zombie) counts as dead, and
+    so does one still exiting: its descriptors close (the end of file that wakes
+    `_watch_parent_pipe`) before it is a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -86,10 +105,11 @@ def _alive(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
+            fields = stat.read().rpartition(b")")[2].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
         return True
-    return state not in (b"Z", b"X")
+    return state not in (b"Z", b"X") and not flags & _PF_EXITING
 
 
 def _set_parent_death_signal() -> None:
@@ -157,6 +177,13 @@ def main() -> None:
     global _spec
     _set_parent_death_signal()
     spec = _spec = read_spec(sys.stdin.buffer)
+    if spec.env is not None:
+        # A fork of a fork server: take the environment and directory its parent has now,
+        # as a fresh interpreter is started with them.
+        os.environ.clear()
+        os.environ.update(spec.env)
+        with contextlib.suppress(OSError):
+            os.chdir(spec.cwd)
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)

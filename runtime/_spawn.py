@@ -1,9 +1,11 @@
 """Starting actor processes (nothing pickled), and watching them from the event loop.
 
-A child is a fresh interpreter (``python -m runtime._child``; no fork of a running loop).
-Its spawn spec travels on its stdin as one msgspec message; the pipe then stays open so
-the child sees EOF if its parent dies, on top of the Linux parent-death signal. Death is
-seen through a pidfd in the event loop, not by polling.
+A child is a fresh interpreter (``python -m runtime._child``; no fork of a running loop),
+or a fork of a preloaded fork server (`runtime._forking`), which is this process's child
+all the same. Either way its spawn spec travels on its stdin as one msgspec message; the
+pipe (a socket, for a forked child) then stays open so the child sees EOF if its parent
+dies, on top of the Linux parent-death signal. Death is seen through a pidfd in the event
+loop, not by polling.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import threading
 import typing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import msgspec
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 if typing.TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 _LENGTH = struct.Struct("!I")
 
@@ -66,6 +68,11 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
         keys: The system's CURVE keys (tcp only).
         inherit: File descriptors the child inherits, under the same numbers (a listening
             socket, one end of a socket pair): only these cross into it.
+        start: How the child's own system starts actors (``"spawn"`` or
+            ``"fork-server"``).
+        preload: What the child's own fork server preloads.
+        env: The environment to take (a forked child has its fork server's otherwise);
+            ``None`` for a fresh interpreter, which is started with it.
     """
 
     actor: str
@@ -87,6 +94,9 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     cookie: bytes
     keys: Keys | None = None
     inherit: list[int] = []
+    start: str = "spawn"
+    preload: list[str] = []
+    env: dict[str, str] | None = None
 
 
 def encode_arguments(
@@ -208,14 +218,47 @@ def resolve_class(path: str, main: str) -> type:
     return obj
 
 
+class Process(Protocol):
+    """What `ChildProcess` uses of a started process: ``subprocess.Popen``'s interface,
+    which ``runtime._forking.ForkedProcess`` has too."""
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        ...
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped (negative: the signal), else None."""
+        ...
+
+    @property
+    def stdin(self) -> _Closeable | None:
+        """This end of the child's stdin."""
+        ...
+
+    def wait(self) -> int:
+        """Reap the process (blocking) and return its status."""
+        ...
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the process."""
+        ...
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
 class ChildProcess:
     """One actor process: start it, watch it die, signal it.
 
     Args:
-        popen: The started process; its stdin pipe is kept open for the child's lifetime.
+        popen: The started process (a child of this one); its stdin is kept open for the
+            child's lifetime.
     """
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: Process) -> None:
         self.popen = popen
         self.pid = popen.pid
         self._pidfd: int | None = None
@@ -250,7 +293,6 @@ class ChildProcess:
     @classmethod
     def start(cls, spec: SpawnSpec) -> ChildProcess:
         """Start ``python -m runtime._child`` and hand it ``spec`` on stdin."""
-        payload = msgspec.msgpack.encode(spec)
         popen = subprocess.Popen(
             [sys.executable, "-m", "runtime._child"],
             stdin=subprocess.PIPE,
@@ -263,11 +305,11 @@ class ChildProcess:
             # trips with the root.
             process_group=0,
             cwd=spec.cwd,
-            env=_child_env(),
+            env=child_env(),
         )
         assert popen.stdin is not None
         try:
-            popen.stdin.write(_LENGTH.pack(len(payload)) + payload)
+            popen.stdin.write(spec_payload(spec))
             popen.stdin.flush()
         except BrokenPipeError:
             pass  # it died at once; wait() reports how
@@ -320,8 +362,17 @@ class ChildProcess:
                 self.popen.stdin.close()
 
 
+def spec_payload(spec: SpawnSpec) -> bytes:
+    """``spec`` as a child reads it on its stdin: length-prefixed msgpack."""
+    payload = msgspec.msgpack.encode(spec)
+    return _LENGTH.pack(len(payload)) + payload
+
+
 async def start_process(
-    spec: SpawnSpec, ready: asyncio.Future[Any], timeout: float
+    spec: SpawnSpec,
+    ready: asyncio.Future[Any],
+    timeout: float,
+    launch: Callable[[float], Awaitable[ChildProcess]] | None = None,
 ) -> tuple[ChildProcess, ReadyBody]:
     """Start an actor process and wait until it reports ready.
 
@@ -329,18 +380,34 @@ async def start_process(
         spec: What to start; ``spec.token`` correlates the report.
         ready: Resolved by the parent's reply inbox with the report (READY or FAILED).
         timeout: Seconds it has.
+        launch: Starts the process given the seconds it may take, already handed its spec
+            (a fork server's fork); default: a fresh interpreter (`ChildProcess.start`).
 
     Raises:
         SpawnError: It reported a failure, exited first, or was too slow (it is then
             killed); in every case the process has been reaped.
     """
     name = spec.name
-    proc = ChildProcess.start(spec)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        proc = ChildProcess.start(spec) if launch is None else await launch(timeout)
+    except BaseException:
+        ready.cancel()
+        raise
     exit_waiter = asyncio.ensure_future(proc.wait())
     try:
         done, _ = await asyncio.wait(
-            {ready, exit_waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {ready, exit_waiter},
+            timeout=max(deadline - loop.time(), 0.0),
+            return_when=asyncio.FIRST_COMPLETED,
         )
+    except BaseException:
+        # Cancelled while it starts: it must not live on unknown to anyone.
+        ready.cancel()
+        proc.kill()
+        await proc.reap()
+        raise
     finally:
         exit_waiter.cancel()
     if ready in done:
@@ -364,7 +431,9 @@ async def start_process(
     )
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """The environment of a new actor (or fork server) process: this one's, with the
+    ``runtime`` package importable."""
     env = dict(os.environ)
     # The child imports `runtime` from wherever this process did.
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,6 +24,7 @@ import msgspec
 
 from ._actor import Actor, handler
 from ._errors import SpawnError, TokenyardError
+from ._launcher import StartMethod
 from ._message import Message, Request
 from ._protocol import Down
 from ._ref import ActorRef
@@ -72,6 +73,8 @@ class ChildSpec(msgspec.Struct, kw_only=False):
             before it is killed (and restarted like any dead child); ``None``: not probed.
         inherit: File descriptors a process child inherits (see ``ActorSystem.spawn``);
             a supervisor filling them in at each start does it in ``spec_for``.
+        start: How a process child starts: ``"spawn"`` (a fresh interpreter) or
+            ``"fork-server"``; ``None``: as its supervisor's system starts them.
 
     Example:
         >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
@@ -87,6 +90,7 @@ class ChildSpec(msgspec.Struct, kw_only=False):
     main: str = ""
     stall_timeout: float | None = None
     inherit: tuple[int, ...] = ()
+    start: StartMethod | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):
@@ -232,6 +236,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             shutdown_timeout=spec.shutdown_timeout,
             stall_timeout=spec.stall_timeout,
             inherit=spec.inherit,
+            start=spec.start,
             **spec.kwargs,
         )
         entry.ref = ref

@@ -27,6 +27,7 @@ from ._errors import (
     TokenyardError,
 )
 from ._exit import oom_kills
+from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, StartMethod, check_start
 from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
 from ._node import Node
@@ -35,6 +36,7 @@ from ._ref import ActorRef
 from ._spawn import (
     SpawnSpec,
     actor_path,
+    child_env,
     decode_arguments,
     encode_arguments,
     main_reference,
@@ -87,6 +89,15 @@ class ActorSystem:
         attach: Join the running system these credentials describe (`credentials`), as a
             member that owns nothing of it, instead of starting a system of its own; the
             transport settings above are then the system's.
+        start: How actor processes start: ``"fork-server"`` (the default on Linux x86-64
+            and arm64) forks each from a server process that imported the runtime, the
+            ``preload`` modules and each actor's module once; ``"spawn"`` starts each in a
+            fresh interpreter, for actors that need one. ``spawn(start=...)`` overrides it.
+        preload: Modules the fork server imports before it forks anything: their
+            module-level code runs once, there, and every actor process gets a copy of
+            their globals. A module that starts a thread when imported is refused.
+        eager_fork_server: Start the fork server (and its preloads) when the system opens,
+            rather than on the first process spawn.
 
     Example:
         >>> async with ActorSystem() as system:
@@ -112,6 +123,9 @@ class ActorSystem:
         keys: Keys | str | os.PathLike[str] | None = None,
         curve: bool = True,
         attach: Credentials | None = None,
+        start: StartMethod = DEFAULT_START,
+        preload: Sequence[str] = (),
+        eager_fork_server: bool = False,
     ) -> None:
         self.name = name
         self.options = TransportOptions(
@@ -128,6 +142,9 @@ class ActorSystem:
         )
         self.spawn_timeout = spawn_timeout
         self.shutdown_timeout = shutdown_timeout
+        #: How this system starts actor processes, and its fork server (``.server``).
+        self.launcher = Launcher(name, check_start(start, "ActorSystem("), preload)
+        self._eager_fork_server = eager_fork_server
         self.ipc_dir = ""
         self.root_pid = os.getpid()
         self._owns_dir = True
@@ -168,6 +185,7 @@ class ActorSystem:
         system._cookie = spec.cookie
         system._keys_source = spec.keys
         system._in_child = True
+        system.launcher = Launcher(spec.name, check_start(spec.start, "SpawnSpec("), spec.preload)
         return system
 
     @property
@@ -223,6 +241,8 @@ class ActorSystem:
         self._children.node = self._node
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        if self._eager_fork_server and self.launcher.start == FORK_SERVER:
+            self.launcher.open_server()
         return self
 
     async def __aexit__(
@@ -237,6 +257,7 @@ class ActorSystem:
                 if exc_type is None and not self._in_child:
                     await self.deliver_tells()
                 await self._children.stop_all()
+                await self.launcher.aclose()
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
@@ -265,6 +286,7 @@ class ActorSystem:
         shutdown_timeout: float | None = None,
         stall_timeout: float | None = None,
         inherit: Sequence[int] = (),
+        start: StartMethod | None = None,
         **kwargs: Any,
     ) -> ActorRef[M]:
         """Start an actor and return its ref once its ``on_start`` has finished.
@@ -284,6 +306,8 @@ class ActorSystem:
                 them to it as arguments too): a listening socket, one end of a socket pair.
                 Nothing else crosses: every other descriptor of this process is closed in
                 the child. (An in-process actor shares this process's descriptors anyway.)
+            start: For a process: ``"spawn"`` (a fresh interpreter) or ``"fork-server"``;
+                default: the system's ``start``.
             **kwargs: Keyword arguments of its constructor.
 
         Raises:
@@ -303,6 +327,8 @@ class ActorSystem:
             )
         if not process:
             return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
+        if start is not None:
+            check_start(start, "spawn(")
         return await self._spawn_process(
             actor,
             args,
@@ -313,6 +339,7 @@ class ActorSystem:
             self.spawn_timeout if spawn_timeout is None else spawn_timeout,
             stall_timeout,
             inherit,
+            start,
         )
 
     @property
@@ -332,6 +359,7 @@ class ActorSystem:
         timeout: float,
         stall_timeout: float | None,
         inherit: Sequence[int],
+        start: StartMethod | None,
     ) -> ActorRef[M]:
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
@@ -358,11 +386,16 @@ class ActorSystem:
             cookie=node.cookie,
             keys=self._keys,
             inherit=list(inherit),
+            start=self.launcher.start,
+            preload=list(self.launcher.preload),
         )
+        launch = self.launcher.launcher(spec, start)
+        if launch is not None:
+            spec.env = child_env()
         oom_before = oom_kills()
         node.expect_last_words(token)
         try:
-            proc, started = await start_process(spec, ready, timeout)
+            proc, started = await start_process(spec, ready, timeout, launch)
         except BaseException:
             node.take_last_words(token)
             raise

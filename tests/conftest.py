@@ -42,6 +42,21 @@ def child_pids() -> set[int]:
     return pids
 
 
+def is_fork_server(pid: int) -> bool:
+    """Whether ``pid`` is an actor system's fork server (``runtime._forkserver``), by its
+    command line: before it has set its title, or after."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"runtime._forkserver" in cmdline or b".fork-server:" in cmdline
+
+
+def actor_pids() -> set[int]:
+    """Pids of this process's child actor processes: its children but fork servers."""
+    return {pid for pid in child_pids() if not is_fork_server(pid)}
+
+
 def ipc_dirs() -> set[str]:
     """The private directories this process's actor systems created in the temp dir."""
     return {p.name for p in Path(tempfile.gettempdir()).glob(f"tokenyard-{os.getpid()}-*")}

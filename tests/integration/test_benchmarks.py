@@ -136,20 +136,35 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "params": {"kills": 1, "repeats": 1},
         "figures": [
             f"{loop}.{series}.{metric}"
-            for loop in ("caller", "process", "polling")
+            for loop in ("caller_fork", "process_fork", "caller", "process", "polling")
             for series in ("down", "ready")
             for metric in ("p50", "p90", "p99", "max")
+        ]
+        + [
+            f"pipeline_{start}.{metric}"
+            for start in ("fork", "spawn")
+            for metric in ("restart.p50", "restart.p99", "served", "failed", "resubmitted")
         ]
         + ["kill_floor.p50", "startup.python_pass", "startup.spawn_ready"],
         "ratios": [
             (f"{loop}.{series}.{metric}", f"polling.{series}.{metric}")
-            for loop in ("caller", "process")
+            for loop in ("caller_fork", "process_fork", "caller", "process")
             for series in ("down", "ready")
             for metric in ("p50", "max")
-        ],
+        ]
+        + [
+            (f"{where}_fork.{series}.{metric}", f"{where}.{series}.{metric}")
+            for where in ("caller", "process")
+            for series in ("down", "ready")
+            for metric in ("p50", "max")
+        ]
+        + [("pipeline_fork.restart.p50", "pipeline_spawn.restart.p50")],
         "targets": [
-            f"{loop}.{series}.p50" for loop in ("caller", "process") for series in ("down", "ready")
-        ],
+            f"{loop}.{series}.p50"
+            for loop in ("caller_fork", "process_fork", "caller", "process")
+            for series in ("down", "ready")
+        ]
+        + ["caller_fork.ready.p50", "process_fork.ready.p50"],
         "charts": [
             "supervision-latency",
             "supervision-timeline",
@@ -161,18 +176,25 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "params": {"actors": 1, "rounds": 1},
         "figures": [
             f"{name}.{mode}.{metric}"
-            for name in ("spawn", "floor")
+            for name in ("spawn", "spawn_fresh", "floor")
             for mode in ("sequential", "concurrent")
             for metric in ("wall", "per_process")
         ]
-        + [f"{p}.{m}" for p in ("actor", "bare", "imports") for m in ("rss", "pss", "uss")],
+        + [
+            f"{p}.{m}"
+            for p in ("actor", "actor_fresh", "server", "bare", "imports")
+            for m in ("rss", "pss", "uss")
+        ],
         "ratios": [
             ("spawn.sequential.wall", "floor.sequential.wall"),
             ("spawn.concurrent.wall", "floor.concurrent.wall"),
+            ("spawn_fresh.concurrent.wall", "floor.concurrent.wall"),
+            ("spawn.concurrent.wall", "spawn_fresh.concurrent.wall"),
             ("spawn.concurrent.wall", "spawn.sequential.wall"),
             ("actor.rss", "bare.rss"),
+            ("actor.uss", "actor_fresh.uss"),
         ],
-        "targets": [],
+        "targets": ["spawn.concurrent.wall", "actor.uss"],
         "charts": ["spawn-time", "spawn-memory"],
     },
 }
@@ -404,6 +426,43 @@ class TestSummarise:
             "caller.ready.p50": True,
             "process.down.p50": True,
             "process.ready.p50": False,  # 400 ms: over the 300 ms goal
+        }
+
+    def test_supervision_holds_fork_server_loops_to_their_fresh_twins_and_40_ms(self) -> None:
+        values = {
+            "caller_fork": (4.0, 30.0),
+            "caller": (4.0, 120.0),
+            "process_fork": (8.0, 50.0),
+            "process": (8.0, 200.0),
+            "polling": (250.0, 500.0),
+        }
+        figs = [
+            figure(f"{loop}.{series}.{metric}", value, BASELINE if loop == "polling" else SUBJECT)
+            for loop, (down, ready) in values.items()
+            for series, value in (("down", down), ("ready", ready))
+            for metric in ("p50", "max")
+        ]
+        figs += [
+            figure("pipeline_fork.restart.p50", 20.0),
+            figure("pipeline_spawn.restart.p50", 200.0, BASELINE),
+        ]
+        targets = supervision.summarise(figs)
+        by_key = {f.key: f for f in figs}
+        assert ratios_of(by_key["caller_fork.ready.p50"]) == {
+            "polling.ready.p50": pytest.approx(0.06),
+            "caller.ready.p50": pytest.approx(0.25),
+        }
+        assert ratios_of(by_key["pipeline_fork.restart.p50"]) == {
+            "pipeline_spawn.restart.p50": pytest.approx(0.1)
+        }
+        forty = {t.figure: t.met for t in targets if t.threshold == 40.0}
+        assert forty == {"caller_fork.ready.p50": True, "process_fork.ready.p50": False}
+
+    def test_spawn_targets_the_concurrent_fork_server_wall_and_a_forked_actors_uss(self) -> None:
+        targets = spawn.summarise([figure("spawn.concurrent.wall", 0.25), figure("actor.uss", 7.5)])
+        assert {t.figure: t.met for t in targets} == {
+            "spawn.concurrent.wall": True,
+            "actor.uss": False,
         }
 
     def test_spawn_ratios_against_fresh_interpreters_and_bare_python(self) -> None:

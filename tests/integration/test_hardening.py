@@ -421,12 +421,12 @@ class TestLogsCannotBeFlooded:
 
 
 class TestRootKills:
-    def run_root(self, shape: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    def run_root(self, shape: str, start: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
         import json
 
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/integration/scripts/parent.py"), shape],
+            [sys.executable, str(ROOT / "tests/integration/scripts/parent.py"), shape, start],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -436,10 +436,11 @@ class TestRootKills:
         report: dict[str, Any] = json.loads(proc.stdout.readline())
         return proc, report
 
-    def test_an_actor_ignoring_sigterm_dies_with_its_sigkilled_root(self) -> None:
+    @pytest.mark.parametrize("start", ["fork-server", "spawn"])
+    def test_an_actor_ignoring_sigterm_dies_with_its_sigkilled_root(self, start: str) -> None:
         from .test_lifetimes import wait_gone
 
-        proc, report = self.run_root("stubborn")
+        proc, report = self.run_root("stubborn", start)
         with proc:
             proc.kill()
             proc.wait()
@@ -448,7 +449,7 @@ class TestRootKills:
         assert wait_dir_gone(report["dir"], 5.0)
 
     def test_a_root_with_only_in_process_actors_leaves_no_directory(self) -> None:
-        proc, report = self.run_root("inprocess")
+        proc, report = self.run_root("inprocess", "fork-server")
         with proc:
             proc.kill()
             proc.wait()

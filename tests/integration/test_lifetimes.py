@@ -47,12 +47,17 @@ def run_script(name: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+#: The start methods every root-death test runs under.
+STARTS = ("fork-server", "spawn")
+
+
 class TestParentDeath:
+    @pytest.mark.parametrize("start", STARTS)
     @pytest.mark.parametrize(("shape", "expected"), [("flat", 2), ("tree", 3)])
     def test_killing_the_root_leaves_no_descendant_within_two_seconds(
-        self, shape: str, expected: int
+        self, shape: str, expected: int, start: str
     ) -> None:
-        with run_script("parent.py", shape) as parent:
+        with run_script("parent.py", shape, start) as parent:
             try:
                 assert parent.stdout is not None
                 report = json.loads(parent.stdout.readline())
@@ -60,7 +65,10 @@ class TestParentDeath:
                 parent.kill()
                 raise
             pids: list[int] = report["pids"]
-            assert len(pids) == expected
+            assert report["actors"] == expected
+            # The root's fork server, and the supervisor's in a tree, are there too.
+            servers = {"fork-server": 1 if shape == "flat" else 2, "spawn": 0}[start]
+            assert len(pids) == expected + servers
             parent.send_signal(signal.SIGKILL)
         for pid in pids:
             assert wait_gone(pid, 2.0), f"actor process {pid} outlived the root"

@@ -26,10 +26,11 @@ from runtime import (
     RemoteActorError,
     Request,
     SpawnError,
+    StartMethod,
     handler,
 )
 from runtime._protocol import Header, Kind, encode_header
-from tests.conftest import child_pids
+from tests.conftest import actor_pids
 
 from ._actors import (
     BadStart,
@@ -179,7 +180,7 @@ class TestFailures:
         async with ActorSystem() as system:
             with pytest.raises(SpawnError, match="not msgspec-encodable"):
                 await system.spawn(Echo, object(), name="echo")
-            assert child_pids() == set()
+            assert actor_pids() == set()
 
     async def test_an_on_start_failure_is_a_spawn_error_with_the_remote_text(self) -> None:
         async with ActorSystem() as system:
@@ -442,7 +443,7 @@ class TestProcesses:
     async def test_each_actor_process_is_titled_with_its_name_and_pid(self) -> None:
         async with ActorSystem() as system:
             await system.spawn(Echo, name="titled")
-            (pid,) = child_pids()
+            (pid,) = actor_pids()
             title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
             assert title == f"tokenyard::titled:{pid}"
 
@@ -499,13 +500,14 @@ class TestLifecycleHooks:
 
 
 class TestInheritedDescriptors:
+    @pytest.mark.parametrize("start", ["fork-server", "spawn"])
     async def test_an_actor_process_inherits_the_descriptors_it_is_given_and_no_other(
-        self,
+        self, start: StartMethod
     ) -> None:
         given, kept = socket.socketpair()
         other, other_peer = socket.socketpair()
         try:
-            async with ActorSystem() as system:
+            async with ActorSystem(start=start) as system:
                 writer = await system.spawn(
                     FdWriter, given.fileno(), name="writer", inherit=[given.fileno()]
                 )

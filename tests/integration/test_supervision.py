@@ -29,7 +29,7 @@ from runtime import (
     WhichChildren,
 )
 from runtime._children import TERM_GRACE
-from tests.conftest import child_pids
+from tests.conftest import actor_pids
 
 from ._actors import (
     Crash,
@@ -274,7 +274,7 @@ class TestIntensity:
                 assert (await bystander_down).normal
             # So none is left, not even for the moment a parent-death signal takes to act.
             assert [pid for pid in sorted(pids | {sup_pid}) if still_running(pid)] == []
-            assert child_pids() == set()
+            assert actor_pids() == set()
 
     async def test_a_nested_supervisor_that_fails_is_restarted_by_its_parent(self) -> None:
         inner = ChildSpec(

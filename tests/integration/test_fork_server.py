@@ -1,0 +1,277 @@
+"""The fork server: actors forked from a preloaded process, as the root's own children."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+from actors import Pipeline
+from runtime import ActorRef, ActorSystem, ChildSpec, SpawnError, Supervisor, WhichChildren
+from tests.conftest import actor_pids, child_pids
+
+from ._forked import ExitWith, Forked, Here, Tokenize, Tokenizing, WhereAmI
+from ._threaded import Threaded
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from runtime._forking import ForkServer
+
+
+def server_of(system: ActorSystem) -> ForkServer:
+    server = system.launcher.server
+    assert server is not None
+    assert server.pid is not None
+    return server
+
+
+async def where(ref: ActorRef[Any]) -> Here:
+    here = await ref.ask(WhereAmI())
+    assert isinstance(here, Here)
+    return here
+
+
+def wait_exited(pid: int, timeout: float) -> bool:
+    """Wait on ``pid``'s pidfd until it has exited (a zombie counts), without reaping it."""
+    fd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def threads_of(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+class TestForkedActors:
+    async def test_an_actor_is_forked_from_the_fork_server_as_the_roots_own_child(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Forked, name="forked")
+            here = await where(ref)
+            server = server_of(system)
+            # Its module's top level ran in the server; the process is ours, not the server's.
+            assert here.imported_in == server.pid
+            assert here.ppid == os.getpid()
+            assert here.pid in child_pids()
+            assert here.pid == system.pid_of(ref)
+            # Its own process group, in the root's session, as a fresh interpreter has.
+            assert here.pgid == here.pid
+            assert here.sid == os.getsid(0)
+            title = Path(f"/proc/{here.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            assert title == f"tokenyard::forked:{here.pid}"
+            # The server forked while single-threaded, and still is.
+            assert threads_of(server.pid) == 1
+
+    async def test_start_spawn_gives_a_fresh_interpreter_per_spawn_or_per_system(self) -> None:
+        async with ActorSystem() as system:
+            fresh = await where(await system.spawn(Forked, name="fresh", start="spawn"))
+            assert fresh.imported_in == fresh.pid
+            assert system.launcher.server is None  # nothing forked: no server started
+        async with ActorSystem(start="spawn") as system:
+            fresh = await where(await system.spawn(Forked, name="fresh"))
+            assert fresh.imported_in == fresh.pid
+            forked = await where(await system.spawn(Forked, name="f", start="fork-server"))
+            assert forked.imported_in == server_of(system).pid
+
+    async def test_an_unknown_start_method_names_the_choices(self) -> None:
+        with pytest.raises(ValueError, match="choose 'fork-server' or 'spawn'"):
+            ActorSystem(start="forkserver")  # type: ignore[arg-type] # the wrong name, on purpose
+        async with ActorSystem() as system:
+            with pytest.raises(ValueError, match="choose 'fork-server' or 'spawn'"):
+                await system.spawn(Forked, start="exec")  # type: ignore[arg-type] # on purpose
+
+    async def test_preloaded_modules_run_once_in_an_eager_fork_server(self) -> None:
+        async with ActorSystem(
+            preload=("tests.integration._forked",), eager_fork_server=True
+        ) as system:
+            server = server_of(system)  # started with the system, before any spawn
+            refs = [await system.spawn(Forked, name=f"f{i}") for i in range(3)]
+            heres = [await where(ref) for ref in refs]
+            assert {here.imported_in for here in heres} == {server.pid}
+            assert len({here.pid for here in heres}) == 3
+            assert server.forked == 3
+
+    @pytest.mark.parametrize(
+        ("told", "exitcode", "signum"), [(3, 3, None), (-signal.SIGKILL, -9, signal.SIGKILL)]
+    )
+    async def test_the_down_of_a_forked_actor_has_its_exit_status_and_signal(
+        self, told: int, exitcode: int, signum: int | None
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Forked, name="exiting")
+            watch = system.watch(ref)
+            await ref.tell(ExitWith(status=told))
+            with anyio.fail_after(10):
+                down = await watch
+            assert down.exitcode == exitcode
+            assert down.signal == signum
+
+    async def test_a_killed_actor_is_restarted_through_the_fork_server(self) -> None:
+        async with ActorSystem() as system:
+            sup = await system.spawn(
+                Supervisor,
+                children=[ChildSpec(Forked, name="w")],
+                max_restarts=10,
+                backoff=0.0,
+                name="sup",
+                process=False,  # the root's own fork server forks the child
+            )
+            first = await system.lookup("w")
+            before = await where(first)
+            server = server_of(system)
+            watch = system.watch(first)
+            os.kill(before.pid, signal.SIGKILL)
+            with anyio.fail_after(10):
+                down = await watch
+            assert down.signal == signal.SIGKILL
+            with anyio.fail_after(10):
+                while True:
+                    refs = (await sup.ask(WhichChildren())).refs
+                    again = refs.get("w")
+                    if again is not None and again.incarnation > first.incarnation:
+                        break
+            after = await where(again)
+            assert after.pid != before.pid
+            assert after.imported_in == server.pid
+            assert server.forked == 2
+
+
+@contextlib.contextmanager
+def import_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A FIFO that holds the import of ``tests.integration._forked`` in a fork server."""
+    with tempfile.TemporaryDirectory() as tmp:
+        gate = os.path.join(tmp, "gate")
+        os.mkfifo(gate)
+        monkeypatch.setenv("TOKENYARD_TEST_IMPORT_GATE", gate)
+        try:
+            yield gate
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(gate)
+
+
+class TestForkServerDeath:
+    async def test_a_killed_fork_server_is_replaced_and_its_actors_live_on(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Forked, name="survivor")
+            old = server_of(system)
+            assert old.pid is not None
+            os.kill(old.pid, signal.SIGKILL)
+            assert wait_exited(old.pid, 5.0)
+            assert (await where(ref)).ppid == os.getpid()  # not the server's: untouched
+            other = await where(await system.spawn(Forked, name="other"))
+            new = server_of(system)
+            assert new is not old
+            assert other.imported_in == new.pid
+            assert old.pid not in child_pids()  # the dead one was reaped
+
+    async def test_a_spawn_in_flight_when_the_server_dies_is_retried_on_a_new_one(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with import_gate(monkeypatch) as gate:
+            async with ActorSystem() as system:
+                spawned: list[ActorRef[Any]] = []
+
+                async def spawn() -> None:
+                    spawned.append(await system.spawn(Forked, name="late"))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(spawn)
+                    # Opening the FIFO to write returns once the server opened it to read:
+                    # it is inside the actor module's import, with the spawn in flight.
+                    writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
+                    server = server_of(system)
+                    assert server.pid is not None
+                    os.kill(server.pid, signal.SIGKILL)
+                    os.unlink(gate)  # the next server's import passes through
+                    os.close(writer)
+                (ref,) = spawned
+                here = await where(ref)
+                assert here.imported_in != server.pid
+                assert here.imported_in == server_of(system).pid
+
+    async def test_a_fork_server_stuck_in_an_import_fails_the_spawn_in_its_timeout(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        with import_gate(monkeypatch):
+            async with ActorSystem() as system:
+                with pytest.raises(SpawnError, match=r"spawn_timeout"):
+                    await system.spawn(Forked, name="stuck", spawn_timeout=1.0)
+                server = server_of(system)
+                assert server.pid is not None
+                assert wait_exited(server.pid, 5.0)  # killed, as stuck
+                assert actor_pids() - {server.pid} == set()  # it forked nothing
+
+
+class TestThreads:
+    async def test_a_preloaded_module_that_starts_a_thread_is_refused_naming_the_knob(
+        self,
+    ) -> None:
+        async with ActorSystem(preload=("tests.integration._threaded",)) as system:
+            with pytest.raises(SpawnError, match=r"_threaded.*started a thread.*start='spawn'"):
+                await system.spawn(Forked, name="never")
+            # Refused again at once, without a new server importing it again.
+            with pytest.raises(SpawnError, match="preload"):
+                await system.spawn(Forked, name="never-again")
+            # The fresh interpreter still works.
+            fresh = await where(await system.spawn(Forked, name="fresh", start="spawn"))
+            assert fresh.imported_in == fresh.pid
+
+    async def test_an_actor_module_that_starts_a_thread_starts_in_a_fresh_interpreter(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with caplog.at_level(logging.WARNING, logger="tokenyard.system"):
+            async with ActorSystem() as system:
+                threaded = await where(await system.spawn(Threaded, name="threaded"))
+                assert threaded.imported_in == threaded.pid  # its own top level: fresh
+                refusing = system.launcher.server
+                assert refusing is not None
+                assert refusing.pid is not None
+                assert wait_exited(refusing.pid, 5.0)  # it forks no more
+                # Others are still forked, by a new server that never imported it.
+                forked = await where(await system.spawn(Forked, name="forked"))
+                new = server_of(system)
+                assert forked.imported_in == new.pid
+                assert threads_of(new.pid if new.pid else 0) == 1
+                again = await where(await system.spawn(Threaded, name="threaded-2"))
+                assert again.imported_in == again.pid
+        warnings = [r.getMessage() for r in caplog.records if "started a thread" in r.getMessage()]
+        assert len(warnings) == 1
+        assert "tests.integration._threaded" in warnings[0]
+        assert "start='spawn'" in warnings[0]
+
+
+class TestPreloadedPipeline:
+    async def test_a_child_tokenizes_after_the_fork_server_preloaded_actors(self) -> None:
+        async with ActorSystem(preload=("actors",), eager_fork_server=True) as system:
+            ref = await system.spawn(Tokenizing, name="tokenizing")
+            tokens = await ref.ask(Tokenize(text="héllo wörld, 你好 🦊"))
+            assert tokens.text == "héllo wörld, 你好 🦊"
+            server = server_of(system)
+            assert server.pid is not None
+            assert threads_of(server.pid) == 1  # its preloads started no pool
+
+    async def test_a_killed_pipeline_worker_comes_back_through_the_fork_server(self) -> None:
+        async with Pipeline(workers=2) as pipeline:
+            server = server_of(pipeline.system)
+            forked = server.forked
+            old = pipeline.kill_worker(0)
+            with anyio.fail_after(30):
+                await pipeline.wait_worker(0, after=old.incarnation)
+            result = await pipeline.generate("hello again", max_new_tokens=4)
+            assert result.completion_tokens == 4
+            assert server_of(pipeline.system) is server
+            assert server.forked == forked + 1
+            assert threads_of(server.pid if server.pid else 0) == 1
