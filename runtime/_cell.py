@@ -11,6 +11,7 @@ into its exit status and last words.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,10 @@ from ._codec import MailboxDecoder
 from ._context import handling_address
 from ._errors import ProtocolError, TokenyardError, sole_error
 from ._mailbox import Envelope
+from ._message import type_path
+from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
 from ._protocol import ErrorBody, Header, Kind, LookupQuery, LookupReply
+from ._stats import ActorMetrics
 from ._throttle import Throttle
 
 if TYPE_CHECKING:
@@ -33,6 +37,11 @@ if TYPE_CHECKING:
     from ._node import Node
 
 logger = logging.getLogger("tokenyard.actor")
+
+#: A drained run this long means the actor is behind its senders ...
+_LONG_RUN = 64
+#: ... and then one such run in this many has its handlers timed.
+_SAMPLED_RUNS = 8
 
 _Handlers = dict[type["Message"], tuple["Callable[[Any], Any]", bool]]
 
@@ -71,6 +80,22 @@ class Cell:
             t: (getattr(actor, name), is_async) for t, (name, is_async) in table.items()
         }
         self._errors = Throttle(logger)
+        #: Handler times: a power-of-two histogram of nanoseconds (`runtime._metrics`).
+        self._clock: Callable[[], int] | None = time.perf_counter_ns if ENABLED else None
+        self._handler_slots = [0] * POW2_SLOTS
+        self._handler_ns = 0
+        self._runs = 0
+
+    def metrics(self) -> ActorMetrics:
+        """This actor's statistics now."""
+        actor = self.actor
+        return ActorMetrics(
+            ref=actor.ref,
+            actor_class=type_path(type(actor)),
+            mailbox=self.mailbox.statistics(),
+            handler_seconds=pow2_snapshot(self._handler_slots, self._handler_ns),
+            children=actor._supervision(),
+        )
 
     @staticmethod
     def decoder_for(cls: type[Actor[Any]]) -> MailboxDecoder:
@@ -142,6 +167,17 @@ class Cell:
         handlers = self._handlers
         open_tell = mailbox.open
         stop: Header | None = None
+        # One clock read per message: a handler ends where the next message's time begins.
+        # A long run means the actor is behind, where every nanosecond per message counts:
+        # then one run in `_SAMPLED_RUNS` is timed (a sample of its handlers, not all).
+        clock = self._clock
+        if clock is not None and len(items) >= _LONG_RUN:
+            self._runs += 1
+            if self._runs % _SAMPLED_RUNS:
+                clock = None
+        slots = self._handler_slots
+        spent = 0
+        started = clock() if clock is not None else 0
         for item in items:
             if type(item) is bytes:
                 msg = open_tell(item)
@@ -158,6 +194,12 @@ class Cell:
                     self._errors.error(
                         "%s: handler of %s raised", mailbox.owner, type(msg).__name__, exc_info=err
                     )
+                if clock is not None:
+                    ended = clock()
+                    took = ended - started
+                    slots[(took // 1000).bit_length()] += 1
+                    spent += took
+                    started = ended
                 if actor._failure is not None:
                     raise actor._failure  # crash() was called: nothing more is handled
                 continue
@@ -167,6 +209,11 @@ class Cell:
             kind = header.kind
             if kind is Kind.ASK:
                 await self._handle_ask(item)
+                if clock is not None:
+                    ended = clock()
+                    took = ended - started
+                    slots[(took // 1000).bit_length()] += 1
+                    spent += took
                 if actor._failure is not None:
                     raise actor._failure
             elif kind is Kind.FLUSH:
@@ -177,9 +224,14 @@ class Cell:
                 self.stopping = True
             elif kind is Kind.STATS:
                 await self._reply(header, mailbox.statistics())
+            elif kind is Kind.METRICS:
+                await self._reply(header, await actor.system.gather_metrics())
             elif kind is Kind.LOOKUP and isinstance(item.message, LookupQuery):
                 found = await actor.system.lookup(item.message.name, missing_ok=True)
                 await self._reply(header, LookupReply(ref=found))
+            if clock is not None:
+                started = clock()
+        self._handler_ns += spent
         return stop
 
     async def _handle_ask(self, envelope: Envelope) -> None:

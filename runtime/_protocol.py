@@ -56,6 +56,9 @@ class Kind(enum.IntEnum):
     """The answer to a PING."""
     UNWATCH = 14
     """A watching node that closes: forget it (body: `WatchBody`)."""
+    METRICS = 15
+    """Ask a mailbox for the statistics of its process and every process under it
+    (answered with ``SystemMetrics``)."""
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
