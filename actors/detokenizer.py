@@ -30,9 +30,10 @@ import msgspec
 from runtime import Actor, ActorRef, MailboxFullError, TokenyardError, handler
 from runtime._throttle import Throttle
 
+from . import _metrics
 from ._detokenize import DetokenizerStates, TooManyRequestsError
 from ._routes import Routes
-from ._tokenizer import load_tokenizer
+from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
     AbortAll,
@@ -116,6 +117,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         deliver_timeout: Seconds a worker may take none of its waiting output before it is
             reported stuck.
         max_backlog: Most sub-batches waiting for one worker before it is reported stuck.
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
 
     Raises:
         ValueError: A bound is not positive.
@@ -131,6 +133,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         supervisor: ActorRef[PipelineSupervisorMessage] | None = None,
         deliver_timeout: float = 10.0,
         max_backlog: int = 1024,
+        model_name: str | None = None,
     ) -> None:
         for name, value in (
             ("max_states", max_states),
@@ -165,6 +168,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         self._stopped_by_string = 0
         self._rejected_over_cap = 0
         self._undeliverable = 0
+        self._model = model_name or model_id_of(tokenizer)
 
     async def on_start(self) -> None:
         """Load the tokenizer.
@@ -174,6 +178,8 @@ class Detokenizer(Actor[DetokenizerMessage]):
         """
         tokenizer = load_tokenizer(self._tokenizer_path)
         self._states = DetokenizerStates(tokenizer, max_states=self._max_states)
+        live = _metrics.DETOKENIZER_LIVE_STATES.labels(self._model, self.ref.name)
+        live.set_function(lambda: len(self.states))
 
     @property
     def states(self) -> DetokenizerStates[Origin]:

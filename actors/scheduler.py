@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import time
 from array import array
 from collections import OrderedDict
 
@@ -37,8 +38,9 @@ import anyio
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 from runtime._throttle import Throttle
 
+from . import _metrics
 from ._fake_model import MIN_TOKENS_BEFORE_EOS, SPLIT_SHARE, WIDE_SHARE, PrefixCache, Vocabulary
-from ._tokenizer import load_tokenizer
+from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
     AbortAll,
@@ -70,10 +72,20 @@ _Key = tuple[Origin, str]
 class _Request:
     """One request's progress in the engine."""
 
-    __slots__ = ("abort_reason", "cached", "completion", "msg", "pending", "rng", "stop_ids")
+    __slots__ = (
+        "abort_reason",
+        "cached",
+        "completion",
+        "msg",
+        "pending",
+        "queued_at",
+        "rng",
+        "stop_ids",
+    )
 
     def __init__(self, msg: TokenizedGenerate, rng: random.Random, stop_ids: frozenset[int]):
         self.msg = msg
+        self.queued_at = time.monotonic()
         self.rng = rng
         self.stop_ids = stop_ids
         self.completion = 0  # ids generated, all of them sent: one per step
@@ -166,6 +178,7 @@ class Scheduler(Actor[SchedulerMessage]):
         seed: Mixed into every request's draws (same seed, same outputs).
         eos_probability: Chance per token, after a few tokens, that eos is drawn (0: never).
         retry_after: Seconds a held step waits before it is offered again.
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
 
     Raises:
         ValueError: A setting is out of range; the message names it.
@@ -183,6 +196,7 @@ class Scheduler(Actor[SchedulerMessage]):
         seed: int = 0,
         eos_probability: float = 0.02,
         retry_after: float = 0.5,
+        model_name: str | None = None,
     ) -> None:
         if step_time < 0:
             raise ValueError(f"step_time must be at least 0 seconds, got {step_time}")
@@ -228,6 +242,11 @@ class Scheduler(Actor[SchedulerMessage]):
         self._rejected = 0
         self._steps = 0
         self._generated = 0
+        model = model_name or model_id_of(tokenizer)
+        self._queue_time = _metrics.QUEUE_TIME.labels(model)
+        # Read when the metrics are gathered: nothing is spent on them between gatherings.
+        _metrics.NUM_REQUESTS_RUNNING.labels(model).set_function(lambda: len(self._running))
+        _metrics.NUM_REQUESTS_WAITING.labels(model).set_function(lambda: len(self._waiting))
 
     async def on_start(self) -> None:
         """Load the tokenizer, sort its vocabulary, and start the step loop.
@@ -470,10 +489,13 @@ class Scheduler(Actor[SchedulerMessage]):
         Runs without awaiting: the handlers see the state before or after a step, never
         in between.
         """
-        while self._waiting and len(self._running) < self._max_batch_size:
-            key, req = self._waiting.popitem(last=False)
-            req.cached = self._cache.match(req.msg.input_ids)
-            self._running[key] = req
+        if self._waiting and len(self._running) < self._max_batch_size:
+            now = time.monotonic()
+            while self._waiting and len(self._running) < self._max_batch_size:
+                key, req = self._waiting.popitem(last=False)
+                req.cached = self._cache.match(req.msg.input_ids)
+                self._running[key] = req
+                self._queue_time.observe(now - req.queued_at)
         self._steps += 1
         columns: dict[int, _Columns] = {}
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,8 @@ import msgspec
 
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 
-from ._tokenizer import load_tokenizer
+from . import _metrics
+from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
     AbortNotice,
@@ -84,6 +86,9 @@ class _Request:
     detokenizer: ActorRef[Any] | None = None
     text: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
+    #: When it was admitted, and when its latest output came (0: none yet), monotonic.
+    admitted: float = 0.0
+    last_output: float = 0.0
 
 
 @dataclass(slots=True)
@@ -151,6 +156,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         register_timeout: Seconds to get registered before it gives up (and dies, so its
             supervisor restarts it).
         limits: What one request may ask for.
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
     """
 
     def __init__(
@@ -160,6 +166,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
         limits: Limits | None = None,
+        model_name: str | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.supervisor = supervisor
@@ -180,6 +187,14 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.finished = 0
         self.failed = 0
         self.released = 0
+        model = model_name or model_id_of(tokenizer)
+        self._ttft = _metrics.TIME_TO_FIRST_TOKEN.labels(model)
+        self._itl = _metrics.INTER_TOKEN_LATENCY.labels(model)
+        self._e2e = _metrics.E2E_LATENCY.labels(model)
+        self._prompt_tokens = _metrics.PROMPT_TOKENS.labels(model)
+        self._generation_tokens = _metrics.GENERATION_TOKENS.labels(model)
+        self._served = _metrics.WORKER_REQUESTS.labels(model, worker_id)
+        self._model = model
 
     async def on_start(self) -> None:
         self.tokenizer = load_tokenizer(self.tokenizer_path)
@@ -304,7 +319,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
             await self._fail(reply_to, rid, len(ids), refusal)
             return
         tokenized = TokenizedGenerate(rid=rid, origin=self.origin, input_ids=ids, sampling=sampling)
-        request = self.requests[rid] = _Request(reply_to, stream, len(ids), tokenized)
+        request = self.requests[rid] = _Request(
+            reply_to, stream, len(ids), tokenized, admitted=time.monotonic()
+        )
         await self._forward(request)
 
     def _pick_detokenizer(self) -> int:
@@ -381,10 +398,16 @@ class TokenizerWorker(Actor[WorkerMessage]):
         """This worker's share of one step: answer each caller with one message."""
         by_caller: dict[ActorRef[RequestOutputs] | LocalSink, list[RequestOutput]] = {}
         errors = msg.errors
+        now = time.monotonic()
         for i, rid in enumerate(msg.rids):
             request = self.requests.get(rid)
             if request is None:
                 continue  # aborted meanwhile, or output for a request this incarnation lacks
+            if request.last_output:
+                self._itl.observe(now - request.last_output)
+            else:
+                self._ttft.observe(now - request.admitted)
+            request.last_output = now
             if errors is not None and errors[i] is not None:
                 # The detokenizer refused it (its cap on live states, a malformed stop):
                 # the caller hears why, as for any refusal.
@@ -432,6 +455,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             if finish is not None:
                 del self.requests[rid]
                 self.finished += 1
+                self._finished(request, finish, msg.completion_tokens[i], now)
             by_caller.setdefault(request.reply_to, []).append(out)
         for caller, outputs in by_caller.items():
             await self._send(caller, outputs)
@@ -516,6 +540,14 @@ class TokenizerWorker(Actor[WorkerMessage]):
         )
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _finished(self, request: _Request, reason: str, completion_tokens: int, now: float) -> None:
+        """Count a request served to its end."""
+        self._e2e.observe(now - request.admitted)
+        self._prompt_tokens.inc(request.prompt_tokens)
+        self._generation_tokens.inc(completion_tokens)
+        _metrics.REQUEST_SUCCESS.labels(self._model, reason).inc()
+        self._served.inc()
 
     async def _fail(
         self,

@@ -96,7 +96,12 @@ async def open_server(
     )
     try:
         async with Pipeline(
-            workers, tokenizer, detokenizers=detokenizers, channels=dispatcher, **pipeline
+            workers,
+            tokenizer,
+            detokenizers=detokenizers,
+            channels=dispatcher,
+            model=model,
+            **pipeline,
         ) as p:
             yield Server(p, dispatcher)
     finally:

@@ -17,6 +17,7 @@ import collections
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from actors import _metrics
 from actors.messages import RequestOutput
 
 from ._engine import Chunk, Completion, EngineError, EngineUnavailableError
@@ -122,6 +123,7 @@ class WorkerEngine:
         vocab: dict[str, int] = self._tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = max(vocab.values()) + 1
         self.resubmitted = 0
+        self._resubmissions = _metrics.RESUBMISSIONS.labels(worker._model)
 
     @property
     def model(self) -> str:
@@ -183,8 +185,9 @@ class WorkerEngine:
                 )
             if out.lost_to is not None and attempt < MAX_RESUBMITS:
                 self.resubmitted += 1
+                self._resubmissions.inc()
                 continue
-            raise _failure(out)
+            raise self._failure(out)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def stream(
@@ -203,7 +206,7 @@ class WorkerEngine:
                         finished = True
                         if out.lost_to is not None and not sent and attempt < MAX_RESUBMITS:
                             break  # nothing reached the client: start it again
-                        raise _failure(out)
+                        raise self._failure(out)
                     if out.finish_reason is None:
                         if out.text:
                             sent = True
@@ -222,11 +225,14 @@ class WorkerEngine:
                     self._worker.release_local(rid)
             attempt += 1
             self.resubmitted += 1
+            self._resubmissions.inc()
 
-
-def _failure(out: RequestOutput) -> EngineError:
-    """What a failed output means to the HTTP layer: 503 when trying later may help."""
-    reason = out.error or "aborted"
-    if out.lost_to is not None:
-        return EngineUnavailableError(f"request {out.rid!r} lost its {out.lost_to.value}: {reason}")
-    return EngineUnavailableError(f"the pipeline refused request {out.rid!r}: {reason}")
+    def _failure(self, out: RequestOutput) -> EngineError:
+        """What a failed output means to the HTTP layer: 503 when trying later may help."""
+        reason = out.error or "aborted"
+        if out.lost_to is not None:
+            _metrics.WORKER_DIED_ERRORS.labels(self._worker._model, out.lost_to.value).inc()
+            return EngineUnavailableError(
+                f"request {out.rid!r} lost its {out.lost_to.value}: {reason}"
+            )
+        return EngineUnavailableError(f"the pipeline refused request {out.rid!r}: {reason}")
