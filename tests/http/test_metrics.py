@@ -13,8 +13,8 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.http import open_server
-from actors.http._worker import WORKER_HEADER
 from actors.http._load import LoadSpec, run_load
+from actors.http._worker import WORKER_HEADER
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -106,7 +106,7 @@ class TestMetricsOfARealServer:
         assert value(fams, "tokenyard:request_queue_time_seconds_count", **model) == served
         assert total(fams, "tokenyard:worker_requests_total") == served
         assert total(fams, "tokenyard:request_success_total") == served
-        per_worker = defaultdict(int)
+        per_worker: defaultdict[int, int] = defaultdict(int)
         for record in load.records:
             assert record.worker is not None
             per_worker[record.worker] += 1
