@@ -36,7 +36,7 @@ import msgspec
 
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 
-from . import _metrics
+from . import _metrics, _tracing
 from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
@@ -89,6 +89,12 @@ class _Request:
     #: When it was admitted, and when its latest output came (0: none yet), monotonic.
     admitted: float = 0.0
     last_output: float = 0.0
+    #: Its span here, while it is traced (`actors._tracing`).
+    span: _tracing.Span | None = None
+
+    def end_span(self, reason: str, completion_tokens: int = 0) -> None:
+        if self.span is not None:
+            self.span.end(finish_reason=reason, completion_tokens=completion_tokens)
 
 
 @dataclass(slots=True)
@@ -265,13 +271,15 @@ class TokenizerWorker(Actor[WorkerMessage]):
         input_ids: list[int] | None = None,
         sampling: SamplingParams,
         stream: bool,
+        traceparent: str | None = None,
     ) -> None:
         """Serve a request of this process's own HTTP server: as `generate` does, with its
         outputs handed to ``sink`` in this process (no message to any other process).
 
         Call it from this actor's event loop; `release_local` lets the request go.
+        ``traceparent`` is the HTTP request's trace context, the parent of its spans.
         """
-        await self._admit(rid, sink, text, input_ids, sampling, stream)
+        await self._admit(rid, sink, text, input_ids, sampling, stream, traceparent)
 
     def release_local(self, rid: str) -> None:
         """Let a request of `submit_local` go (its client left): forget it, and stop the
@@ -286,6 +294,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         input_ids: list[int] | None,
         sampling: SamplingParams,
         stream: bool,
+        traceparent: str | None = None,
     ) -> None:
         await self.registered.wait()
         self.received += 1
@@ -318,9 +327,18 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if refusal is not None:
             await self._fail(reply_to, rid, len(ids), refusal)
             return
-        tokenized = TokenizedGenerate(rid=rid, origin=self.origin, input_ids=ids, sampling=sampling)
+        span = _tracing.start(
+            "tokenyard.worker", traceparent, rid=rid, worker=self.worker_id, prompt_tokens=len(ids)
+        )
+        tokenized = TokenizedGenerate(
+            rid=rid,
+            origin=self.origin,
+            input_ids=ids,
+            sampling=sampling,
+            traceparent=traceparent if span is None else span.traceparent,
+        )
         request = self.requests[rid] = _Request(
-            reply_to, stream, len(ids), tokenized, admitted=time.monotonic()
+            reply_to, stream, len(ids), tokenized, admitted=time.monotonic(), span=span
         )
         await self._forward(request)
 
@@ -341,6 +359,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         """Fail to their callers the requests ``which`` selects, lost to ``member``."""
         for rid in [rid for rid, r in self.requests.items() if which(r)]:
             request = self.requests.pop(rid)
+            request.end_span("abort")
             await self._fail(request.reply_to, rid, request.prompt_tokens, why, lost_to=member)
 
     async def _forward(self, request: _Request) -> None:
@@ -367,6 +386,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             )
         except TokenyardError as err:
             if self.requests.pop(tokenized.rid, None) is not None:
+                request.end_span("abort")
                 await self._fail(
                     request.reply_to,
                     tokenized.rid,
@@ -384,6 +404,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         request = self.requests.pop(rid, None)
         if request is None:
             return
+        request.end_span("released")
         self.released += 1
         if self.scheduler is not None and request.scheduler is not None:
             # Never waits: a full scheduler mailbox loses only the early stop of this
@@ -412,6 +433,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 # The detokenizer refused it (its cap on live states, a malformed stop):
                 # the caller hears why, as for any refusal.
                 del self.requests[rid]
+                request.end_span("abort")
                 self.failed += 1
                 by_caller.setdefault(request.reply_to, []).append(
                     RequestOutput(
@@ -456,6 +478,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 del self.requests[rid]
                 self.finished += 1
                 self._finished(request, finish, msg.completion_tokens[i], now)
+                if msg.traceparents is not None:
+                    # Back where it started: the last hop's span, child of the detokenizer's.
+                    back = _tracing.start_child("tokenyard.worker.respond", msg.traceparents[i])
+                    if back is not None:
+                        back.end()
+                request.end_span(finish, msg.completion_tokens[i])
             by_caller.setdefault(request.reply_to, []).append(out)
         for caller, outputs in by_caller.items():
             await self._send(caller, outputs)
@@ -466,6 +494,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         for rid in msg.rids:
             request = self.requests.pop(rid, None)
             if request is not None:  # else a second copy of the notice (the router resends)
+                request.end_span("abort")
                 await self._fail(
                     request.reply_to, rid, request.prompt_tokens, msg.reason, lost_to=msg.lost_to
                 )

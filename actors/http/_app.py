@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import msgspec
 
+from actors import _tracing
 from runtime import TokenyardError
 
 from ._asgi import (
@@ -229,6 +230,11 @@ class OpenAIApp:
     async def _http(self, ex: _Exchange) -> None:
         self._requests += 1
         self._active += 1
+        for name, value in ex.scope["headers"]:
+            if name == b"traceparent":
+                # The caller's trace: the pipeline's spans of this request are its children.
+                _tracing.incoming.set(value.decode("latin-1"))
+                break
         try:
             await self._route(ex)
         except HTTPError as err:

@@ -17,7 +17,7 @@ import collections
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from actors import _metrics
+from actors import _metrics, _tracing
 from actors.messages import RequestOutput
 
 from ._engine import Chunk, Completion, EngineError, EngineUnavailableError
@@ -162,7 +162,13 @@ class WorkerEngine:
         outputs = _Outputs(rid, self._max_stream_buffer, self._worker.release_local)
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
         await self._worker.submit_local(
-            rid, outputs.put, text=text, input_ids=ids, sampling=params, stream=stream
+            rid,
+            outputs.put,
+            text=text,
+            input_ids=ids,
+            sampling=params,
+            stream=stream,
+            traceparent=_tracing.incoming.get(),
         )
         return rid, outputs
 
