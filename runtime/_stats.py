@@ -52,9 +52,9 @@ class ActorMetrics(Message):
         actor_class: Its class, ``module:QualName``.
         mailbox: Its mailbox counters.
         handler_seconds: How long its handlers took, from taking each message off the queue
-            (decoding included) to the handler's return: every message while the mailbox
-            keeps up, a sample (one drained run of 64 or more in 8) while it is behind, so
-            its count is not ``mailbox.handled``; empty with ``TOKENYARD_METRICS=off``.
+            (decoding included) to the handler's return, over a sample: the messages of one
+            drained run in 8 (so its count is about an eighth of ``mailbox.handled``);
+            empty with ``TOKENYARD_METRICS=off``.
         children: What it supervises (a `Supervisor`'s children), in start order.
     """
 
