@@ -97,9 +97,11 @@ def render_frame(frame: Frame) -> Any:
             for child in a.children:
                 children[child.name] = child
 
-    table = Table(expand=True, header_style="bold", pad_edge=False)
+    from rich import box
+
+    table = Table(expand=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for title, justify in (
-        ("process", "left"),
+        ("pid", "right"),
         ("actor", "left"),
         ("inc", "right"),
         ("queued", "right"),
@@ -114,7 +116,14 @@ def render_frame(frame: Frame) -> Any:
         ("restarts", "right"),
         ("last reason", "left"),
     ):
-        table.add_column(title, justify=justify, no_wrap=title != "last reason")  # type: ignore[arg-type]
+        table.add_column(
+            title,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=24 if title == "last reason" else None,
+            ratio=1 if title == "last reason" else None,
+        )
     actors = 0
     for p in sorted(now.processes, key=lambda p: (p.name != now.processes[0].name, p.name)):
         stats = p.process
@@ -133,7 +142,7 @@ def render_frame(frame: Frame) -> Any:
             record = children.get(a.ref.name)
             restarts = sum(record.restarts.values()) if record else 0
             table.add_row(
-                f"{p.name} [dim]{stats.pid}[/]" if first else "",
+                str(stats.pid) if first else "",
                 a.ref.name,
                 str(a.ref.incarnation),
                 f"{box.queued:,}",
@@ -151,7 +160,7 @@ def render_frame(frame: Frame) -> Any:
             first = False
     for d in now.dead:
         table.add_row(
-            Text(f"{d.actor.ref.name} {d.pid}", style="dim"),
+            Text(str(d.pid), style="dim"),
             Text(d.actor.ref.name, style="dim strike"),
             Text(str(d.actor.ref.incarnation), style="dim"),
             *[""] * 10,
