@@ -97,9 +97,9 @@ def render_frame(frame: Frame) -> Any:
             for child in a.children:
                 children[child.name] = child
 
-    from rich import box
+    from rich import box as boxes
 
-    table = Table(expand=True, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(expand=True, header_style="bold", box=boxes.SIMPLE_HEAD, pad_edge=False)
     for title, justify in (
         ("pid", "right"),
         ("actor", "left"),
