@@ -53,7 +53,7 @@ class ActorMetrics(Message):
         mailbox: Its mailbox counters.
         handler_seconds: How long its handlers took, from taking each message off the queue
             (decoding included) to the handler's return, over a sample: the messages of one
-            drained run in 8 (so its count is about an eighth of ``mailbox.handled``);
+            drained run in 16 (so its count is about a sixteenth of ``mailbox.handled``);
             empty with ``TOKENYARD_METRICS=off``.
         children: What it supervises (a `Supervisor`'s children), in start order.
     """
