@@ -24,7 +24,6 @@ children, so the restart history survives every one of them.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ._actor import Actor, handler
 from ._message import Request
@@ -109,14 +108,9 @@ class MetricsCollector(Actor[CollectorMessage]):
                 address = actor.ref.address
                 if address in self._dead:
                     continue
-                if address not in self._seen:
-                    self._watch(actor)
+                if address not in self._seen and actor.ref.owner:
+                    self.system.watch(actor.ref, notify=self.ref)
                 self._seen[address] = (actor, process)
-
-    def _watch(self, actor: ActorMetrics) -> None:
-        ref: Any = actor.ref
-        if ref.owner:
-            self.system.watch(ref, notify=self.ref)
 
     @handler
     def on_down(self, msg: Down) -> None:
