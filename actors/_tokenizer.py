@@ -12,12 +12,14 @@ if TYPE_CHECKING:
 
 __all__ = (
     "BOS_TOKEN",
+    "BUNDLED_MODEL_ID",
     "DEFAULT_TOKENIZER_PATH",
     "EOS_TOKEN",
     "EOS_TOKEN_CANDIDATES",
     "PAD_TOKEN",
     "eos_token_id",
     "load_tokenizer",
+    "model_id_of",
 )
 
 # "token" as in vocabulary entry, not credential: hence the S105 (hardcoded password) waivers.
@@ -32,6 +34,22 @@ PAD_TOKEN = "<|pad|>"  # noqa: S105
 
 DEFAULT_TOKENIZER_PATH = Path(__file__).parent / "data" / "tokenizer.json"
 """The byte-level BPE tokenizer shipped in the wheel, built by ``actors.build_tokenizer``."""
+
+BUNDLED_MODEL_ID = "tokenyard-bundled-bpe"
+"""The model id of the bundled tokenizer."""
+
+
+def model_id_of(tokenizer: str | os.PathLike[str] | None) -> str:
+    """The model id derived from a tokenizer: the name of the directory holding its
+    ``tokenizer.json`` (as a model directory is named), or `BUNDLED_MODEL_ID`."""
+    if tokenizer is None:
+        return BUNDLED_MODEL_ID
+    path = Path(tokenizer).resolve()
+    directory = path if path.is_dir() else path.parent
+    if directory == DEFAULT_TOKENIZER_PATH.parent.resolve():
+        return BUNDLED_MODEL_ID
+    return directory.name or BUNDLED_MODEL_ID
+
 
 EOS_TOKEN_CANDIDATES = (
     EOS_TOKEN,

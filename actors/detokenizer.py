@@ -30,9 +30,10 @@ import msgspec
 from runtime import Actor, ActorRef, MailboxFullError, TokenyardError, handler
 from runtime._throttle import Throttle
 
+from . import _metrics, _tracing
 from ._detokenize import DetokenizerStates, TooManyRequestsError
 from ._routes import Routes
-from ._tokenizer import load_tokenizer
+from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
     AbortAll,
@@ -60,7 +61,7 @@ logger = logging.getLogger("tokenyard.detokenizer")
 # Per-request fields that pass from the engine's batch to the text batch unchanged, found by
 # name so a field added to both batch types is carried with no edit here. The rest of
 # BatchStrOutput (text, ids, finish reasons, errors) is what the detokenizer computes.
-_COMPUTED = frozenset({"finished_reasons", "output_strs", "output_ids", "errors"})
+_COMPUTED = frozenset({"finished_reasons", "output_strs", "output_ids", "errors", "traceparents"})
 _CARRIED = tuple(
     field.name
     for field in msgspec.structs.fields(BatchStrOutput)
@@ -116,6 +117,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         deliver_timeout: Seconds a worker may take none of its waiting output before it is
             reported stuck.
         max_backlog: Most sub-batches waiting for one worker before it is reported stuck.
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
 
     Raises:
         ValueError: A bound is not positive.
@@ -131,6 +133,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         supervisor: ActorRef[PipelineSupervisorMessage] | None = None,
         deliver_timeout: float = 10.0,
         max_backlog: int = 1024,
+        model_name: str | None = None,
     ) -> None:
         for name, value in (
             ("max_states", max_states),
@@ -165,6 +168,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
         self._stopped_by_string = 0
         self._rejected_over_cap = 0
         self._undeliverable = 0
+        self._model = model_name or model_id_of(tokenizer)
+        #: The spans of traced requests with a live state (`actors._tracing`).
+        self._spans: dict[tuple[Origin, str], _tracing.Span] = {}
 
     async def on_start(self) -> None:
         """Load the tokenizer.
@@ -174,6 +180,8 @@ class Detokenizer(Actor[DetokenizerMessage]):
         """
         tokenizer = load_tokenizer(self._tokenizer_path)
         self._states = DetokenizerStates(tokenizer, max_states=self._max_states)
+        live = _metrics.DETOKENIZER_LIVE_STATES.labels(self._model, self.ref.name)
+        live.set_function(lambda: len(self.states))
 
     @property
     def states(self) -> DetokenizerStates[Origin]:
@@ -193,7 +201,12 @@ class Detokenizer(Actor[DetokenizerMessage]):
             self._drop_states(gone)
         return RouteAck(origin=msg.origin)
 
+    def _end_spans(self, origin: Origin | None) -> None:
+        for key in [k for k in self._spans if origin is None or k[0] == origin]:
+            self._spans.pop(key).end(finish_reason=ABORT)
+
     def _drop_states(self, origin: Origin) -> None:
+        self._end_spans(origin)
         dropped = self.states.drop_origin(origin)
         self._stuck.discard(origin)
         backlog = self._backlogs.pop(origin, None)
@@ -208,9 +221,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
         """Detokenize one engine step and tell each worker its own sub-batch."""
         self._batches += 1
         self._requests += len(msg.rids)
-        kept, pieces, reasons, errors, aborts = self._detokenize(msg)
+        kept, pieces, reasons, errors, aborts, traces = self._detokenize(msg)
         if kept:
-            await self._send(msg, kept, pieces, reasons, errors)
+            await self._send(msg, kept, pieces, reasons, errors, traces)
         # After the output: the workers' latency matters more than a step of wasted work.
         if aborts and self._scheduler is not None:
             await self._abort(self._scheduler, aborts)
@@ -222,6 +235,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         pieces: list[str],
         reasons: list[str | None],
         errors: list[str | None],
+        traces: list[str | None] | None,
     ) -> None:
         """Build the step's one text batch and tell each worker its own sub-batch."""
         part = msg if len(kept) == len(msg.rids) else msg.select(kept)
@@ -230,6 +244,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
             output_strs=pieces,
             output_ids=part.decode_ids,
             errors=errors if any(e is not None for e in errors) else None,
+            traceparents=traces,
             **{name: getattr(part, name) for name in _CARRIED},
         )
         for origin, sub in out.group(out.origins).items():
@@ -237,12 +252,20 @@ class Detokenizer(Actor[DetokenizerMessage]):
 
     def _detokenize(
         self, msg: BatchTokenIDOutput
-    ) -> tuple[list[int], list[str], list[str | None], list[str | None], list[Abort]]:
+    ) -> tuple[
+        list[int],
+        list[str],
+        list[str | None],
+        list[str | None],
+        list[Abort],
+        list[str | None] | None,
+    ]:
         """Advance every routed request's state.
 
         Returns:
             The indices of the entries to send, and for each its text piece, finish reason
-            and error; and the aborts to send to the scheduler.
+            and error; the aborts to send to the scheduler; and each sent entry's trace
+            context (``None`` when no request of the step is traced).
         """
         states = self.states
         routes = self._routes
@@ -252,6 +275,8 @@ class Detokenizer(Actor[DetokenizerMessage]):
         reasons: list[str | None] = []
         errors: list[str | None] = []
         aborts: list[Abort] = []
+        incoming = msg.traceparents
+        traces: list[str | None] | None = None if incoming is None else []
         for i, (origin, rid, reason) in enumerate(
             zip(msg.origins, msg.rids, msg.finished_reasons, strict=True)
         ):
@@ -288,7 +313,22 @@ class Detokenizer(Actor[DetokenizerMessage]):
             pieces.append(piece)
             reasons.append(reason)
             errors.append(error)
-        return kept, pieces, reasons, errors, aborts
+            if traces is not None and incoming is not None:
+                traces.append(self._trace(key, incoming[i], reason))
+        return kept, pieces, reasons, errors, aborts, traces
+
+    def _trace(self, key: tuple[Origin, str], parent: str | None, reason: str | None) -> str | None:
+        """The request's trace context here: its span, from its first output to its last."""
+        span = self._spans.get(key)
+        if span is None:
+            span = _tracing.start_child("tokenyard.detokenizer", parent, rid=key[1])
+            if span is None:
+                return parent
+            self._spans[key] = span
+        if reason is not None:
+            del self._spans[key]
+            span.end(finish_reason=reason)
+        return span.traceparent
 
     def _create(
         self, msg: BatchTokenIDOutput, i: int, origin: Origin, rid: str
@@ -402,6 +442,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         self._drop_all(f"the scheduler died: {msg.reason}")
 
     def _drop_all(self, why: str) -> None:
+        self._end_spans(None)
         states = self.states
         dropped = sum(len(states.drop_origin(origin)) for origin in states.origins())
         self._ended.clear()

@@ -32,10 +32,13 @@ from runtime import (
     ActorRef,
     ActorSystem,
     Down,
+    GetMetrics,
+    MetricsCollector,
     TokenyardError,
     handler,
 )
 
+from . import _metrics
 from ._errors import (
     InvalidRequestError,
     PipelineBusyError,
@@ -145,6 +148,7 @@ class _CallerState:
         self.closed = False
         self.resubmitted = 0
         self.failed = 0
+        self._resubmissions = _metrics.RESUBMISSIONS.labels(config.model_name)
 
     async def submit(self, req: _Request) -> None:
         """Send a request to a live worker (round robin), skipping a worker whose mailbox
@@ -209,11 +213,13 @@ class _CallerState:
         if not req.got_output and req.resubmits < MAX_RESUBMITS:
             req.resubmits += 1
             self.resubmitted += 1
+            self._resubmissions.inc()
             attempt = f"{req.rid}-{req.resubmits}"
             req.request = msgspec.structs.replace(req.request, rid=attempt)
             self.requests[attempt] = req
             return True
         self.failed += 1
+        _metrics.WORKER_DIED_ERRORS.labels(self.config.model_name, member.value).inc()
         self.fail(req, WorkerDiedError(req.rid, member, reason))
         return False
 
@@ -362,6 +368,7 @@ class Pipeline:
         self.system = ActorSystem(name="pipeline", preload=("actors",))
         self._state = _CallerState(self.config)
         self._supervisor: ActorRef[Any] | None = None
+        self._collector: ActorRef[GetMetrics] | None = None
 
     async def __aenter__(self) -> Pipeline:
         await self.system.__aenter__()
@@ -376,11 +383,16 @@ class Pipeline:
             self.system.watch(inbox).on_down(
                 lambda down: state.close(WorkerDiedError("*", Member.INBOX, down.reason))
             )
+            # Every member's statistics, for `metrics` and every HTTP worker's /metrics.
+            self._collector = await self.system.spawn(
+                MetricsCollector, name="metrics", process=False
+            )
             self._supervisor = await self.system.spawn(
                 PipelineSupervisor,
                 self.config,
                 inbox,
                 self.channels,
+                self._collector,
                 name="pipeline-supervisor",
                 process=False,
                 spawn_timeout=self.ready_timeout,
@@ -570,6 +582,14 @@ class Pipeline:
             raise LookupError(f"worker {k} is not running now")
         os.kill(pid, signum)
         return ref
+
+    @property
+    def collector(self) -> ActorRef[GetMetrics]:
+        """The pipeline's `runtime.MetricsCollector`: ``await p.collector.ask(GetMetrics())``
+        gathers every member's statistics (what ``/metrics`` renders)."""
+        if self._collector is None:
+            raise PipelineClosedError("the pipeline is not open")
+        return self._collector
 
     @property
     def supervisor(self) -> ActorRef[Any]:

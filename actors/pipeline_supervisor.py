@@ -13,11 +13,14 @@ from runtime import (
     ActorRef,
     ChildSpec,
     Down,
+    GetMetrics,
     Supervisor,
     TokenyardError,
     handler,
 )
 
+from . import _metrics
+from ._tokenizer import model_id_of
 from .detokenizer import Detokenizer
 from .messages import (
     Abort,
@@ -106,6 +109,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             (``SlowReaderError``).
         submit_timeout: Seconds a request waits for a worker to take it before it fails
             with ``PipelineBusyError``.
+        model: The model's name in every metric's ``model_name`` label (``None``: derived
+            from the tokenizer, as the HTTP layer's model id is).
     """
 
     workers: int = 4
@@ -124,6 +129,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_new_tokens: int = 32_768
     max_stream_buffer: int = 4 << 20
     submit_timeout: float = 30.0
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -141,6 +147,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")
+
+    @property
+    def model_name(self) -> str:
+        """The ``model_name`` label of the pipeline's metrics."""
+        return self.model or model_id_of(self.tokenizer)
 
     @property
     def limits(self) -> Limits:
@@ -176,6 +187,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         client: The caller inbox told of ``WorkerUp`` / ``WorkerDown``.
         channels: When the workers serve HTTP: how connections reach them (each worker is
             then an ``actors.http`` worker, with its channel inherited).
+        collector: The system's metrics collector, which HTTP workers ask for ``/metrics``.
     """
 
     def __init__(
@@ -183,6 +195,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         config: PipelineConfig,
         client: ActorRef[CallerMessage],
         channels: WorkerChannels | None = None,
+        collector: ActorRef[GetMetrics] | None = None,
     ) -> None:
         #: Each worker's and detokenizer's index, by the name of its spec (kept, never
         #: parsed out of the name).
@@ -200,6 +213,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         self.config = config
         self.client = client
         self.channels = channels
+        self.collector = collector
+        self._restarts = _metrics.MEMBER_RESTARTS
         self.routes: dict[Origin, ActorRef[WorkerMessage]] = {}
         self.duplicate_registrations = 0
         self.failed_registrations = 0
@@ -218,6 +233,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 "max_states": cfg.max_states,
                 "supervisor": self.ref,
                 "deliver_timeout": cfg.deliver_timeout,
+                "model_name": cfg.model_name,
             }
         elif member is Member.ROUTER:
             kwargs = {}
@@ -228,6 +244,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 "tokenizer": cfg.tokenizer,
                 "step_time": cfg.step_time,
                 "max_batch_size": cfg.max_batch_size,
+                "model_name": cfg.model_name,
             }
         else:
             k = self.worker_ids[spec.name]
@@ -237,10 +254,12 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 "tokenizer": cfg.tokenizer,
                 "register_timeout": cfg.register_timeout,
                 "limits": cfg.limits,
+                "model_name": cfg.model_name,
             }
             if self.channels is not None:
                 fd = self.channels.open(k)
                 kwargs["http"] = self.channels.settings(fd)
+                kwargs["collector"] = self.collector
                 inherit = (fd,)
         return msgspec.structs.replace(spec, kwargs=kwargs, inherit=inherit)
 
@@ -351,6 +370,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             logger.debug("worker %s was gone before it could be killed: %s", msg.origin, err)
 
     async def on_child_died(self, name: str, down: Down) -> None:
+        # Every member is permanent: each death is followed by its restart.
+        self._restarts.labels(self.config.model_name, name, down.cause.value).inc()
         worker_id = self.worker_ids.get(name)
         if worker_id is not None:
             origin = Origin(worker_id, down.ref.incarnation)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import time
 from array import array
 from collections import OrderedDict
 
@@ -37,8 +38,9 @@ import anyio
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 from runtime._throttle import Throttle
 
+from . import _metrics, _tracing
 from ._fake_model import MIN_TOKENS_BEFORE_EOS, SPLIT_SHARE, WIDE_SHARE, PrefixCache, Vocabulary
-from ._tokenizer import load_tokenizer
+from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
     AbortAll,
@@ -70,16 +72,33 @@ _Key = tuple[Origin, str]
 class _Request:
     """One request's progress in the engine."""
 
-    __slots__ = ("abort_reason", "cached", "completion", "msg", "pending", "rng", "stop_ids")
+    __slots__ = (
+        "abort_reason",
+        "cached",
+        "completion",
+        "msg",
+        "pending",
+        "queued_at",
+        "rng",
+        "span",
+        "stop_ids",
+    )
 
     def __init__(self, msg: TokenizedGenerate, rng: random.Random, stop_ids: frozenset[int]):
         self.msg = msg
+        self.queued_at = time.monotonic()
+        #: Its span here, when its worker traces it (`actors._tracing`).
+        self.span = _tracing.start_child("tokenyard.scheduler", msg.traceparent, rid=msg.rid)
         self.rng = rng
         self.stop_ids = stop_ids
         self.completion = 0  # ids generated, all of them sent: one per step
         self.cached = 0
         self.pending: list[int] = []  # the rest of a character being spelled, reversed
         self.abort_reason = ""
+
+    def end_span(self, reason: str) -> None:
+        if self.span is not None:
+            self.span.end(finish_reason=reason, completion_tokens=self.completion)
 
 
 class _Columns:
@@ -97,6 +116,8 @@ class _Columns:
         self.prompt: list[int] = []
         self.completion: list[int] = []
         self.cached: list[int] = []
+        #: Each request's trace context, made only once a traced request is added.
+        self.traces: list[str | None] | None = None
 
     def add(self, req: _Request, ids: list[int], reason: str | None) -> None:
         """Add ``req``'s entry: ``ids`` are new since its previous entry (counted already)."""
@@ -112,6 +133,11 @@ class _Columns:
         self.prompt.append(len(msg.input_ids))
         self.completion.append(req.completion)
         self.cached.append(req.cached)
+        span = req.span
+        if span is not None and self.traces is None:
+            self.traces = [None] * (len(self.rids) - 1)
+        if self.traces is not None:
+            self.traces.append(None if span is None else span.traceparent)
 
     def batch(self, step: int) -> BatchTokenIDOutput:
         """The step's message."""
@@ -129,6 +155,7 @@ class _Columns:
             completion_tokens=self.completion,
             cached_tokens=self.cached,
             step=step,
+            traceparents=self.traces,
         )
 
 
@@ -166,6 +193,7 @@ class Scheduler(Actor[SchedulerMessage]):
         seed: Mixed into every request's draws (same seed, same outputs).
         eos_probability: Chance per token, after a few tokens, that eos is drawn (0: never).
         retry_after: Seconds a held step waits before it is offered again.
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
 
     Raises:
         ValueError: A setting is out of range; the message names it.
@@ -183,6 +211,7 @@ class Scheduler(Actor[SchedulerMessage]):
         seed: int = 0,
         eos_probability: float = 0.02,
         retry_after: float = 0.5,
+        model_name: str | None = None,
     ) -> None:
         if step_time < 0:
             raise ValueError(f"step_time must be at least 0 seconds, got {step_time}")
@@ -228,6 +257,11 @@ class Scheduler(Actor[SchedulerMessage]):
         self._rejected = 0
         self._steps = 0
         self._generated = 0
+        model = model_name or model_id_of(tokenizer)
+        self._queue_time = _metrics.QUEUE_TIME.labels(model)
+        # Read when the metrics are gathered: nothing is spent on them between gatherings.
+        _metrics.NUM_REQUESTS_RUNNING.labels(model).set_function(lambda: len(self._running))
+        _metrics.NUM_REQUESTS_WAITING.labels(model).set_function(lambda: len(self._waiting))
 
     async def on_start(self) -> None:
         """Load the tokenizer, sort its vocabulary, and start the step loop.
@@ -301,7 +335,7 @@ class Scheduler(Actor[SchedulerMessage]):
         for queue in (self._waiting, self._running):
             gone = [key for key, req in queue.items() if hit(req)]
             for key in gone:
-                del queue[key]
+                queue.pop(key).end_span("abort")
                 dropped.setdefault(key[0], []).append(key[1])
             self._dropped_for_abort_all += len(gone)
         for req in self._reports:
@@ -403,7 +437,7 @@ class Scheduler(Actor[SchedulerMessage]):
         for queue in (self._waiting, self._running):
             keys = [key for key in queue if key[0] == origin]
             for key in keys:
-                del queue[key]
+                queue.pop(key).end_span("abort")
             self._dropped_for_dead_origin += len(keys)
         self._reports = [req for req in self._reports if req.msg.origin != origin]
 
@@ -470,10 +504,13 @@ class Scheduler(Actor[SchedulerMessage]):
         Runs without awaiting: the handlers see the state before or after a step, never
         in between.
         """
-        while self._waiting and len(self._running) < self._max_batch_size:
-            key, req = self._waiting.popitem(last=False)
-            req.cached = self._cache.match(req.msg.input_ids)
-            self._running[key] = req
+        if self._waiting and len(self._running) < self._max_batch_size:
+            now = time.monotonic()
+            while self._waiting and len(self._running) < self._max_batch_size:
+                key, req = self._waiting.popitem(last=False)
+                req.cached = self._cache.match(req.msg.input_ids)
+                self._running[key] = req
+                self._queue_time.observe(now - req.queued_at)
         self._steps += 1
         columns: dict[int, _Columns] = {}
 
@@ -486,6 +523,7 @@ class Scheduler(Actor[SchedulerMessage]):
 
         for req in self._reports:
             out_for(req).add(req, [], req.abort_reason)
+            req.end_span(req.abort_reason)
         self._reports.clear()
         done: list[_Key] = []
         generated = 0
@@ -507,7 +545,7 @@ class Scheduler(Actor[SchedulerMessage]):
             if reason is not None:
                 done.append(key)
         for key in done:
-            del self._running[key]
+            self._running.pop(key).end_span("finished")
         self._finished += len(done)
         self._generated += generated
         return {index: out.batch(self._steps) for index, out in columns.items()}

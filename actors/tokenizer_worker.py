@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,8 @@ import msgspec
 
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
 
-from ._tokenizer import load_tokenizer
+from . import _metrics, _tracing
+from ._tokenizer import load_tokenizer, model_id_of
 from .messages import (
     Abort,
     AbortNotice,
@@ -84,6 +86,15 @@ class _Request:
     detokenizer: ActorRef[Any] | None = None
     text: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
+    #: When it was admitted, and when its latest output came (0: none yet), monotonic.
+    admitted: float = 0.0
+    last_output: float = 0.0
+    #: Its span here, while it is traced (`actors._tracing`).
+    span: _tracing.Span | None = None
+
+    def end_span(self, reason: str, completion_tokens: int = 0) -> None:
+        if self.span is not None:
+            self.span.end(finish_reason=reason, completion_tokens=completion_tokens)
 
 
 @dataclass(slots=True)
@@ -151,6 +162,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         register_timeout: Seconds to get registered before it gives up (and dies, so its
             supervisor restarts it).
         limits: What one request may ask for.
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
     """
 
     def __init__(
@@ -160,6 +172,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
         limits: Limits | None = None,
+        model_name: str | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.supervisor = supervisor
@@ -180,6 +193,14 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.finished = 0
         self.failed = 0
         self.released = 0
+        model = model_name or model_id_of(tokenizer)
+        self._ttft = _metrics.TIME_TO_FIRST_TOKEN.labels(model)
+        self._itl = _metrics.INTER_TOKEN_LATENCY.labels(model)
+        self._e2e = _metrics.E2E_LATENCY.labels(model)
+        self._prompt_tokens = _metrics.PROMPT_TOKENS.labels(model)
+        self._generation_tokens = _metrics.GENERATION_TOKENS.labels(model)
+        self._served = _metrics.WORKER_REQUESTS.labels(model, worker_id)
+        self._model = model
 
     async def on_start(self) -> None:
         self.tokenizer = load_tokenizer(self.tokenizer_path)
@@ -250,13 +271,15 @@ class TokenizerWorker(Actor[WorkerMessage]):
         input_ids: list[int] | None = None,
         sampling: SamplingParams,
         stream: bool,
+        traceparent: str | None = None,
     ) -> None:
         """Serve a request of this process's own HTTP server: as `generate` does, with its
         outputs handed to ``sink`` in this process (no message to any other process).
 
         Call it from this actor's event loop; `release_local` lets the request go.
+        ``traceparent`` is the HTTP request's trace context, the parent of its spans.
         """
-        await self._admit(rid, sink, text, input_ids, sampling, stream)
+        await self._admit(rid, sink, text, input_ids, sampling, stream, traceparent)
 
     def release_local(self, rid: str) -> None:
         """Let a request of `submit_local` go (its client left): forget it, and stop the
@@ -271,6 +294,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         input_ids: list[int] | None,
         sampling: SamplingParams,
         stream: bool,
+        traceparent: str | None = None,
     ) -> None:
         await self.registered.wait()
         self.received += 1
@@ -303,8 +327,19 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if refusal is not None:
             await self._fail(reply_to, rid, len(ids), refusal)
             return
-        tokenized = TokenizedGenerate(rid=rid, origin=self.origin, input_ids=ids, sampling=sampling)
-        request = self.requests[rid] = _Request(reply_to, stream, len(ids), tokenized)
+        span = _tracing.start(
+            "tokenyard.worker", traceparent, rid=rid, worker=self.worker_id, prompt_tokens=len(ids)
+        )
+        tokenized = TokenizedGenerate(
+            rid=rid,
+            origin=self.origin,
+            input_ids=ids,
+            sampling=sampling,
+            traceparent=traceparent if span is None else span.traceparent,
+        )
+        request = self.requests[rid] = _Request(
+            reply_to, stream, len(ids), tokenized, admitted=time.monotonic(), span=span
+        )
         await self._forward(request)
 
     def _pick_detokenizer(self) -> int:
@@ -324,6 +359,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         """Fail to their callers the requests ``which`` selects, lost to ``member``."""
         for rid in [rid for rid, r in self.requests.items() if which(r)]:
             request = self.requests.pop(rid)
+            request.end_span("abort")
             await self._fail(request.reply_to, rid, request.prompt_tokens, why, lost_to=member)
 
     async def _forward(self, request: _Request) -> None:
@@ -350,6 +386,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             )
         except TokenyardError as err:
             if self.requests.pop(tokenized.rid, None) is not None:
+                request.end_span("abort")
                 await self._fail(
                     request.reply_to,
                     tokenized.rid,
@@ -367,6 +404,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         request = self.requests.pop(rid, None)
         if request is None:
             return
+        request.end_span("released")
         self.released += 1
         if self.scheduler is not None and request.scheduler is not None:
             # Never waits: a full scheduler mailbox loses only the early stop of this
@@ -381,14 +419,21 @@ class TokenizerWorker(Actor[WorkerMessage]):
         """This worker's share of one step: answer each caller with one message."""
         by_caller: dict[ActorRef[RequestOutputs] | LocalSink, list[RequestOutput]] = {}
         errors = msg.errors
+        now = time.monotonic()
         for i, rid in enumerate(msg.rids):
             request = self.requests.get(rid)
             if request is None:
                 continue  # aborted meanwhile, or output for a request this incarnation lacks
+            if request.last_output:
+                self._itl.observe(now - request.last_output)
+            else:
+                self._ttft.observe(now - request.admitted)
+            request.last_output = now
             if errors is not None and errors[i] is not None:
                 # The detokenizer refused it (its cap on live states, a malformed stop):
                 # the caller hears why, as for any refusal.
                 del self.requests[rid]
+                request.end_span("abort")
                 self.failed += 1
                 by_caller.setdefault(request.reply_to, []).append(
                     RequestOutput(
@@ -432,6 +477,13 @@ class TokenizerWorker(Actor[WorkerMessage]):
             if finish is not None:
                 del self.requests[rid]
                 self.finished += 1
+                self._finished(request, finish, msg.completion_tokens[i], now)
+                if msg.traceparents is not None:
+                    # Back where it started: the last hop's span, child of the detokenizer's.
+                    back = _tracing.start_child("tokenyard.worker.respond", msg.traceparents[i])
+                    if back is not None:
+                        back.end()
+                request.end_span(finish, msg.completion_tokens[i])
             by_caller.setdefault(request.reply_to, []).append(out)
         for caller, outputs in by_caller.items():
             await self._send(caller, outputs)
@@ -442,6 +494,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         for rid in msg.rids:
             request = self.requests.pop(rid, None)
             if request is not None:  # else a second copy of the notice (the router resends)
+                request.end_span("abort")
                 await self._fail(
                     request.reply_to, rid, request.prompt_tokens, msg.reason, lost_to=msg.lost_to
                 )
@@ -516,6 +569,14 @@ class TokenizerWorker(Actor[WorkerMessage]):
         )
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _finished(self, request: _Request, reason: str, completion_tokens: int, now: float) -> None:
+        """Count a request served to its end."""
+        self._e2e.observe(now - request.admitted)
+        self._prompt_tokens.inc(request.prompt_tokens)
+        self._generation_tokens.inc(completion_tokens)
+        _metrics.REQUEST_SUCCESS.labels(self._model, reason).inc()
+        self._served.inc()
 
     async def _fail(
         self,

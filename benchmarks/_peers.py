@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         default="ipc",
         help="tokenyard drivers: ipc, tcp with CURVE (tcp), or tcp without it (tcp-plain)",
     )
+    parser.add_argument(
+        "--metrics",
+        choices=("on", "off"),
+        default="on",
+        help="tokenyard drivers: measure handler times and asks (TOKENYARD_METRICS)",
+    )
     opts = parser.parse_args(argv)
+    if opts.metrics != os.environ.get("TOKENYARD_METRICS", "on"):
+        # The runtime reads the switch once, at import, in every process it starts: run
+        # again with it set, so the actor process inherits it too.
+        os.environ["TOKENYARD_METRICS"] = opts.metrics
+        args = sys.argv[1:] if argv is None else list(argv)
+        os.execv(sys.executable, [sys.executable, "-m", "benchmarks._peers", *args])
     die_with_parent()
     if opts.role in PEERS:
         PEERS[opts.role](opts)

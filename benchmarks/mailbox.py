@@ -19,6 +19,8 @@ Variants, each in fresh processes (a driver and its peer, see ``benchmarks._peer
   receiver only counts: the transport alone.
 * **send_pyobj**: SGLang's way: a synchronous ``send_pyobj`` of an equivalent dataclass into
   a ``zmq.asyncio`` receiver awaiting ``recv_pyobj`` per message.
+* **tokenyard tell, metrics off**: the same tell with ``TOKENYARD_METRICS=off`` in both
+  processes (no handler clock): what the runtime's own metrics cost on the hot path.
 * **tokenyard ask** against raw round trips with **pyzmq sync** and **zmq.asyncio** sockets
   (PUSH/PULL both ways like tokenyard, the same request and ``Ack`` bytes).
 
@@ -109,6 +111,18 @@ def variants() -> list[Variant]:
             ),
             Variant("tell", TELL, "tokenyard-tell", payload, THROUGHPUT, SUBJECT),
         ]
+        if payload != "logprobs":
+            out.append(
+                Variant(
+                    "tell_nometrics",
+                    f"{TELL} (metrics off)",
+                    "tokenyard-tell",
+                    payload,
+                    THROUGHPUT,
+                    BASELINE,
+                    ("--metrics", "off"),
+                )
+            )
     for payload in ("small", "batch"):
         out += [
             Variant("ask_sync", ASK_SYNC, "ask-sync", payload, LATENCY, BASELINE),
@@ -166,6 +180,8 @@ RATIOS = (
     ("ask_curve.small.p50", "ask_plain.small.p50", "tcp without CURVE"),
     ("ask_curve.small.p99", "ask_plain.small.p99", "tcp without CURVE"),
     ("tell_plain.small.throughput", "tell.small.throughput", "ipc"),
+    ("tell.small.throughput", "tell_nometrics.small.throughput", "metrics off"),
+    ("tell.batch.throughput", "tell_nometrics.batch.throughput", "metrics off"),
 )
 
 #: The goals of the issue: (name, figure, baseline or "", op, threshold).
@@ -180,6 +196,20 @@ TARGETS = (
         2.0,
     ),
     ("ask p50 (small) < 150 us", "ask.small.p50", "", "<", 150.0),
+    (
+        "tell small with metrics >= 0.97x metrics off",
+        "tell.small.throughput",
+        "tell_nometrics.small.throughput",
+        ">=",
+        0.97,
+    ),
+    (
+        "tell batch with metrics >= 0.97x metrics off",
+        "tell.batch.throughput",
+        "tell_nometrics.batch.throughput",
+        ">=",
+        0.97,
+    ),
 )
 
 CHARTS = [

@@ -15,6 +15,9 @@ on keep-alive connections streaming ``/v1/completions`` with ``stream_options.in
 * **serve k**: ``python -m actors serve``'s shape with k workers: the port owned by one
   process, every worker parsing, tokenizing and streaming its own requests.
 * **serve 2, K detokenizers**: the same with 2 workers and K detokenizers.
+* **serve 2, traced**: serve with 2 workers and tracing on (``TOKENYARD_TRACING`` names
+  ``benchmarks._tracing``: the OpenTelemetry SDK records every hop's span in every
+  process, batch-exported to an exporter that drops them), against **serve 2**, tracing off.
 * **serve kills**: serve with 2 workers under load (keep-alive clients, and clients opening a
   new connection for every request) while the server SIGKILLs a worker, in turn, 20 times:
   every failed request is checked against the server's record of which worker each
@@ -51,6 +54,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
+from actors._tracing import SETUP_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
 
 from ._proc import BenchmarkError, _env, reap
@@ -58,6 +62,7 @@ from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult
 from ._serve_peer import PeerReport
 from ._stats import RULE, nearest_rank_quantile
 from ._suite import Option, Suite, pick
+from ._tracing import SETUP as TRACING_SETUP
 from .pipeline import WORKER_COUNTS, worker_counts
 
 if TYPE_CHECKING:
@@ -108,6 +113,7 @@ class Variant:
     workers: int
     detokenizers: int = 1
     figure_role: str = SUBJECT
+    traced: bool = False
 
 
 def variants(workers: Sequence[int]) -> list[Variant]:
@@ -118,6 +124,7 @@ def variants(workers: Sequence[int]) -> list[Variant]:
         out.append(Variant(f"serve{k}", f"serve, {k} workers", "serve", k))
     if 2 in workers:
         out.append(Variant("serve2d2", "serve, 2 workers, 2 detokenizers", "serve", 2, 2, INFO))
+        out.append(Variant("serve2traced", "serve, 2 workers, traced", "serve", 2, 1, INFO, True))
     return out
 
 
@@ -184,12 +191,15 @@ class _Peer:
         ]
         if kills:
             cmd += ["--kills", str(kills), "--kill-every", "0.8"]
+        env = _env()
+        if variant.traced:
+            env[SETUP_ENV] = TRACING_SETUP
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=_env(),
+            env=env,
             start_new_session=True,
         )
         self.port = self._ready(timeout=120.0)
@@ -452,6 +462,14 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
             if same is not None and same.value:
                 f.ratios.append(
                     Ratio(baseline=same.key, label=same.variant, value=f.value / same.value)
+                )
+        if variant == "serve2traced":
+            untraced = by_key.get(f"serve2.{metric}")
+            if untraced is not None and untraced.value:
+                f.ratios.append(
+                    Ratio(
+                        baseline=untraced.key, label="tracing off", value=f.value / untraced.value
+                    )
                 )
     best = max(
         (f for f in figures if f.key.startswith("baseline") and f.metric == "requests_per_s"),

@@ -10,6 +10,9 @@ from ._actor import SystemHandle as SystemHandle
 from ._actor import handler as handler
 from ._auth import Keys as Keys
 from ._batch import Batch as Batch
+from ._collector import CollectorMessage as CollectorMessage
+from ._collector import GetMetrics as GetMetrics
+from ._collector import MetricsCollector as MetricsCollector
 from ._credentials import Credentials as Credentials
 from ._errors import ActorDeadError as ActorDeadError
 from ._errors import ActorNotFoundError as ActorNotFoundError
@@ -28,6 +31,12 @@ from ._message import publish as _publish
 from ._protocol import Cause as Cause
 from ._protocol import Down as Down
 from ._ref import ActorRef as ActorRef
+from ._stats import ActorMetrics as ActorMetrics
+from ._stats import ChildRecord as ChildRecord
+from ._stats import DeadIncarnation as DeadIncarnation
+from ._stats import ProcessMetrics as ProcessMetrics
+from ._stats import ProcessStats as ProcessStats
+from ._stats import SystemMetrics as SystemMetrics
 from ._supervisor import Children as Children
 from ._supervisor import ChildSpec as ChildSpec
 from ._supervisor import GetSupervisorStatistics as GetSupervisorStatistics
@@ -44,22 +53,30 @@ from ._watch import Watch as Watch
 __all__ = (
     "Actor",
     "ActorDeadError",
+    "ActorMetrics",
     "ActorNotFoundError",
     "ActorRef",
     "ActorSystem",
     "AskTimeoutError",
     "Batch",
     "Cause",
+    "ChildRecord",
     "ChildSpec",
     "Children",
+    "CollectorMessage",
     "Credentials",
+    "DeadIncarnation",
     "Down",
+    "GetMetrics",
     "GetSupervisorStatistics",
     "Keys",
     "MailboxClosedError",
     "MailboxFullError",
     "MailboxStatistics",
     "Message",
+    "MetricsCollector",
+    "ProcessMetrics",
+    "ProcessStats",
     "ProtocolError",
     "RemoteActorError",
     "Request",
@@ -72,6 +89,7 @@ __all__ = (
     "SupervisorMessage",
     "SupervisorStatistics",
     "SystemHandle",
+    "SystemMetrics",
     "TokenyardError",
     "Watch",
     "WhichChildren",

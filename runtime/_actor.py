@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ._mailbox import MailboxStatistics
     from ._protocol import Down
     from ._ref import ActorRef
+    from ._stats import ChildRecord, SystemMetrics
     from ._watch import Watch
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -238,6 +239,11 @@ class SystemHandle(Protocol):
         """An actor's mailbox counters (``ActorSystem.statistics``)."""
         ...
 
+    async def gather_metrics(self, timeout: float = 5.0) -> SystemMetrics:
+        """The statistics of this process and every process under it
+        (``ActorSystem.gather_metrics``)."""
+        ...
+
 
 class Actor(Generic[M]):
     """Base class of every actor, generic in the messages its ref accepts.
@@ -278,6 +284,10 @@ class Actor(Generic[M]):
         """Called once when the actor dies of ``error`` (``on_start`` raised, a background
         task raised, or ``crash``), before its watchers hear of it; ``on_stop`` does not run
         then. A handler that raises fails its message only, not the actor."""
+
+    def _supervision(self) -> list[ChildRecord]:
+        """What this actor supervises, for its statistics (a `Supervisor` says)."""
+        return []
 
     async def stop(self) -> None:
         """Stop this actor gracefully, as if asked to: messages already queued are handled,

@@ -9,10 +9,12 @@ cookie, its CURVE keys), so they are handed over as a file only its owner can re
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import msgspec
 
 from ._auth import Keys
+from ._ref import ActorRef
 from ._transport import TransportOptions
 
 
@@ -25,6 +27,7 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
         options: Its transport settings.
         keys: Its CURVE keys (tcp only).
         root_pid: Pid of the process owning the directory.
+        collector: The system's `MetricsCollector`, if it has one (what ``top`` asks).
     """
 
     ipc_dir: str
@@ -32,6 +35,7 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     options: TransportOptions
     root_pid: int
     keys: Keys | None = None
+    collector: ActorRef[Any] | None = None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the credentials to ``path``, readable by their owner only (mode 0600)."""

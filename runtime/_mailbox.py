@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ._codec import MailboxDecoder
 
 #: Kinds a mailbox reads (the rest go to a node's reply inbox).
-_MAILBOX_KINDS = frozenset({Kind.ASK, Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.FLUSH})
+_MAILBOX_KINDS = frozenset({Kind.ASK, Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.FLUSH, Kind.METRICS})
 
 
 class MailboxStatistics(Message):
@@ -52,6 +52,7 @@ class MailboxStatistics(Message):
         failed: Messages whose handler raised.
         queued: Messages read off the socket and not yet handled.
         queued_bytes: Bytes of those messages (bounded by ``mailbox_bytes``).
+        received_bytes: Bytes of the messages read off the socket and accepted.
     """
 
     received: int
@@ -60,6 +61,7 @@ class MailboxStatistics(Message):
     failed: int
     queued: int
     queued_bytes: int = 0
+    received_bytes: int = 0
 
 
 class Envelope:
@@ -132,6 +134,7 @@ class Mailbox:
         self._failed = 0
         self._queued = 0
         self._queued_bytes = 0
+        self._received_bytes = 0
         self._waiter = ReadinessWaiter(sock)
         #: The last drain emptied the socket: the next receive waits (its readiness check
         #: is cheaper than a ``recv`` that fails) instead of draining again.
@@ -148,6 +151,7 @@ class Mailbox:
             failed=self._failed,
             queued=self._queued,
             queued_bytes=self._queued_bytes,
+            received_bytes=self._received_bytes,
         )
 
     # -- reading ----------------------------------------------------------------------------
@@ -176,6 +180,7 @@ class Mailbox:
             size += len(frame)
         self._queued += len(items)
         self._queued_bytes += size
+        self._received_bytes += size
         return items
 
     async def receive(self, limit: int = 1024) -> list[Item]:

@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from ._errors import (
 )
 from ._message import Message, type_path
 from ._message import registry as message_registry
+from ._metrics import ENABLED, POW2_SLOTS, HistogramSnapshot, pow2_snapshot
 from ._protocol import (
     HEADER_BYTE,
     MAX_FRAMES,
@@ -85,6 +87,9 @@ _SUBSCRIBERS_KEPT = 1_024
 _MAX_SOCKETS = 16_384
 #: How many child processes' last words are kept until their monitors read them.
 _WORDS_KEPT = 1_024
+#: How many asked names get a round-trip histogram of their own (the rest share one).
+_ASKED_KEPT = 1_024
+_OTHER = "(other)"
 _encode = body_encoder.encode
 _NONE = _encode(None)
 
@@ -168,6 +173,8 @@ class Node:
         self.rejected = 0
         self._rejections = Throttle(logger)
         self._sends = Throttle(logger)
+        #: Ask round trips by the name asked: power-of-two nanosecond slots, and their sum.
+        self._asks: dict[str, tuple[list[int], list[int]]] = {}
 
     def new_stem(self, prefix: str) -> str:
         """A socket file name never used before in the system directory (a name used
@@ -278,11 +285,32 @@ class Node:
                 pending.timer = self._loop.call_later(
                     timeout, self._expire, corr, ref.name, timeout
                 )
-            return await future
+            if not ENABLED:
+                return await future
+            started = time.perf_counter_ns()
+            result = await future
+            self._count_ask(ref.name, time.perf_counter_ns() - started)
+            return result
         finally:
             self.drop_request(corr)
             if future.done() and not future.cancelled():
                 future.exception()  # failed while sending (a death): the caller has that
+
+    def _count_ask(self, name: str, took: int) -> None:
+        asks = self._asks
+        entry = asks.get(name)
+        if entry is None:
+            if len(asks) >= _ASKED_KEPT:
+                name = _OTHER
+            entry = asks.get(name)
+            if entry is None:
+                entry = asks[name] = ([0] * POW2_SLOTS, [0])
+        entry[0][(took // 1000).bit_length()] += 1
+        entry[1][0] += took
+
+    def ask_statistics(self) -> dict[str, HistogramSnapshot]:
+        """Round trips of the asks answered so far, by the name of the actor asked."""
+        return {name: pow2_snapshot(s, total[0]) for name, (s, total) in self._asks.items()}
 
     async def send_stop(self, ref: RefLike) -> None:
         """Ask ``ref`` to stop gracefully, expecting no acknowledgement."""

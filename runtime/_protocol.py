@@ -56,15 +56,18 @@ class Kind(enum.IntEnum):
     """The answer to a PING."""
     UNWATCH = 14
     """A watching node that closes: forget it (body: `WatchBody`)."""
-    JOIN = 15
+    METRICS = 15
+    """Ask a mailbox for the statistics of its process and every process under it
+    (answered with ``SystemMetrics``)."""
+    JOIN = 16
     """A node on another host joins the system (body: `NodeHello`; reply: `NodeWelcome`)."""
-    SPAWN = 16
+    SPAWN = 17
     """Start an actor on the node asked (body: `RemoteSpawn`; reply: `RemoteSpawned`)."""
-    KILL = 17
+    KILL = 18
     """End an actor of the node asked at once (body: `RemoteKill`; reply: empty)."""
-    NODES = 18
+    NODES = 19
     """The system's nodes now (body: `NodeList`), told to each node."""
-    ANSWER = 19
+    ANSWER = 20
     """The answer to a JOIN, SPAWN or KILL (body: the request's answer)."""
 
 

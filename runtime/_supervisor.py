@@ -29,6 +29,7 @@ from ._message import Message, Request
 from ._protocol import Down
 from ._ref import ActorRef
 from ._spawn import actor_path, main_reference, resolve_class
+from ._stats import ChildRecord
 
 logger = logging.getLogger("tokenyard.supervisor")
 
@@ -156,6 +157,22 @@ class _Entry:
     spec: ChildSpec
     ref: ActorRef[Any] | None = None
     restarts: deque[float] = field(default_factory=deque)
+    #: Restarts done, by the cause of the death that led to each.
+    restarted: dict[str, int] = field(default_factory=dict)
+    #: Deaths seen, by cause.
+    deaths: dict[str, int] = field(default_factory=dict)
+    last_reason: str = ""
+    last_death: float = 0.0
+
+    def record(self) -> ChildRecord:
+        return ChildRecord(
+            name=self.spec.name,
+            incarnation=0 if self.ref is None else self.ref.incarnation,
+            restarts=dict(self.restarted),
+            deaths=dict(self.deaths),
+            last_reason=self.last_reason,
+            last_death=self.last_death,
+        )
 
 
 class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
@@ -288,6 +305,9 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         entry = self.entries[index]
         entry.ref = None
         self.died += 1
+        cause = msg.cause.value
+        entry.deaths[cause] = entry.deaths.get(cause, 0) + 1
+        entry.last_reason, entry.last_death = msg.reason, time.time()
         _event("child_died", self.ref.name, entry.spec.name, reason=msg.reason)
         await self.on_child_died(entry.spec.name, msg)
         restart = entry.spec.restart
@@ -311,6 +331,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             await self._stop_children(self.entries)
             self.crash(err)
             return
+        entry.restarted[cause] = entry.restarted.get(cause, 0) + 1
         self.last_restart_ms = (time.monotonic() - seen) * 1000
         _event("restarted", self.ref.name, entry.spec.name, ms=round(self.last_restart_ms, 1))
 
@@ -347,6 +368,9 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         return restart_delay(attempt, self.backoff, self.backoff_max, self._rng)
 
     # -- introspection --------------------------------------------------------------------
+
+    def _supervision(self) -> list[ChildRecord]:
+        return [entry.record() for entry in self.entries]
 
     @handler
     def statistics(self, msg: GetSupervisorStatistics) -> SupervisorStatistics:

@@ -30,6 +30,7 @@ from ._exit import oom_kills
 from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, StartMethod, check_start
 from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
+from ._metrics import REGISTRY
 from ._node import Node
 from ._protocol import Cause, Down, Kind, LookupQuery, LookupReply, new_cookie
 from ._ref import ActorRef
@@ -42,6 +43,7 @@ from ._spawn import (
     main_reference,
     start_process,
 )
+from ._stats import ProcessMetrics, ProcessStats, SystemMetrics, now
 from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Watch
 
@@ -200,9 +202,13 @@ class ActorSystem:
         addresses = [self.node.reply_address, *self._cells]
         return [p for p in map(ipc_path, addresses) if p is not None]
 
-    def credentials(self) -> Credentials:
+    def credentials(self, collector: ActorRef[Any] | None = None) -> Credentials:
         """What another process of this user needs to join this system
         (``ActorSystem(attach=...)``); `Credentials.save` writes them to a 0600 file.
+
+        Args:
+            collector: The system's `MetricsCollector`, for a client that watches it
+                (``python -m runtime top``).
 
         Raises:
             TokenyardError: The system is not open.
@@ -214,6 +220,7 @@ class ActorSystem:
             options=self.options,
             root_pid=self.root_pid,
             keys=node.keys,
+            collector=collector,
         )
 
     def _resolve_keys(self) -> Keys | None:
@@ -695,6 +702,50 @@ class ActorSystem:
         result = await self.node.ask_control(ref, Kind.STATS, timeout)
         assert isinstance(result, MailboxStatistics)
         return result
+
+    # -- metrics (a hook of its own: nothing of the spawn path) ---------------------------
+
+    def process_metrics(self) -> ProcessMetrics:
+        """What this process measured: its resources, its actors of this system, its asks
+        and the series its code added (`runtime.metrics`)."""
+        node = self.node
+        return ProcessMetrics(
+            name=self.name,
+            node=node.reply_address,
+            process=ProcessStats.read(),
+            actors=[cell.metrics() for cell in list(self._cells.values())],
+            asks=node.ask_statistics(),
+            families=REGISTRY.snapshot(),
+            gathered_at=now(),
+        )
+
+    async def gather_metrics(self, timeout: float = 5.0) -> SystemMetrics:
+        """The statistics of this process and of every actor process under this system,
+        theirs included (each is asked, all at once; one that does not answer in
+        ``timeout`` is left out).
+
+        Returns:
+            This process first, then the others, depth first.
+        """
+        started = now()
+        children = [c for c in self._children.live.values() if c.process is not None]
+        answers: list[list[ProcessMetrics]] = [[] for _ in children]
+
+        async def ask(i: int, child: Child) -> None:
+            try:
+                reply = await self.node.ask_control(child.ref, Kind.METRICS, timeout)
+            except TokenyardError:
+                return  # it died or is busy dying: nothing to report of it
+            if isinstance(reply, SystemMetrics):
+                answers[i] = reply.processes
+
+        async with anyio.create_task_group() as tg:
+            for i, child in enumerate(children):
+                tg.start_soon(ask, i, child)
+        processes = [self.process_metrics()]
+        for found in answers:
+            processes += found
+        return SystemMetrics(processes=processes, gathered_at=started)
 
 
 def _local_down(child: Child, ending: Ending | None) -> Down:

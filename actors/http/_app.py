@@ -29,6 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import msgspec
 
+from actors import _tracing
+from runtime import TokenyardError
+
 from ._asgi import (
     ClientGoneError,
     Receive,
@@ -139,10 +142,14 @@ class OpenAIApp:
     that the ASGI lifespan enters at startup and leaves at shutdown (in one task, as a
     `Pipeline` needs). Until an engine is bound, requests get 503.
 
+    With ``metrics``, ``GET /metrics`` answers with what it returns (the Prometheus text
+    of the whole system, in ``python -m actors serve``).
+
     Args:
         engine: The engine to serve.
         config: Limits and names (`ServeConfig`'s defaults when ``None``).
         open_engine: Opens the engine for the server's lifetime instead.
+        metrics: Returns the body and content type of ``GET /metrics``.
 
     Raises:
         ValueError: Both or neither of ``engine`` and ``open_engine`` were given, or the
@@ -160,6 +167,7 @@ class OpenAIApp:
         *,
         config: ServeConfig | None = None,
         open_engine: Callable[[], AbstractAsyncContextManager[Engine]] | None = None,
+        metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
     ) -> None:
         if (engine is None) == (open_engine is None):
             raise ValueError("OpenAIApp needs exactly one of `engine` and `open_engine`")
@@ -174,6 +182,9 @@ class OpenAIApp:
             "/detokenize": (frozenset({"POST"}), OpenAIApp._detokenize),
             "/health": (frozenset({"GET", "HEAD"}), OpenAIApp._health),
         }
+        self._metrics = metrics
+        if metrics is not None:
+            self._routes["/metrics"] = (frozenset({"GET"}), OpenAIApp._serve_metrics)
         self._requests = 0
         self._active = 0
         self._streams = 0
@@ -219,6 +230,11 @@ class OpenAIApp:
     async def _http(self, ex: _Exchange) -> None:
         self._requests += 1
         self._active += 1
+        for name, value in ex.scope["headers"]:
+            if name == b"traceparent":
+                # The caller's trace: the pipeline's spans of this request are its children.
+                _tracing.incoming.set(value.decode("latin-1"))
+                break
         try:
             await self._route(ex)
         except HTTPError as err:
@@ -359,6 +375,31 @@ class OpenAIApp:
         ids = bound.validator.detokenize(await self._body(ex, DetokenizeRequest))
         text = bound.engine.decode(ids)
         await send_json(ex.send, 200, _ENCODE(DetokenizeResponse(prompt=text)))
+
+    async def _serve_metrics(self, ex: _Exchange, bound: _Bound) -> None:
+        assert self._metrics is not None
+        try:
+            body, content_type = await self._metrics()
+        except ImportError as err:
+            raise HTTPError(501, str(err), code="not_implemented") from err
+        except TokenyardError as err:
+            raise HTTPError(
+                503,
+                f"the metrics could not be gathered: {err}",
+                code="service_unavailable",
+                headers=((b"retry-after", b"1"),),
+            ) from err
+        await ex.send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", content_type.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await ex.send({"type": "http.response.body", "body": body})
 
     async def _health(self, ex: _Exchange, bound: _Bound) -> None:
         await ex.send({"type": "http.response.start", "status": 200, "headers": []})

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from actors._errors import PipelineClosedError, WorkerDiedError
-from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
+from actors._tokenizer import BUNDLED_MODEL_ID, load_tokenizer, model_id_of
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
 
@@ -22,26 +21,11 @@ if TYPE_CHECKING:
 
     from actors.messages import SamplingParams
 
-__all__ = ("DEFAULT_CONTEXT_LENGTH", "PipelineEngine", "model_id_of")
+__all__ = ("BUNDLED_MODEL_ID", "DEFAULT_CONTEXT_LENGTH", "PipelineEngine", "model_id_of")
 
 DEFAULT_CONTEXT_LENGTH = 8192
 """The context length a `PipelineEngine` reports unless told: the stand-in engine has no
 limit of its own, so this is a real model's size, not the engine's."""
-
-BUNDLED_MODEL_ID = "tokenyard-bundled-bpe"
-"""The model id of the bundled tokenizer."""
-
-
-def model_id_of(tokenizer: str | os.PathLike[str] | None) -> str:
-    """The model id derived from a tokenizer: the name of the directory holding its
-    ``tokenizer.json`` (as a model directory is named), or `BUNDLED_MODEL_ID`."""
-    if tokenizer is None:
-        return BUNDLED_MODEL_ID
-    path = Path(tokenizer).resolve()
-    directory = path if path.is_dir() else path.parent
-    if directory == DEFAULT_TOKENIZER_PATH.parent.resolve():
-        return BUNDLED_MODEL_ID
-    return directory.name or BUNDLED_MODEL_ID
 
 
 class PipelineEngine(TokenizerFacts):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ from actors.pipeline import Pipeline
 from ._dispatch import Dispatcher, DispatchStatistics
 
 if TYPE_CHECKING:
-    import os
     from collections.abc import AsyncIterator, Sequence
 
     from ._config import ServeConfig
@@ -96,7 +96,12 @@ async def open_server(
     )
     try:
         async with Pipeline(
-            workers, tokenizer, detokenizers=detokenizers, channels=dispatcher, **pipeline
+            workers,
+            tokenizer,
+            detokenizers=detokenizers,
+            channels=dispatcher,
+            model=model,
+            **pipeline,
         ) as p:
             yield Server(p, dispatcher)
     finally:
@@ -118,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         "--step-time", type=float, default=0.0, help="seconds per step of the stand-in engine"
     )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--credentials",
+        metavar="PATH",
+        help="write the system's credentials here (mode 0600, removed on exit), for "
+        "`python -m runtime top --credentials PATH`",
+    )
     return parser
 
 
@@ -143,12 +154,20 @@ async def _serve(args: argparse.Namespace) -> int:
             model=args.model,
             step_time=args.step_time,
         ) as server:
+            if args.credentials:
+                pipeline = server.pipeline
+                pipeline.system.credentials(collector=pipeline.collector).save(args.credentials)
             sys.stdout.write(
                 f"serving {server.url} with {args.workers} workers and "
                 f"{args.detokenizers} detokenizer(s); Ctrl-C stops\n"
             )
             sys.stdout.flush()
-            await stop.wait()
+            try:
+                await stop.wait()
+            finally:
+                if args.credentials:
+                    with contextlib.suppress(OSError):
+                        os.unlink(args.credentials)
         tg.cancel_scope.cancel()
     return 128 + received[0] if received else 0
 

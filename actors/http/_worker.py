@@ -17,7 +17,7 @@ import msgspec
 # Resolved at run time: the spawn arguments are decoded with __init__'s annotations.
 from actors.messages import PipelineSupervisorMessage  # noqa: TC001
 from actors.tokenizer_worker import Limits, TokenizerWorker
-from runtime import ActorRef  # noqa: TC001
+from runtime import ActorRef, GetMetrics
 
 from ._app import OpenAIApp
 from ._chat import ChatTemplate
@@ -66,6 +66,8 @@ class HttpWorker(TokenizerWorker):
         register_timeout: Seconds to get registered before it gives up.
         limits: What one request may ask for.
         http: How to serve (its channel, limits, model).
+        model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
+        collector: The system's metrics collector, which ``GET /metrics`` asks.
 
     Raises:
         ValueError: ``http`` is missing.
@@ -79,8 +81,11 @@ class HttpWorker(TokenizerWorker):
         register_timeout: float = 10.0,
         limits: Limits | None = None,
         http: HttpSettings | None = None,
+        model_name: str | None = None,
+        collector: ActorRef[GetMetrics] | None = None,
     ) -> None:
-        super().__init__(worker_id, supervisor, tokenizer, register_timeout, limits)
+        super().__init__(worker_id, supervisor, tokenizer, register_timeout, limits, model_name)
+        self.collector = collector
         if http is None:
             raise ValueError("an HttpWorker needs its http settings (its connection channel)")
         self.http = http
@@ -97,7 +102,8 @@ class HttpWorker(TokenizerWorker):
             chat_template=ChatTemplate.from_tokenizer(self.tokenizer_path),
             max_stream_buffer=http.max_stream_buffer,
         )
-        app = _Labelled(OpenAIApp(self.engine, config=http.config), self.worker_id)
+        metrics = None if self.collector is None else self._metrics
+        app = _Labelled(OpenAIApp(self.engine, config=http.config, metrics=metrics), self.worker_id)
         self.server = ConnectionServer(app, http.channel, log_level=http.log_level)
         self.start_soon(self.server.run)
 
@@ -106,6 +112,17 @@ class HttpWorker(TokenizerWorker):
             self.server.close()
         await super().on_stop()
 
+    async def _metrics(self) -> tuple[bytes, str]:
+        """The whole system's metrics, as the collector gathered them for every worker."""
+        from runtime.prometheus import CONTENT_TYPE, render
+
+        assert self.collector is not None
+        gathered = await self.collector.ask(GetMetrics(), timeout=METRICS_TIMEOUT)
+        return render(gathered), CONTENT_TYPE
+
+
+#: Seconds ``GET /metrics`` waits for the collector (each process has 2 s to answer it).
+METRICS_TIMEOUT = 10.0
 
 #: The response header naming the worker that served a request.
 WORKER_HEADER = b"x-tokenyard-worker"

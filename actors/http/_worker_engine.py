@@ -17,6 +17,7 @@ import collections
 import uuid
 from typing import TYPE_CHECKING
 
+from actors import _metrics, _tracing
 from actors.messages import RequestOutput
 
 from ._engine import Chunk, Completion, EngineError, EngineUnavailableError, TokenizerFacts
@@ -122,6 +123,7 @@ class WorkerEngine(TokenizerFacts):
         self._worker = worker
         self._max_stream_buffer = max_stream_buffer
         self.resubmitted = 0
+        self._resubmissions = _metrics.RESUBMISSIONS.labels(worker._model)
 
     async def _start(
         self, prompt: str | list[int], params: SamplingParams, stream: bool
@@ -130,7 +132,13 @@ class WorkerEngine(TokenizerFacts):
         outputs = _Outputs(rid, self._max_stream_buffer, self._worker.release_local)
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
         await self._worker.submit_local(
-            rid, outputs.put, text=text, input_ids=ids, sampling=params, stream=stream
+            rid,
+            outputs.put,
+            text=text,
+            input_ids=ids,
+            sampling=params,
+            stream=stream,
+            traceparent=_tracing.incoming.get(),
         )
         return rid, outputs
 
@@ -153,8 +161,9 @@ class WorkerEngine(TokenizerFacts):
                 )
             if out.lost_to is not None and attempt < MAX_RESUBMITS:
                 self.resubmitted += 1
+                self._resubmissions.inc()
                 continue
-            raise _failure(out)
+            raise self._failure(out)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def stream(
@@ -173,7 +182,7 @@ class WorkerEngine(TokenizerFacts):
                         finished = True
                         if out.lost_to is not None and not sent and attempt < MAX_RESUBMITS:
                             break  # nothing reached the client: start it again
-                        raise _failure(out)
+                        raise self._failure(out)
                     if out.finish_reason is None:
                         if out.text:
                             sent = True
@@ -192,11 +201,14 @@ class WorkerEngine(TokenizerFacts):
                     self._worker.release_local(rid)
             attempt += 1
             self.resubmitted += 1
+            self._resubmissions.inc()
 
-
-def _failure(out: RequestOutput) -> EngineError:
-    """What a failed output means to the HTTP layer: 503 when trying later may help."""
-    reason = out.error or "aborted"
-    if out.lost_to is not None:
-        return EngineUnavailableError(f"request {out.rid!r} lost its {out.lost_to.value}: {reason}")
-    return EngineUnavailableError(f"the pipeline refused request {out.rid!r}: {reason}")
+    def _failure(self, out: RequestOutput) -> EngineError:
+        """What a failed output means to the HTTP layer: 503 when trying later may help."""
+        reason = out.error or "aborted"
+        if out.lost_to is not None:
+            _metrics.WORKER_DIED_ERRORS.labels(self._worker._model, out.lost_to.value).inc()
+            return EngineUnavailableError(
+                f"request {out.rid!r} lost its {out.lost_to.value}: {reason}"
+            )
+        return EngineUnavailableError(f"the pipeline refused request {out.rid!r}: {reason}")

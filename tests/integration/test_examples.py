@@ -50,6 +50,14 @@ SHOWS: dict[str, list[str]] = {
         r"stopped: reason='normal' exitcode=0",
         r"after the stop: actor 'account' \(incarnation 1\) is dead: normal",
     ],
+    "observing.py": [
+        r"pipeline-supervisor \(pid \d+\): \d+ handled, 0 queued, \d+ MiB resident",
+        r"scheduler \(pid \d+\): [1-9]\d* handled, 0 queued, \d+ MiB resident",
+        r"demo_prompts_total 3",
+        r"tokenyard:generation_tokens_total 24",
+        r"tokenyard:time_to_first_token_seconds_count 3",
+        r"pipeline closed",
+    ],
     "openai_server.py": [
         r"serving tokenyard-bundled-bpe on http://127\.0\.0\.1:\d+",
         r"completion \(length, 16 tokens\): .+",

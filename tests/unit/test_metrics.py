@@ -1,0 +1,85 @@
+"""The runtime's metric primitives: histograms and their quantiles, families in a registry,
+and summing families over processes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from runtime._metrics import (
+    POW2_BOUNDS,
+    POW2_SLOTS,
+    Histogram,
+    Registry,
+    merge,
+    pow2_snapshot,
+)
+
+
+class TestHistograms:
+    def test_a_value_on_a_bound_counts_in_that_bounds_bucket(self) -> None:
+        h = Histogram([1.0, 2.0])
+        for v in (0.5, 1.0, 1.5, 2.0, 9.0):
+            h.observe(v)
+        snap = h.snapshot()
+        assert snap.counts == (2, 2, 1)
+        assert snap.count == 5
+        assert snap.sum == 14.0
+
+    def test_quantiles_interpolate_within_their_bucket_and_nan_when_empty(self) -> None:
+        h = Histogram([1.0, 2.0, 4.0])
+        for v in (0.5, 1.5, 1.5, 3.0):
+            h.observe(v)
+        snap = h.snapshot()
+        assert snap.quantile(0.5) == pytest.approx(1.5)
+        assert 2.0 < snap.quantile(0.99) <= 4.0
+        assert math.isnan(Histogram([1.0]).snapshot().quantile(0.5))
+
+    def test_a_power_of_two_histogram_folds_every_long_duration_into_inf(self) -> None:
+        slots = [0] * POW2_SLOTS
+        for ns in (500, 1_500, 3_000, 40 * 10**9):
+            slots[(ns // 1000).bit_length()] += 1
+        snap = pow2_snapshot(slots, 500 + 1_500 + 3_000 + 40 * 10**9)
+        assert snap.bounds == POW2_BOUNDS
+        assert snap.counts[:3] == (1, 1, 1)
+        assert snap.counts[-1] == 1
+        assert snap.count == 4
+
+    def test_bounds_must_ascend(self) -> None:
+        with pytest.raises(ValueError, match="ascend"):
+            Histogram([2.0, 1.0])
+
+
+class TestFamilies:
+    def test_asking_twice_for_a_name_gives_the_same_family(self) -> None:
+        registry = Registry()
+        first = registry.counter("c_total", "help", ["k"])
+        first.labels("a").inc(2)
+        assert registry.counter("c_total", "help", ["k"]) is first
+        with pytest.raises(ValueError, match="already a counter"):
+            registry.gauge("c_total", "help", ["k"])
+        with pytest.raises(ValueError, match="labels"):
+            first.labels("a", "b")
+
+    def test_a_gauge_with_a_function_is_read_when_snapshotted(self) -> None:
+        registry = Registry()
+        depth = [3]
+        registry.gauge("g", "help").labels().set_function(lambda: depth[0])
+        depth[0] = 7
+        (family,) = registry.snapshot()
+        assert family.series[0].value == 7
+
+    def test_families_of_several_processes_add_up_by_labels(self) -> None:
+        one, two = Registry(), Registry()
+        for registry, n in ((one, 1), (two, 2)):
+            registry.counter("c_total", "help", ["worker"]).labels(n).inc(n)
+            registry.counter("c_total", "help", ["worker"]).labels("all").inc(10)
+            registry.histogram("h", "help", [1.0], ["m"]).labels("x").observe(n * 0.75)
+        (counter, histogram) = sorted(merge([one.snapshot(), two.snapshot()]), key=lambda f: f.name)
+        values = {s.labels: s.value for s in counter.series}
+        assert values == {("1",): 1, ("2",): 2, ("all",): 20}
+        (series,) = histogram.series
+        assert series.histogram is not None
+        assert series.histogram.counts == (1, 1)
+        assert series.histogram.sum == pytest.approx(2.25)
