@@ -101,9 +101,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
             for metric in ("p50", "p99", "mean")
         ],
         "ratios": [(key, base) for key, base, _ in mailbox.RATIOS],
-        # tell batch is held to the floor and to send_pyobj: two targets.
+        # tell batch is held to the floor and to send_pyobj, and both tells to themselves
+        # with metrics off.
         "targets": [
             "tell.small.throughput",
+            "tell.small.throughput",
+            "tell.batch.throughput",
             "tell.batch.throughput",
             "tell.batch.throughput",
             "ask.small.p50",
