@@ -8,13 +8,16 @@ so a peer without it completes no handshake and delivers no frame. Inside the bo
 header carries the system's cookie (`runtime._protocol`).
 
 A process only ever connects to addresses of its own system: an ipc path inside the
-system's directory, or a tcp endpoint on one of the system's hosts. An address from a
-message (an ask's reply address, a ref's owner) that points elsewhere is refused, so no
-frame, and no cookie, ever leaves the system.
+system's directory, or a tcp endpoint. Over CURVE any tcp endpoint will do, wherever it is
+(the system's nodes live on other hosts): a client completes no handshake, and so sends no
+frame and no cookie, unless the server proves it holds the system's secret key. Without
+CURVE (a measurement set-up), only the system's own host is admitted. An address from a
+message (an ask's reply address, a ref's owner) that points elsewhere is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -88,9 +91,13 @@ class AddressPolicy:
     Args:
         ipc_dir: The system's private directory.
         tcp_hosts: The hosts of the system's tcp endpoints (empty: ipc only).
+        any_tcp: Admit a tcp endpoint on any host (CURVE: the handshake proves membership).
     """
 
-    def __init__(self, ipc_dir: str, tcp_hosts: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, ipc_dir: str, tcp_hosts: frozenset[str] = frozenset(), any_tcp: bool = False
+    ) -> None:
+        self.any_tcp = any_tcp
         self._ipc_prefix = f"ipc://{os.path.realpath(ipc_dir)}/" if ipc_dir else None
         self._raw_prefix = f"ipc://{ipc_dir}/" if ipc_dir else None
         self.tcp_hosts = set(tcp_hosts)
@@ -114,12 +121,15 @@ class AddressPolicy:
                     return _IPC_NAME.fullmatch(address[len(prefix) :]) is not None
             return False
         match = _TCP.fullmatch(address)
-        return match is not None and match.group(1).strip("[]") in self.tcp_hosts
+        if match is None or not 0 < int(match.group(2)) < 65536:
+            return False
+        return self.any_tcp or match.group(1).strip("[]") in self.tcp_hosts
 
-    def allow_host(self, host: str) -> None:
-        """Admit tcp endpoints on ``host`` too (a node of the system lives there)."""
-        self.tcp_hosts.add(host.strip("[]"))
-        self._known.clear()
+
+def cookie_of(keys: Keys) -> bytes:
+    """The system's cookie when it has CURVE keys: derived from the secret key, so that a
+    node started on another host with the same keys carries the same cookie."""
+    return hashlib.blake2b(keys.secret, digest_size=16, person=b"tokenyard-cookie").digest()
 
 
 def make_server(sock: zmq.Socket[bytes], keys: Keys | None) -> None:

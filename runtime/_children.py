@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from ._errors import TokenyardError
 from ._exit import reason_for_status
-from ._protocol import Cause, Down, Kind
+from ._protocol import Cause, Down, Kind, RemoteKill, body_encoder
 
 if TYPE_CHECKING:
     from ._cell import Cell
@@ -32,9 +33,41 @@ logger = logging.getLogger("tokenyard.system")
 TERM_GRACE = 2.0
 
 
+class RemoteProcess:
+    """An actor process that a node runs for this system, as `runtime._children` sees it.
+
+    Its death comes from the node (a ``Down`` with the exit status and signal) or from the
+    heartbeat (`Cause.NOCONNECTION`); signals go to the node, which sends them on.
+    """
+
+    def __init__(self, node: Node, node_address: str, node_name: str, pid: int, address: str):
+        self.node = node
+        self.node_address = node_address
+        self.node_name = node_name
+        self.pid = pid
+        self.address = address
+        self.down: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
+
+    def deliver(self, down: Down) -> None:
+        """The actor's death, however it became known."""
+        if not self.down.done():
+            self.down.set_result(down)
+
+    def signal(self, signum: int, reason: str = "") -> None:
+        """Ask its node to signal it (from a loop callback: never waits)."""
+        if not self.down.done() and not self.node.closed:
+            body = body_encoder.encode(RemoteKill(self.address, int(signum), reason))
+            self.node.notify(self.node_address, Kind.KILL, body)
+
+    def kill(self) -> None:
+        """SIGKILL, through its node."""
+        self.signal(signal.SIGKILL)
+
+
 @dataclass(eq=False)
 class Child:
-    """One child actor: in its own process (``process``) or in-process (``cell``).
+    """One child actor: in its own process (``process``), in a process a node on another
+    host runs for it (``remote``), or in-process (``cell``).
 
     Attributes:
         parent: Address of the in-process actor that started it ('' for the system): when
@@ -42,6 +75,7 @@ class Child:
         stall_timeout: Seconds its process may leave liveness probes unanswered before it
             is killed as unresponsive (``None``: never probed).
         unresponsive: Set when it was killed for not answering: the ``Down``'s reason.
+        lost: Set when its node ended it for its requester's silence (`runtime._nodes`).
     """
 
     ref: ActorRef[Any]
@@ -56,6 +90,8 @@ class Child:
     parent: str = ""
     stall_timeout: float | None = None
     unresponsive: str = ""
+    lost: str = ""
+    remote: RemoteProcess | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -82,6 +118,16 @@ class Children:
         """Return once ``child`` is dead and recorded. For a process, this waits on the
         process itself rather than on the monitor task, which a cancelled caller's scope may
         have taken down with it (shutdown must still finish then)."""
+        if child.remote is not None:
+            down = await child.remote.down
+            if child.exited.is_set():
+                return
+            if child.unresponsive and down.cause is Cause.SIGNAL:
+                down = msgspec.structs.replace(
+                    down, cause=Cause.UNRESPONSIVE, reason=child.unresponsive
+                )
+            self.died(child, down)
+            return
         if child.process is None:
             await child.exited.wait()
             return
@@ -96,6 +142,8 @@ class Children:
         cause, reason, signum = reason_for_status(code, words, child.oom_before)
         if child.unresponsive and cause is Cause.SIGNAL:
             cause, reason = Cause.UNRESPONSIVE, child.unresponsive
+        if child.lost and cause is Cause.SIGNAL:
+            cause, reason = Cause.NOCONNECTION, child.lost
         down = Down(ref=child.ref, cause=cause, reason=reason, exitcode=code, signal=signum)
         self.died(child, down)
 
@@ -176,6 +224,8 @@ class Children:
         )
         if child.process is not None:
             child.process.signal(signum)
+        elif child.remote is not None:
+            child.remote.signal(signum)
         elif child.scope is not None:
             child.scope.cancel()
 

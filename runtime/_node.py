@@ -90,6 +90,10 @@ _WORDS_KEPT = 1_024
 #: How many asked names get a round-trip histogram of their own (the rest share one).
 _ASKED_KEPT = 1_024
 _OTHER = "(other)"
+#: The correlation id of heartbeat pings (their answers resolve no request).
+_BEAT_CORR = 1
+#: Heartbeat pings per ``heartbeat``; a peer silent for all but one of them is lost.
+BEATS = 8
 _encode = body_encoder.encode
 _NONE = _encode(None)
 
@@ -114,6 +118,8 @@ class Node:
         name: Used in socket names and logs.
         cookie: The system's secret, carried by every header.
         keys: The system's CURVE keys (tcp only).
+        port: The tcp port of the reply inbox (0: any free one); a system's root binds a
+            known one so that nodes on other hosts can join it.
     """
 
     def __init__(
@@ -123,6 +129,7 @@ class Node:
         name: str,
         cookie: bytes,
         keys: Keys | None = None,
+        port: int = 0,
     ) -> None:
         self.ipc_dir = ipc_dir
         self.cookie = cookie
@@ -134,7 +141,9 @@ class Node:
         # sockets may need; the file-descriptor limit is the real bound.
         self.ctx.set(zmq.MAX_SOCKETS, _MAX_SOCKETS)
         tcp_hosts = frozenset({options.tcp_host}) if options.transport == "tcp" else frozenset()
-        self.policy = AddressPolicy(ipc_dir if options.transport == "ipc" else "", tcp_hosts)
+        self.policy = AddressPolicy(
+            ipc_dir if options.transport == "ipc" else "", tcp_hosts, any_tcp=keys is not None
+        )
         #: Answers CURVE handshakes for this process's servers (it must exist first).
         self.zap = ZapHandler(self.ctx, keys) if keys is not None else None
         self.outbox = Outbox(self.ctx, options, self.policy, keys)
@@ -142,7 +151,7 @@ class Node:
         self._nonce = secrets.token_hex(4)
         try:
             self.reply_sock, self.reply_address = bind_pull(
-                self.ctx, ipc_dir, self.new_stem("r"), options, keys
+                self.ctx, ipc_dir, self.new_stem("r"), options, keys, port
             )
         except ProtocolError:
             self._close_context()
@@ -165,6 +174,15 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
+        #: Over tcp, the other processes this one keeps a heartbeat with (the owners of the
+        #: refs it watches, and `link`'s), by reply address: when each last answered.
+        self._heard: dict[str, float] = {}
+        #: Called when a linked process stops answering, by its address (`link`).
+        self._links: dict[str, list[Callable[[str], None]]] = {}
+        self._beater: asyncio.TimerHandle | None = None
+        #: Called with the reply address of each process that pings this one (a node's
+        #: leases, `runtime._nodes`).
+        self.on_ping: Callable[[str], None] | None = None
         self.closed = False
         #: Takes the frames of the node protocol (JOIN, SPAWN, KILL, NODES) when this
         #: process is the system's root or one of its nodes (`runtime._nodes`).
@@ -192,6 +210,53 @@ class Node:
         # read now or it would wait for the next arrival.
         self._loop.call_soon(self._on_replies)
         self._sweeper = self._loop.call_later(self.options.peer_idle / 2, self._sweep)
+        if self.options.transport == "tcp":
+            self._beater = self._loop.call_later(self.options.heartbeat / BEATS, self._beat)
+
+    # -- heartbeats -----------------------------------------------------------------------
+
+    def link(self, address: str, on_lost: Callable[[str], None]) -> None:
+        """Keep a heartbeat with the process whose reply inbox is ``address`` (tcp only), and
+        call ``on_lost(address)`` once if it leaves a whole ``heartbeat`` unanswered."""
+        self._links.setdefault(address, []).append(on_lost)
+
+    def unlink(self, address: str) -> None:
+        """Forget `link`'s callbacks for ``address``."""
+        self._links.pop(address, None)
+
+    def _beat(self) -> None:
+        """Every eighth of the heartbeat: ping each owner of a watched ref and each linked
+        process; one silent for seven eighths is lost (`Cause.NOCONNECTION`), so a loss is
+        known within one heartbeat of it, counting the tick.
+
+        A lost ping or answer costs nothing (the next goes an eighth later); only most of a
+        heartbeat without any answer does. The pings go from a loop callback, never waiting.
+        """
+        if self.closed or self._loop is None:
+            return
+        beat = self.options.heartbeat
+        limit = beat * (BEATS - 1) / BEATS
+        self._beater = self._loop.call_later(beat / BEATS, self._beat)
+        now = time.monotonic()
+        peers = {ref.owner for ref in self._watched.values()}
+        peers.update(self._links)
+        peers.discard(self.reply_address)
+        for gone in self._heard.keys() - peers:
+            del self._heard[gone]
+        for peer in peers:
+            heard = self._heard.setdefault(peer, now)
+            if now - heard > limit:
+                self._lost(peer, now - heard)
+            else:
+                self.notify(peer, Kind.PING, b"", _BEAT_CORR)
+
+    def _lost(self, address: str, silent: float) -> None:
+        del self._heard[address]
+        reason = f"no answer from {address} for {silent:.1f} s (noconnection)"
+        logger.warning("%s: %s: its actors count as dead", self.name, reason)
+        self.owner_died(address, address, Cause.NOCONNECTION, reason)
+        for on_lost in self._links.pop(address, []):
+            on_lost(address)
 
     def _sweep(self) -> None:
         if self.closed or self._loop is None:
@@ -392,12 +457,12 @@ class Node:
     def answer(self, header: Header, body: bytes) -> None:
         """Answer a node-protocol request (from a loop callback: never waits)."""
         if header.reply_to:
-            self._notify(header.reply_to, Kind.ANSWER, body, header.corr)
+            self.notify(header.reply_to, Kind.ANSWER, body, header.corr)
 
     def answer_error(self, header: Header, error: BaseException) -> None:
         """Answer a node-protocol request with the failure, as data."""
         if header.reply_to:
-            self._notify(header.reply_to, Kind.ERROR, _encode(ErrorBody.of(error)), header.corr)
+            self.notify(header.reply_to, Kind.ERROR, _encode(ErrorBody.of(error)), header.corr)
 
     async def ping(self, node_address: str, timeout: float) -> bool:
         """Probe the node at ``node_address``: whether its event loop answered in time."""
@@ -499,7 +564,13 @@ class Node:
         kind = header.kind
         if kind is Kind.PING:
             if header.reply_to:
-                self._notify(header.reply_to, Kind.PONG, b"", header.corr)
+                self.notify(header.reply_to, Kind.PONG, b"", header.corr)
+                if self.on_ping is not None:
+                    self.on_ping(header.reply_to)
+            return
+        if kind is Kind.PONG and header.corr == _BEAT_CORR:
+            if header.reply_to in self._heard:
+                self._heard[header.reply_to] = time.monotonic()
             return
         if kind is Kind.WATCH:
             self._on_watch(watch_decoder.decode(body))
@@ -598,7 +669,7 @@ class Node:
             listener(down)
         frame = _encode(down)
         for subscriber in self._subscribers.pop(address, {}):
-            self._notify(subscriber, Kind.DOWN, frame)
+            self.notify(subscriber, Kind.DOWN, frame)
 
     def on_death(self, address: str, listener: Callable[[Down], None]) -> None:
         """Call ``listener`` once when the actor at ``address`` is known dead."""
@@ -615,12 +686,12 @@ class Node:
             return
         full: ActorRef[Any] = ActorRef(ref.name, ref.address, ref.incarnation, owner)
         self._watched[ref.address] = full
-        self._notify(owner, Kind.WATCH, _encode(WatchBody(full, self.reply_address)))
+        self.notify(owner, Kind.WATCH, _encode(WatchBody(full, self.reply_address)))
 
     def _on_watch(self, watch: WatchBody) -> None:
         dead = self._dead.get(watch.ref.address)
         if dead is not None:
-            self._notify(watch.subscriber, Kind.DOWN, _encode(dead))
+            self.notify(watch.subscriber, Kind.DOWN, _encode(dead))
             return
         subscribers = self._subscribers.setdefault(watch.ref.address, {})
         subscribers[watch.subscriber] = None
@@ -646,7 +717,7 @@ class Node:
             self.mark_dead(Down(ref=orphan, cause=cause, reason=why))
         self.outbox.forget(node_address)
 
-    def _notify(self, address: str, kind: Kind, body: bytes, corr: int = 0) -> None:
+    def notify(self, address: str, kind: Kind, body: bytes, corr: int = 0) -> None:
         """Best-effort control frame from a loop callback (never blocks)."""
         try:
             self.outbox.try_send_frames(address, (self.header(kind, corr), body))
@@ -671,6 +742,8 @@ class Node:
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._beater is not None:
+            self._beater.cancel()
         if self._loop is not None:
             self._loop.remove_reader(self._reply_fd)
         for pending in self._pending.values():
@@ -684,7 +757,7 @@ class Node:
         # Owners forget this node, so an actor watched by many short-lived processes does
         # not keep (and one day notify) every one of them.
         for ref in self._watched.values():
-            self._notify(ref.owner, Kind.UNWATCH, _encode(WatchBody(ref, self.reply_address)))
+            self.notify(ref.owner, Kind.UNWATCH, _encode(WatchBody(ref, self.reply_address)))
         self.reply_sock.close(0)
         self._close_context(linger_ms)
         _context.leave(self, self._token)

@@ -60,13 +60,13 @@ class Kind(enum.IntEnum):
     """Ask a mailbox for the statistics of its process and every process under it
     (answered with ``SystemMetrics``)."""
     JOIN = 16
-    """A node on another host joins the system (body: `NodeHello`; reply: `NodeWelcome`)."""
+    """A node on another host joins the system (body: `NodeHello`; answer: `NodeList`)."""
     SPAWN = 17
     """Start an actor on the node asked (body: `RemoteSpawn`; reply: `RemoteSpawned`)."""
     KILL = 18
     """End an actor of the node asked at once (body: `RemoteKill`; reply: empty)."""
     NODES = 19
-    """The system's nodes now (body: `NodeList`), told to each node."""
+    """Which nodes the system has now (answer: `NodeList`), asked of its root."""
     ANSWER = 20
     """The answer to a JOIN, SPAWN or KILL (body: the request's answer)."""
 
@@ -206,11 +206,9 @@ class NodeInfo(msgspec.Struct, array_like=True, frozen=True):
 
 
 class NodeList(msgspec.Struct, array_like=True, frozen=True):
-    """The system's root and nodes now (the answer to a `NodeHello`, and told to every node
-    when one joins): each admits the others' hosts."""
+    """The system's nodes now, as its root knows them (the answer to JOIN and NODES)."""
 
     root: str
-    root_host: str
     nodes: list[NodeInfo]
 
 
@@ -227,6 +225,11 @@ class RemoteSpawn(msgspec.Struct, array_like=True, frozen=True):
         spawn_timeout: Seconds it has to become ready.
         shutdown_timeout: Seconds it gets to stop before SIGTERM.
         stall_timeout: Liveness bound of its process (``None``: not probed).
+        options: The requester's transport settings, encoded (``TransportOptions``): the
+            actor gets them, bound on the node's host.
+        root: The system root's reply inbox (where the actor's own ``spawn(node=...)``
+            resolves node names).
+        start: How the node starts it (``None``: as the node starts its actors).
     """
 
     actor: str
@@ -237,7 +240,10 @@ class RemoteSpawn(msgspec.Struct, array_like=True, frozen=True):
     kwargs: dict[str, msgspec.Raw]
     spawn_timeout: float
     shutdown_timeout: float
-    stall_timeout: float | None = None
+    stall_timeout: float | None
+    options: msgspec.Raw
+    root: str
+    start: str | None = None
 
 
 class RemoteSpawned(msgspec.Struct, array_like=True, frozen=True):
@@ -248,10 +254,12 @@ class RemoteSpawned(msgspec.Struct, array_like=True, frozen=True):
 
 
 class RemoteKill(msgspec.Struct, array_like=True, frozen=True):
-    """End one actor of the node at once (a stop that escalated)."""
+    """Signal one actor process of the node (a stop that escalated: SIGTERM, then SIGKILL;
+    ``ActorSystem.kill``: SIGKILL with a reason)."""
 
     address: str
-    reason: str
+    signal: int
+    reason: str = ""
 
 
 # -- the one death record ---------------------------------------------------------------------

@@ -71,6 +71,7 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
         start: How the child's own system starts actors (``"spawn"`` or
             ``"fork-server"``).
         preload: What the child's own fork server preloads.
+        root: The system root's reply inbox (tcp), where node names resolve.
         env: The environment to take (a forked child has its fork server's otherwise);
             ``None`` for a fresh interpreter, which is started with it.
     """
@@ -97,6 +98,7 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     start: str = "spawn"
     preload: list[str] = []
     env: dict[str, str] | None = None
+    root: str = ""
 
 
 def encode_arguments(

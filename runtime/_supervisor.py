@@ -26,7 +26,7 @@ from ._actor import Actor, handler
 from ._errors import SpawnError, TokenyardError
 from ._launcher import StartMethod
 from ._message import Message, Request
-from ._protocol import Down
+from ._protocol import Cause, Down
 from ._ref import ActorRef
 from ._spawn import actor_path, main_reference, resolve_class
 from ._stats import ChildRecord
@@ -76,6 +76,11 @@ class ChildSpec(msgspec.Struct, kw_only=False):
             a supervisor filling them in at each start does it in ``spec_for``.
         start: How a process child starts: ``"spawn"`` (a fresh interpreter) or
             ``"fork-server"``; ``None``: as its supervisor's system starts them.
+        node: Where a process child runs: ``None`` (the supervisor's host), the name of a
+            node of the system, or several names tried in order (``""`` is the
+            supervisor's host). A child whose node was lost (`Cause.NOCONNECTION`) starts
+            again on the first other one that takes it, and on the lost one only when none
+            does (docs/guides/multi-host.md).
 
     Example:
         >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
@@ -92,6 +97,7 @@ class ChildSpec(msgspec.Struct, kw_only=False):
     stall_timeout: float | None = None
     inherit: tuple[int, ...] = ()
     start: StartMethod | None = None
+    node: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):
@@ -103,6 +109,8 @@ class ChildSpec(msgspec.Struct, kw_only=False):
             raise TypeError(f"ChildSpec.actor must be an Actor class, got {self.actor!r}")
         if not self.name:
             self.name = self.actor.rpartition(":")[2]
+        if self.node is not None and not self.process:
+            raise ValueError(f"ChildSpec {self.name!r}: node= is for process children")
         if self.stall_timeout is not None and not self.process:
             raise ValueError(
                 f"ChildSpec {self.name!r}: stall_timeout is for process children (an "
@@ -163,6 +171,18 @@ class _Entry:
     deaths: dict[str, int] = field(default_factory=dict)
     last_reason: str = ""
     last_death: float = 0.0
+    #: The node it runs on (``""``: the supervisor's host), and one it was lost with.
+    node: str = ""
+    lost_node: str | None = None
+
+    def places(self) -> list[str]:
+        """Where to start it, in order: its spec's nodes, the lost one last."""
+        wanted = self.spec.node
+        names = [wanted] if isinstance(wanted, str) else list(wanted or ("",))
+        if self.lost_node in names and len(names) > 1:
+            names.remove(self.lost_node)
+            names.append(self.lost_node)
+        return names
 
     def record(self) -> ChildRecord:
         return ChildRecord(
@@ -245,17 +265,30 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         cls = resolve_class(spec.actor, spec.main)
         if not issubclass(cls, Actor):
             raise SpawnError(f"{spec.actor} is not an Actor class")
-        ref = await self.system.spawn(
-            cls,
-            *spec.args,
-            name=spec.name,
-            process=spec.process,
-            shutdown_timeout=spec.shutdown_timeout,
-            stall_timeout=spec.stall_timeout,
-            inherit=spec.inherit,
-            start=spec.start,
-            **spec.kwargs,
-        )
+        failures: list[str] = []
+        for place in entry.places():
+            try:
+                ref = await self.system.spawn(
+                    cls,
+                    *spec.args,
+                    name=spec.name,
+                    process=spec.process,
+                    shutdown_timeout=spec.shutdown_timeout,
+                    stall_timeout=spec.stall_timeout,
+                    inherit=spec.inherit,
+                    start=spec.start,
+                    node=place or None,
+                    **spec.kwargs,
+                )
+            except SpawnError as err:
+                if len(entry.places()) == 1:
+                    raise
+                failures.append(f"{place or 'here'}: {err}")
+                continue
+            entry.node = place
+            break
+        else:
+            raise SpawnError(f"{spec.name!r} started nowhere: " + "; ".join(failures))
         entry.ref = ref
         self.started += 1
         self.system.watch(ref, notify=self.ref)
@@ -308,6 +341,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         cause = msg.cause.value
         entry.deaths[cause] = entry.deaths.get(cause, 0) + 1
         entry.last_reason, entry.last_death = msg.reason, time.time()
+        entry.lost_node = entry.node if msg.cause is Cause.NOCONNECTION else None
         _event("child_died", self.ref.name, entry.spec.name, reason=msg.reason)
         await self.on_child_died(entry.spec.name, msg)
         restart = entry.spec.restart

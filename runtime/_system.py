@@ -8,6 +8,7 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import anyio
 import anyio.abc
+import msgspec
 
-from ._auth import Keys
+from ._auth import Keys, cookie_of
 from ._cell import Cell, Ending, host
-from ._children import Child, Children
+from ._children import Child, Children, RemoteProcess
 from ._credentials import Credentials
 from ._errors import (
     ActorDeadError,
@@ -32,7 +34,18 @@ from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
 from ._metrics import REGISTRY
 from ._node import Node
-from ._protocol import Cause, Down, Kind, LookupQuery, LookupReply, new_cookie
+from ._nodes import NodeTable, find_node, list_nodes, spawn_on
+from ._protocol import (
+    Cause,
+    Down,
+    Kind,
+    LookupQuery,
+    LookupReply,
+    NodeInfo,
+    RemoteSpawn,
+    body_encoder,
+    new_cookie,
+)
 from ._ref import ActorRef
 from ._spawn import (
     SpawnSpec,
@@ -48,7 +61,7 @@ from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Watch
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Coroutine, Sequence
     from types import TracebackType
 
     from ._actor import Actor
@@ -100,6 +113,13 @@ class ActorSystem:
             their globals. A module that starts a thread when imported is refused.
         eager_fork_server: Start the fork server (and its preloads) when the system opens,
             rather than on the first process spawn.
+        port: Over tcp, the port of this process's reply inbox (`address`), where the
+            system's nodes join; 0 (the default) takes any free one.
+        heartbeat: Over tcp, seconds a process holding refs owned by another process (a
+            node on another host) waits for any answer from it before its actors count as
+            ``Down`` with `Cause.NOCONNECTION` (see docs/guides/multi-host.md).
+        root: The address of the system this one is a node of (``python -m runtime node``
+            passes it); empty for a system of its own.
 
     Example:
         >>> async with ActorSystem() as system:
@@ -128,9 +148,12 @@ class ActorSystem:
         start: StartMethod = DEFAULT_START,
         preload: Sequence[str] = (),
         eager_fork_server: bool = False,
+        port: int = 0,
+        heartbeat: float = 5.0,
+        root: str = "",
     ) -> None:
         self.name = name
-        self.options = TransportOptions(
+        self.options: TransportOptions = TransportOptions(
             hwm=hwm,
             rcvhwm=rcvhwm,
             max_message_size=max_message_size,
@@ -141,7 +164,12 @@ class ActorSystem:
             max_peers=max_peers,
             peer_idle=peer_idle,
             curve=curve,
+            heartbeat=heartbeat,
         )
+        self._port = port
+        self._root = root
+        #: The root's list of the system's nodes (a tcp system's root only).
+        self.node_table: NodeTable | None = None
         self.spawn_timeout = spawn_timeout
         self.shutdown_timeout = shutdown_timeout
         #: How this system starts actor processes, and its fork server (``.server``).
@@ -187,8 +215,19 @@ class ActorSystem:
         system._cookie = spec.cookie
         system._keys_source = spec.keys
         system._in_child = True
+        system._root = spec.root
         system.launcher = Launcher(spec.name, check_start(spec.start, "SpawnSpec("), spec.preload)
         return system
+
+    @property
+    def address(self) -> str:
+        """This process's reply inbox: over tcp, where the system's nodes join its root."""
+        return self.node.reply_address
+
+    @property
+    def root_address(self) -> str:
+        """The reply inbox of the system's root (this process's own when it is the root)."""
+        return self._root or self.node.reply_address
 
     @property
     def node(self) -> Node:
@@ -240,12 +279,19 @@ class ActorSystem:
             self._guardian = _start_guardian(self.ipc_dir)
         try:
             self._keys = self._resolve_keys()
-            self._node = Node(self.ipc_dir, self.options, self.name, self._cookie, self._keys)
+            if self._keys is not None and not self._in_child and self._owns_dir:
+                self._cookie = cookie_of(self._keys)  # the same on every node
+            self._node = Node(
+                self.ipc_dir, self.options, self.name, self._cookie, self._keys, self._port
+            )
         except BaseException:
             self._remove_dir()
             raise
         self._node.open()
         self._children.node = self._node
+        if self._keys is not None and not self._in_child and not self._root:
+            self.node_table = NodeTable(self._node)
+            self._node.on_node_frame = self.node_table.on_frame
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         if self._eager_fork_server and self.launcher.start == FORK_SERVER:
@@ -294,6 +340,7 @@ class ActorSystem:
         stall_timeout: float | None = None,
         inherit: Sequence[int] = (),
         start: StartMethod | None = None,
+        node: str | None = None,
         **kwargs: Any,
     ) -> ActorRef[M]:
         """Start an actor and return its ref once its ``on_start`` has finished.
@@ -315,11 +362,16 @@ class ActorSystem:
                 the child. (An in-process actor shares this process's descriptors anyway.)
             start: For a process: ``"spawn"`` (a fresh interpreter) or ``"fork-server"``;
                 default: the system's ``start``.
+            node: Start it on the system's node of that name (on another host, over CURVE
+                tcp: docs/guides/multi-host.md) rather than as this process's child. Its
+                class must import there; it is still this system's child (`stop`, `kill`,
+                `watch`, and its death ends as a local child's does).
             **kwargs: Keyword arguments of its constructor.
 
         Raises:
             SpawnError: Arguments not encodable, import failure, ``on_start`` raised, the
-                process died or did not become ready in time.
+                process died or did not become ready in time; for ``node``: no such node,
+                or it did not answer.
         """
         name = name or f"{actor.__name__}-{next(self._names)}"
         incarnation = self._incarnations.get(name, 0) + 1
@@ -333,9 +385,34 @@ class ActorSystem:
                 "process's event loop, so nothing could probe it (pass process=True)"
             )
         if not process:
+            if node is not None:
+                raise ValueError("node= starts a process on another host: pass process=True")
             return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
         if start is not None:
             check_start(start, "spawn(")
+        if node is not None:
+            if inherit:
+                raise ValueError("inherit= cannot cross to another host (node=...)")
+            return await self._spawn_remote(
+                actor,
+                RemoteSpawn(
+                    actor=actor_path(actor),
+                    main=main_reference(actor),
+                    name=name,
+                    incarnation=incarnation,
+                    args=[],
+                    kwargs={},
+                    spawn_timeout=self.spawn_timeout if spawn_timeout is None else spawn_timeout,
+                    shutdown_timeout=stop_after,
+                    stall_timeout=stall_timeout,
+                    options=msgspec.Raw(body_encoder.encode(self.options)),
+                    root=self.root_address,
+                    start=start,
+                ),
+                args,
+                kwargs,
+                node,
+            )
         return await self._spawn_process(
             actor,
             args,
@@ -370,7 +447,39 @@ class ActorSystem:
     ) -> ActorRef[M]:
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
-        path, main = actor_path(actor), main_reference(actor)
+        child = await self._start_process(
+            actor_path(actor),
+            main_reference(actor),
+            enc_args,
+            enc_kwargs,
+            name,
+            incarnation,
+            stop_after,
+            timeout,
+            stall_timeout,
+            inherit,
+            start,
+            self.options,
+        )
+        return child.ref
+
+    async def _start_process(
+        self,
+        path: str,
+        main: str,
+        enc_args: list[msgspec.Raw],
+        enc_kwargs: dict[str, msgspec.Raw],
+        name: str,
+        incarnation: int,
+        stop_after: float,
+        timeout: float,
+        stall_timeout: float | None,
+        inherit: Sequence[int],
+        start: StartMethod | None,
+        options: TransportOptions,
+        root: str = "",
+    ) -> Child:
+        """Start an actor process from its encoded pieces and record it as a child."""
         node = self.node
         token, ready = node.new_request(f"spawn:{name}")
         spec = SpawnSpec(
@@ -381,7 +490,7 @@ class ActorSystem:
             args=enc_args,
             kwargs=enc_kwargs,
             ipc_dir=self.ipc_dir,
-            options=self.options,
+            options=options,
             parent_reply=node.reply_address,
             token=token,
             root_pid=self.root_pid,
@@ -395,6 +504,7 @@ class ActorSystem:
             inherit=list(inherit),
             start=self.launcher.start,
             preload=list(self.launcher.preload),
+            root=root or self._root or (node.reply_address if self.node_table else ""),
         )
         launch = self.launcher.launcher(spec, start)
         if launch is not None:
@@ -408,7 +518,7 @@ class ActorSystem:
             raise
         finally:
             node.drop_request(token)
-        ref: ActorRef[M] = ActorRef(name, started.address, incarnation, node.reply_address)
+        ref: ActorRef[Any] = ActorRef(name, started.address, incarnation, node.reply_address)
         child = Child(
             ref,
             stop_after,
@@ -423,7 +533,82 @@ class ActorSystem:
         self._task_group.start_soon(self._children.await_exit, child)
         if stall_timeout is not None:
             self._task_group.start_soon(self._children.probe, child)
+        return child
+
+    async def _spawn_remote(
+        self,
+        actor: type[Actor[M]],
+        request: RemoteSpawn,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        node_name: str,
+    ) -> ActorRef[M]:
+        if self.options.transport != "tcp" or self._keys is None:
+            raise SpawnError(
+                "spawn(node=...) needs a system over tcp with CURVE keys "
+                "(ActorSystem(transport='tcp', keys=...)): docs/guides/multi-host.md"
+            )
+        Cell.decoder_for(actor)
+        enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
+        request = msgspec.structs.replace(request, args=enc_args, kwargs=enc_kwargs)
+        answer_within = request.spawn_timeout + self.options.heartbeat
+        info = await find_node(self, node_name, answer_within)
+        spawned = await spawn_on(self, info, request, answer_within)
+        node = self.node
+        ref: ActorRef[M] = ActorRef(
+            request.name, spawned.address, request.incarnation, info.address
+        )
+        remote = RemoteProcess(node, info.address, info.name, spawned.pid, spawned.address)
+        child = Child(
+            ref,
+            request.shutdown_timeout,
+            parent=_spawning_parent.get(""),
+            remote=remote,
+        )
+        node.on_death(ref.address, remote.deliver)
+        node.subscribe(ref)
+        self._children.add(child)
+        self._task_group.start_soon(self._children.await_exit, child)
         return ref
+
+    async def start_remote_child(self, request: RemoteSpawn, options: TransportOptions) -> Child:
+        """A node's half of ``spawn(node=...)``: start the actor asked for as this process's
+        own child, under the requester's transport settings (`runtime._nodes`)."""
+        return await self._start_process(
+            request.actor,
+            request.main,
+            request.args,
+            request.kwargs,
+            request.name,
+            request.incarnation,
+            request.shutdown_timeout,
+            request.spawn_timeout,
+            request.stall_timeout,
+            (),
+            check_start(request.start, "RemoteSpawn(") if request.start else None,
+            options,
+            request.root,
+        )
+
+    def start_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in this system's task group (ended when the system closes)."""
+
+        async def run() -> None:
+            await coro
+
+        self._task_group.start_soon(run)
+
+    def child_at(self, address: str) -> Child | None:
+        """The live child whose mailbox is ``address``."""
+        return self._children.get(address)
+
+    async def nodes(self, timeout: float = 5.0) -> list[NodeInfo]:
+        """The system's nodes now, as its root knows them (tcp with CURVE keys).
+
+        Raises:
+            SpawnError: The root did not answer.
+        """
+        return (await list_nodes(self, timeout)).nodes
 
     def _make_cell(
         self,
@@ -618,6 +803,9 @@ class ActorSystem:
         if child.process is not None:
             child.unresponsive = reason
             child.process.kill()
+        elif child.remote is not None:
+            child.unresponsive = reason
+            child.remote.signal(signal.SIGKILL, reason)
         elif child.scope is not None:
             child.scope.cancel()
         await self._children.await_exit(child)
@@ -669,7 +857,7 @@ class ActorSystem:
             if child.ref.name == name:
                 return child.ref
         for child in children:
-            if child.process is None:
+            if child.process is None and child.remote is None:
                 continue
             try:
                 reply = await self.node.ask_control(
@@ -688,11 +876,19 @@ class ActorSystem:
         return [c.process.pid for c in self._children.live.values() if c.process is not None]
 
     def pid_of(self, ref: ActorRef[Any]) -> int | None:
-        """The process id of a child of this system (None if it runs in-process or died)."""
+        """The process id of a child of this system (None if it runs in-process or died);
+        for one on another node, its pid there (see `node_of`)."""
         child = self._children.get(ref.address)
-        if child is None or child.process is None:
+        if child is None:
             return None
-        return child.process.pid
+        if child.remote is not None:
+            return child.remote.pid
+        return None if child.process is None else child.process.pid
+
+    def node_of(self, ref: ActorRef[Any]) -> str | None:
+        """The name of the node a live child runs on (None: this host, or not a child)."""
+        child = self._children.get(ref.address)
+        return None if child is None or child.remote is None else child.remote.node_name
 
     async def statistics(self, ref: ActorRef[Any], timeout: float = 5.0) -> MailboxStatistics:
         """The mailbox counters of an actor, in this process or another."""
@@ -728,7 +924,9 @@ class ActorSystem:
             This process first, then the others, depth first.
         """
         started = now()
-        children = [c for c in self._children.live.values() if c.process is not None]
+        children = [
+            c for c in self._children.live.values() if c.process is not None or c.remote is not None
+        ]
         answers: list[list[ProcessMetrics]] = [[] for _ in children]
 
         async def ask(i: int, child: Child) -> None:

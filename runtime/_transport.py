@@ -43,6 +43,9 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
             process never keeps reconnecting to an address that is gone).
         curve: Encrypt and authenticate tcp with CURVE (the default). Turning it off is
             for measuring its cost only: anyone who can reach a port can then send to it.
+        heartbeat: Over tcp, seconds without an answer after which a process that holds
+            refs owned by another process (a node on another host) counts that owner as
+            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._node`).
     """
 
     hwm: int = 1_000
@@ -56,8 +59,11 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_peers: int = 512
     peer_idle: float = 60.0
     curve: bool = True
+    heartbeat: float = 5.0
 
     def __post_init__(self) -> None:
+        if self.heartbeat <= 0:
+            raise ValueError(f"heartbeat={self.heartbeat} must be positive")
         for name in ("hwm", "rcvhwm"):
             value = getattr(self, name)
             if value <= 0:
@@ -84,8 +90,10 @@ def bind_pull(
     stem: str,
     options: TransportOptions,
     keys: Keys | None = None,
+    port: int = 0,
 ) -> tuple[zmq.Socket[bytes], str]:
-    """Bind a PULL socket (a mailbox or reply inbox) and return it with its address.
+    """Bind a PULL socket (a mailbox or reply inbox) and return it with its address
+    (over tcp on ``port``, or a free port when 0).
 
     Raises:
         ProtocolError: The socket could not be made or bound (out of file descriptors, the
@@ -103,12 +111,16 @@ def bind_pull(
         if options.transport == "ipc":
             sock.bind(f"ipc://{os.path.join(ipc_dir, stem)}")
         else:
-            sock.bind(f"tcp://{options.tcp_host}:*")
+            sock.bind(f"tcp://{_bracketed(options.tcp_host)}:{port or '*'}")
     except zmq.ZMQError as err:
         sock.close(0)
         raise ProtocolError(f"cannot bind a mailbox socket: {err}") from err
     address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     return sock, address
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def ipc_path(address: str) -> str | None:

@@ -47,7 +47,9 @@ PROMPTS = ["Hello there", "你好, 世界", "Bonjour à tous 😀", "def f(x): r
 class TestGenerate:
     @pytest.mark.parametrize("workers", [1, 4])
     async def test_generate_and_stream_agree_through_n_workers(self, workers: int) -> None:
-        async with Pipeline(workers=workers) as p:
+        # Engine steps 5 ms apart: a stream's pieces arrive apart however busy the machine
+        # (at zero step time a reader that wakes late finds every token in one piece).
+        async with Pipeline(workers=workers, step_time=0.005) as p:
             results = []
             async with anyio.create_task_group() as tg:
 

@@ -1,0 +1,91 @@
+"""``python -m runtime node``: a node of a running system, on this host (`runtime._nodes`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._launcher import DEFAULT_START
+from ._nodes import NodeService
+from ._system import ActorSystem
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+logger = logging.getLogger("tokenyard.nodes")
+
+NODE_USAGE = """\
+usage: python -m runtime node --system ADDRESS --keys DIR --name NAME --host HOST
+                              [--port N] [--heartbeat S] [--start METHOD] [--stdin-eof]
+
+Run a node of the system whose root listens at ADDRESS (its ActorSystem.address, such as
+tcp://10.0.0.1:7100), with the system's CURVE keys from DIR (its system.key, mode 0600).
+The node binds on HOST and starts actors for the system until SIGTERM or SIGINT (and, with
+--stdin-eof, until its standard input ends: how a parent that may die takes it along).
+"""
+
+
+def node_main(argv: list[str]) -> int:
+    """``python -m runtime node``: a node of a running system, until told to stop."""
+    parser = argparse.ArgumentParser(prog="python -m runtime node", usage=NODE_USAGE)
+    parser.add_argument("--system", required=True)
+    parser.add_argument("--keys", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--heartbeat", type=float, default=5.0)
+    parser.add_argument("--start", default=None, choices=("spawn", "fork-server"))
+    parser.add_argument("--stdin-eof", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(levelname)s [node {args.name}] %(name)s: %(message)s"
+    )
+    try:
+        anyio.run(_serve_node, args)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+async def _serve_node(args: Any) -> None:
+    system = ActorSystem(
+        name=f"node-{args.name}",
+        transport="tcp",
+        tcp_host=args.host,
+        keys=args.keys,
+        port=args.port,
+        heartbeat=args.heartbeat,
+        root=args.system,
+        start=args.start or DEFAULT_START,
+    )
+    async with system, anyio.create_task_group() as tg:
+        service = NodeService(system, args.name, args.system)
+        service.on_joined = _announcer(service, system.address)
+        tg.start_soon(service.run)
+        if args.stdin_eof:
+            tg.start_soon(_until_stdin_ends, tg.cancel_scope)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                logger.info("node %s: %s: stopping", args.name, signal.Signals(signum).name)
+                tg.cancel_scope.cancel()
+                break
+
+
+def _announcer(service: NodeService, address: str) -> Callable[[], None]:
+    def announce() -> None:
+        # The line a starter waits for (a test, a Ray actor, an operator's script).
+        sys.stdout.write(f"node {service.name} joined {service.root} at {address}\n")
+        sys.stdout.flush()
+
+    return announce
+
+
+async def _until_stdin_ends(scope: anyio.CancelScope) -> None:
+    await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+    logger.info("standard input ended: stopping")
+    scope.cancel()

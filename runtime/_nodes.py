@@ -1,0 +1,346 @@
+"""Nodes: actor systems on other hosts that start actors for the system they belong to.
+
+A system over CURVE tcp has one *root* (the process that opened it) and any number of
+*nodes*: processes started on other hosts (``python -m runtime node``, or by a placement
+engine) with the system's keys and the root's address. A node joins the root (JOIN),
+which keeps the system's list of nodes (NODES); anyone in the system may then ask a node to
+start an actor (SPAWN), and the actor runs as the node's own child: the node sees its death
+from the process itself and reports it, exit status and signal included, to every watcher.
+
+Liveness across hosts is one mechanism, the heartbeat of `runtime._node`: a process that
+watches refs owned by another process pings it every eighth of ``heartbeat``, and one silent
+for seven eighths of it is lost, so a loss is known within one ``heartbeat``: its actors are
+``Down`` with `Cause.NOCONNECTION` and their pending asks fail. The node side holds a *lease*
+for each process it started actors for: a watchdog thread (it works even while the node's
+loop is stuck) kills those actors once their requester has not pinged for 0.6 of its
+heartbeat, so they are dead before the requester counts them lost and restarts them
+elsewhere. A node cut off from the network thus never serves a stale incarnation when it
+comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import msgspec
+
+from ._errors import AskTimeoutError, RemoteActorError, SpawnError, TokenyardError
+from ._protocol import (
+    Down,
+    Header,
+    Kind,
+    NodeHello,
+    NodeInfo,
+    NodeList,
+    RemoteSpawn,
+    RemoteSpawned,
+    body_encoder,
+    hello_decoder,
+    kill_decoder,
+    nodes_decoder,
+    spawn_decoder,
+    spawned_decoder,
+)
+from ._transport import TransportOptions
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
+    from ._children import Child
+    from ._node import Node
+
+logger = logging.getLogger("tokenyard.nodes")
+_encode = body_encoder.encode
+_options_decoder = msgspec.msgpack.Decoder(TransportOptions)
+#: A lease ends when its requester has not pinged for this share of its heartbeat: its
+#: actors are dead before the requester counts the node lost (after 7/8 of it), even when
+#: the last ping got through and its answer did not (one ping interval, 1/8, later), with
+#: the watchdog's tick (1/20) to spare.
+LEASE_SHARE = 0.6
+
+
+class NodeHost(Protocol):
+    """What this module needs of the system it serves (an open ``ActorSystem``)."""
+
+    options: TransportOptions
+    node_table: NodeTable | None
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def root_address(self) -> str: ...
+
+    def start_task(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    def child_at(self, address: str) -> Child | None: ...
+
+    async def start_remote_child(
+        self, request: RemoteSpawn, options: TransportOptions
+    ) -> Child: ...
+
+
+# -- the requester's side -------------------------------------------------------------------
+
+
+async def find_node(host: NodeHost, name: str, timeout: float) -> NodeInfo:
+    """The node named ``name``, as the system's root knows it now.
+
+    Raises:
+        SpawnError: The root knows no such node, or did not answer.
+    """
+    for info in (await list_nodes(host, timeout)).nodes:
+        if info.name == name:
+            return info
+    raise SpawnError(f"the system has no node named {name!r} (is it started and joined?)")
+
+
+async def list_nodes(host: NodeHost, timeout: float) -> NodeList:
+    """The system's nodes, from its root (this process's table when it is the root)."""
+    table = host.node_table
+    if table is not None:
+        return table.listing()
+    try:
+        body = await host.node.request(host.root_address, Kind.NODES, b"", timeout)
+    except (AskTimeoutError, RemoteActorError) as err:
+        raise SpawnError(f"the system's root did not list its nodes: {err}") from err
+    return nodes_decoder.decode(body)
+
+
+async def spawn_on(
+    host: NodeHost, info: NodeInfo, request: RemoteSpawn, timeout: float
+) -> RemoteSpawned:
+    """Ask node ``info`` to start an actor; its answer.
+
+    Raises:
+        SpawnError: The node refused, failed to start it, or did not answer in time.
+    """
+    try:
+        body = await host.node.request(info.address, Kind.SPAWN, _encode(request), timeout)
+    except AskTimeoutError as err:
+        raise SpawnError(f"node {info.name!r} did not start {request.name!r}: {err}") from err
+    except RemoteActorError as err:
+        raise SpawnError(f"node {info.name!r} could not start {request.name!r}: {err}") from err
+    return spawned_decoder.decode(body)
+
+
+# -- the root's side --------------------------------------------------------------------------
+
+
+class NodeTable:
+    """The root's list of the system's nodes: who joined, kept while each answers.
+
+    A name belongs to one live node: a second node asking for it is refused until the
+    first is lost (a node restarted on the same host joins again once its old process is).
+    """
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.nodes: dict[str, NodeInfo] = {}
+
+    def listing(self) -> NodeList:
+        """The nodes now."""
+        return NodeList(root=self.node.reply_address, nodes=list(self.nodes.values()))
+
+    def on_frame(self, header: Header, body: bytes) -> None:
+        """JOIN and NODES (the root answers nothing else of the node protocol)."""
+        node = self.node
+        if header.kind is Kind.NODES:
+            node.answer(header, _encode(self.listing()))
+            return
+        if header.kind is not Kind.JOIN:
+            node.answer_error(header, TokenyardError(f"the root does no {header.kind.name}"))
+            return
+        hello = hello_decoder.decode(body)
+        held = self.nodes.get(hello.name)
+        if held is not None and held.address != hello.address:
+            node.answer_error(
+                header,
+                TokenyardError(
+                    f"a node named {hello.name!r} is already in the system at {held.address}"
+                ),
+            )
+            return
+        if held is None:
+            self.nodes[hello.name] = NodeInfo(hello.name, hello.address, hello.host)
+            node.link(hello.address, self._lost)
+            logger.info("node %s joined from %s (pid %d)", hello.name, hello.host, hello.pid)
+        node.answer(header, _encode(self.listing()))
+
+    def _lost(self, address: str) -> None:
+        for name, info in list(self.nodes.items()):
+            if info.address == address:
+                del self.nodes[name]
+                logger.warning("node %s (%s) is lost", name, info.host)
+
+    def drop(self, name: str) -> None:
+        """Forget the node ``name`` (its placement ended it)."""
+        info = self.nodes.pop(name, None)
+        if info is not None:
+            self.node.unlink(info.address)
+
+
+# -- the node's side --------------------------------------------------------------------------
+
+
+@dataclass
+class _Lease:
+    """The actors started for one requester, and when it last pinged."""
+
+    bound: float
+    heard: float
+    children: dict[str, Child] = field(default_factory=dict)
+
+
+class NodeService:
+    """What makes an open system a node: it joins the root, starts and signals actors for
+    the system, and keeps each requester's lease.
+
+    Args:
+        system: The node's own system (tcp with the system's keys, open).
+        name: The node's name in the system.
+        root: The root's reply inbox (its ``ActorSystem.address``).
+    """
+
+    def __init__(self, system: NodeHost, name: str, root: str) -> None:
+        self.system = system
+        self.name = name
+        self.root = root
+        self.joined = asyncio.Event()
+        #: Called each time the node has joined (again).
+        self.on_joined: Callable[[], None] | None = None
+        self._leases: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    async def run(self) -> None:
+        """Join the root, and join again whenever it is lost, until cancelled."""
+        system, node = self.system, self.system.node
+        node.on_node_frame = self.on_frame
+        node.on_ping = self._pinged
+        self._watchdog = threading.Thread(
+            target=self._watch_leases, name="tokenyard-leases", daemon=True
+        )
+        self._watchdog.start()
+        hello = _encode(
+            NodeHello(self.name, node.reply_address, system.options.tcp_host, os.getpid())
+        )
+        beat = system.options.heartbeat
+        try:
+            while True:
+                try:
+                    await node.request(self.root, Kind.JOIN, hello, beat)
+                except AskTimeoutError:
+                    continue  # the root is unreachable: ask again (the wait was the pacing)
+                except RemoteActorError as err:
+                    logger.warning("node %s: the root refused it: %s", self.name, err)
+                    await anyio.sleep(beat / 4)  # sync-ok: the pace of asking again
+                    continue
+                lost = asyncio.Event()
+                node.link(self.root, _setter(lost))
+                self.joined.set()
+                logger.info("node %s joined the system at %s", self.name, self.root)
+                if self.on_joined is not None:
+                    self.on_joined()
+                await lost.wait()
+                self.joined.clear()
+                logger.warning("node %s lost the root: joining again", self.name)
+        finally:
+            self._stopping.set()
+            node.on_node_frame = None
+            node.on_ping = None
+
+    def on_frame(self, header: Header, body: bytes) -> None:
+        """SPAWN and KILL (from a loop callback)."""
+        node = self.system.node
+        if header.kind is Kind.SPAWN:
+            request = spawn_decoder.decode(body)
+            self.system.start_task(self._spawn(header, request))
+        elif header.kind is Kind.KILL:
+            kill = kill_decoder.decode(body)
+            child = self.system.child_at(kill.address)
+            if child is not None and child.process is not None:
+                if kill.reason:
+                    child.unresponsive = kill.reason
+                child.process.signal(kill.signal)
+            node.answer(header, b"")
+        else:
+            node.answer_error(header, TokenyardError(f"a node does no {header.kind.name}"))
+
+    async def _spawn(self, header: Header, request: RemoteSpawn) -> None:
+        node, requester = self.system.node, header.reply_to
+        try:
+            options = _options_decoder.decode(request.options)
+            options = msgspec.structs.replace(options, tcp_host=self.system.options.tcp_host)
+            child = await self.system.start_remote_child(request, options)
+        except BaseException as err:  # the requester hears of every failure
+            node.answer_error(header, err)
+            if not isinstance(err, Exception):
+                raise
+            return
+        assert child.process is not None
+        with self._lock:
+            lease = self._leases.get(requester)
+            if lease is None:
+                lease = self._leases[requester] = _Lease(
+                    options.heartbeat * LEASE_SHARE, time.monotonic()
+                )
+            lease.children[child.ref.address] = child
+        node.on_death(child.ref.address, lambda down: self._ended(requester, down))
+        node.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
+
+    def _ended(self, requester: str, down: Down) -> None:
+        with self._lock:
+            lease = self._leases.get(requester)
+            if lease is not None:
+                lease.children.pop(down.ref.address, None)
+                if not lease.children:
+                    del self._leases[requester]
+
+    def _pinged(self, address: str) -> None:
+        lease = self._leases.get(address)
+        if lease is not None:
+            lease.heard = time.monotonic()
+
+    def _watch_leases(self) -> None:
+        """The watchdog thread: end every actor whose requester went silent."""
+        tick = self.system.options.heartbeat / 20
+        while not self._stopping.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                expired = [
+                    (requester, lease)
+                    for requester, lease in self._leases.items()
+                    if now - lease.heard > lease.bound
+                ]
+                for requester, _ in expired:
+                    del self._leases[requester]
+            for requester, lease in expired:
+                for child in list(lease.children.values()):
+                    process = child.process
+                    if process is None or child.exited.is_set():
+                        continue
+                    child.lost = (
+                        f"no word from {requester} for {now - lease.heard:.1f} s: ended by "
+                        f"node {self.name} (noconnection)"
+                    )
+                    logger.warning("node %s: %s: %s", self.name, child.ref.name, child.lost)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(process.pid, signal.SIGKILL)
+
+
+def _setter(event: asyncio.Event) -> Callable[[str], None]:
+    def set_it(_address: str) -> None:
+        event.set()
+
+    return set_it
