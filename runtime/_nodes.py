@@ -34,6 +34,7 @@ import anyio
 import msgspec
 
 from ._errors import AskTimeoutError, RemoteActorError, SpawnError, TokenyardError
+from ._node import BEATS
 from ._protocol import (
     Down,
     Header,
@@ -222,6 +223,7 @@ class NodeService:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._root_pinged = 0.0
 
     async def run(self) -> None:
         """Join the root, and join again whenever it is lost, until cancelled."""
@@ -248,11 +250,17 @@ class NodeService:
                     continue
                 lost = asyncio.Event()
                 node.link(self.root, _setter(lost))
+                self._root_pinged = time.monotonic()
                 self.joined.set()
                 logger.info("node %s joined the system at %s", self.name, self.root)
                 if self.on_joined is not None:
                     self.on_joined()
-                await lost.wait()
+                # The root pings its nodes; one that stopped has dropped this node (it
+                # counted it lost while this side still heard it): join again.
+                while not lost.is_set() and time.monotonic() - self._root_pinged < beat:
+                    with anyio.move_on_after(beat / BEATS):
+                        await lost.wait()
+                node.unlink(self.root)
                 self.joined.clear()
                 logger.warning("node %s lost the root: joining again", self.name)
         finally:
@@ -308,6 +316,8 @@ class NodeService:
                     del self._leases[requester]
 
     def _pinged(self, address: str) -> None:
+        if address == self.root:
+            self._root_pinged = time.monotonic()
         lease = self._leases.get(address)
         if lease is not None:
             lease.heard = time.monotonic()
