@@ -63,7 +63,7 @@ from .messages import (
 from .pipeline_supervisor import PipelineConfig, PipelineSupervisor, WorkerChannels, worker_name
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Mapping
     from types import TracebackType
 
 logger = logging.getLogger("tokenyard.pipeline")
@@ -336,7 +336,10 @@ class Pipeline:
         ready_timeout: Seconds to wait for every worker to register.
         channels: Have the workers serve HTTP on the connections these channels bring
             (`actors.http.Dispatcher`; ``python -m actors serve``).
-        **config: Other ``PipelineConfig`` fields (limits, timeouts, ...).
+        system_options: Keyword arguments of the pipeline's ``ActorSystem`` (for workers
+            on other hosts: ``transport="tcp"``, ``tcp_host``, ``keys``; see
+            ``PipelineConfig.worker_nodes``).
+        **config: Other ``PipelineConfig`` fields (limits, timeouts, ``worker_nodes``...).
 
     Example:
         >>> async with Pipeline(workers=4) as p:
@@ -354,6 +357,7 @@ class Pipeline:
         max_batch_size: int = 256,
         ready_timeout: float = 60.0,
         channels: WorkerChannels | None = None,
+        system_options: Mapping[str, Any] | None = None,
         **config: Any,
     ) -> None:
         self.config = PipelineConfig(
@@ -365,7 +369,9 @@ class Pipeline:
         )
         self.ready_timeout = ready_timeout
         self.channels = channels
-        self.system = ActorSystem(name="pipeline", preload=("actors",))
+        self.system = ActorSystem(
+            **{"name": "pipeline", "preload": ("actors",), **(system_options or {})}
+        )
         self._state = _CallerState(self.config)
         self._supervisor: ActorRef[Any] | None = None
         self._collector: ActorRef[GetMetrics] | None = None
@@ -387,6 +393,8 @@ class Pipeline:
             self._collector = await self.system.spawn(
                 MetricsCollector, name="metrics", process=False
             )
+            if self.config.worker_nodes:
+                await self.system.wait_nodes(self.config.worker_nodes, self.ready_timeout)
             self._supervisor = await self.system.spawn(
                 PipelineSupervisor,
                 self.config,

@@ -111,6 +111,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             with ``PipelineBusyError``.
         model: The model's name in every metric's ``model_name`` label (``None``: derived
             from the tokenizer, as the HTTP layer's model id is).
+        worker_nodes: Nodes of the system the tokenizer workers run on (``""``: the
+            pipeline's own host); worker k starts on the k-th (round robin) and moves to
+            the next that takes it when its node is lost. Empty: every worker here. The
+            system must be tcp with CURVE keys (``Pipeline(system_options=...)``), and the
+            tokenizer file must be at the same path on every host.
     """
 
     workers: int = 4
@@ -130,6 +135,15 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_stream_buffer: int = 4 << 20
     submit_timeout: float = 30.0
     model: str | None = None
+    worker_nodes: tuple[str, ...] = ()
+
+    def worker_places(self, k: int) -> str | tuple[str, ...] | None:
+        """Where worker ``k`` may run, in order (``ChildSpec.node``)."""
+        nodes = self.worker_nodes
+        if not nodes:
+            return None
+        first = k % len(nodes)
+        return (*nodes[first:], *nodes[:first])
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -203,11 +217,19 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         self.detokenizer_ids = {detokenizer_name(j): j for j in range(config.detokenizers)}
         stall = config.stall_timeout
         worker: Any = TokenizerWorker if channels is None else HTTP_WORKER
+        if channels is not None and config.worker_nodes:
+            raise ValueError(
+                "worker_nodes: HTTP workers take their connections from this host's "
+                "listening socket, so they cannot run on other nodes"
+            )
         specs = [
             *(ChildSpec(Detokenizer, name=n, stall_timeout=stall) for n in self.detokenizer_ids),
             ChildSpec(Router, name=Member.ROUTER.value, stall_timeout=stall),
             ChildSpec(Scheduler, name=Member.SCHEDULER.value, stall_timeout=stall),
-            *(ChildSpec(worker, name=n, stall_timeout=stall) for n in self.worker_ids),
+            *(
+                ChildSpec(worker, name=n, stall_timeout=stall, node=config.worker_places(k))
+                for n, k in self.worker_ids.items()
+            ),
         ]
         super().__init__(specs, max_restarts=config.max_restarts, period=config.period)
         self.config = config

@@ -147,6 +147,8 @@ class NodeTable:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.nodes: dict[str, NodeInfo] = {}
+        #: Set (and replaced) whenever a node joins.
+        self.joined = asyncio.Event()
 
     def listing(self) -> NodeList:
         """The nodes now."""
@@ -175,6 +177,8 @@ class NodeTable:
             self.nodes[hello.name] = NodeInfo(hello.name, hello.address, hello.host)
             node.link(hello.address, self._lost)
             logger.info("node %s joined from %s (pid %d)", hello.name, hello.host, hello.pid)
+            self.joined.set()
+            self.joined = asyncio.Event()
         node.answer(header, _encode(self.listing()))
 
     def _lost(self, address: str) -> None:

@@ -602,6 +602,25 @@ class ActorSystem:
         """The live child whose mailbox is ``address``."""
         return self._children.get(address)
 
+    async def wait_nodes(self, names: Sequence[str], timeout: float) -> None:
+        """Return once every node in ``names`` has joined this system (its root only).
+
+        Raises:
+            TimeoutError: Some had not joined within ``timeout``.
+            TokenyardError: This process is not the root of a tcp system with CURVE keys.
+        """
+        table = self.node_table
+        if table is None:
+            raise TokenyardError("only the root of a tcp system with keys keeps its nodes")
+        wanted = {name for name in names if name}
+        try:
+            with anyio.fail_after(timeout):
+                while not wanted <= table.nodes.keys():
+                    await table.joined.wait()
+        except TimeoutError:
+            missing = sorted(wanted - table.nodes.keys())
+            raise TimeoutError(f"nodes {missing} did not join in {timeout:g} s") from None
+
     async def nodes(self, timeout: float = 5.0) -> list[NodeInfo]:
         """The system's nodes now, as its root knows them (tcp with CURVE keys).
 

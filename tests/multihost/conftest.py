@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -52,6 +53,12 @@ class Hosts:
     def _start_node(
         self, system: str, keys: Path, name: str, extra: tuple[str, ...]
     ) -> NodeProcess:
+        node = self.launch_node(system, keys, name, *extra)
+        node.wait_joined(30.0)
+        return node
+
+    def launch_node(self, system: str, keys: Path, name: str = "b", *extra: str) -> NodeProcess:
+        """``python -m runtime node`` on host B, not waiting (it joins once the root is up)."""
         proc = subprocess.Popen(
             [
                 "ip", "netns", "exec", self.netns,
@@ -63,9 +70,14 @@ class Hosts:
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )  # fmt: skip
-        node = NodeProcess(proc)
-        node.wait_joined(30.0)
-        return node
+        return NodeProcess(proc)
+
+    def free_port(self) -> int:
+        """A tcp port free on host A now (for a root that its nodes must find)."""
+        with socket.socket() as sock:
+            sock.bind((self.a, 0))
+            port: int = sock.getsockname()[1]
+            return port
 
 
 class NodeProcess:
