@@ -48,6 +48,7 @@ SMALLEST: dict[str, list[str]] = {
     "pipeline": ["--requests", "1", "--concurrency", "1", "--workers", "2"],
     "supervision": ["--kills", "1"],
     "spawn": ["--actors", "1"],
+    "multihost": ["--messages", "1", "--asks", "1", "--losses", "1", "--heartbeats", "1"],
     "serve": [
         "--workers",
         "1",
@@ -63,6 +64,20 @@ SMALLEST: dict[str, list[str]] = {
 #: What each suite's results must hold: the params the options set, figures by key, ratios
 #: as (figure, baseline) pairs, the figures its targets check, and the charts it draws.
 EXPECTED: dict[str, dict[str, Any]] = {
+    "multihost": {
+        "params": {"messages": 1, "asks": 1, "losses": 1, "heartbeats": "1"},
+        "figures": [
+            f"{v}.{m}" for v in ("ipc", "tcp") for m in ("tell.throughput", "ask.p50", "ask.p99")
+        ]
+        + ["loss.hb1.p50", "loss.hb1.max", "loss.hb1.kill.max"],
+        "ratios": [
+            ("tcp.tell.throughput", "ipc.tell.throughput"),
+            ("tcp.ask.p50", "ipc.ask.p50"),
+            ("tcp.ask.p99", "ipc.ask.p99"),
+        ],
+        "targets": ["loss.hb1.max"],
+        "charts": ["multihost-transport", "multihost-loss"],
+    },
     "serve": {
         # --workers 1 is the smallest comparison: a baseline and serve at one worker.
         "params": {"concurrency": 2, "duration_s": 0.5, "kills": 1, "worker_counts": "1"},

@@ -1,141 +1,24 @@
-"""Two "hosts" on one machine: this network namespace and a second one, joined by a veth
-pair (root only, as CI runs). A node of the system runs in the second namespace, bound to
-its own address; cutting the link is setting the second end down."""
+"""Two "hosts" on one machine for these tests (`benchmarks._netns`): root only, as CI runs."""
 
 from __future__ import annotations
 
 import os
-import selectors
-import socket
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import anyio
 import pytest
+
+from benchmarks._netns import Hosts, NodeProcess, two_hosts
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _ip(*args: str, netns: str = "") -> None:
-    prefix = ["ip", "netns", "exec", netns] if netns else []
-    subprocess.run([*prefix, "ip", *args], check=True, capture_output=True, timeout=10)
-
-
-@dataclass
-class Hosts:
-    """Host A is this namespace at ``a``; host B is namespace ``netns`` at ``b``."""
-
-    a: str
-    b: str
-    netns: str
-    link_b: str
-
-    def cut(self) -> None:
-        """The network between the hosts goes away (both ends still exist)."""
-        _ip("link", "set", self.link_b, "down", netns=self.netns)
-
-    def restore(self) -> None:
-        _ip("link", "set", self.link_b, "up", netns=self.netns)
-
-    async def start_node(
-        self, system: str, keys: Path, name: str = "b", *extra: str
-    ) -> NodeProcess:
-        """``python -m runtime node`` on host B, once it has joined ``system`` (whose loop
-        must keep running meanwhile: the wait is in a thread)."""
-        return await anyio.to_thread.run_sync(self._start_node, system, keys, name, extra)
-
-    def _start_node(
-        self, system: str, keys: Path, name: str, extra: tuple[str, ...]
-    ) -> NodeProcess:
-        node = self.launch_node(system, keys, name, *extra)
-        node.wait_joined(30.0)
-        return node
-
-    def launch_node(self, system: str, keys: Path, name: str = "b", *extra: str) -> NodeProcess:
-        """``python -m runtime node`` on host B, not waiting (it joins once the root is up)."""
-        proc = subprocess.Popen(
-            [
-                "ip", "netns", "exec", self.netns,
-                sys.executable, "-m", "runtime", "node", "--system", system,
-                "--keys", str(keys), "--name", name, "--host", self.b, *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=None,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        )  # fmt: skip
-        return NodeProcess(proc)
-
-    def free_port(self) -> int:
-        """A tcp port free on host A now (for a root that its nodes must find)."""
-        with socket.socket() as sock:
-            sock.bind((self.a, 0))
-            port: int = sock.getsockname()[1]
-            return port
-
-
-class NodeProcess:
-    """A node process on host B (``ip netns exec`` execs it: the pid is the node's)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-
-    def wait_joined(self, timeout: float) -> str:
-        """Its "joined" line (the node is in the root's table then)."""
-        assert self.proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout):
-                self.kill()
-                raise TimeoutError(f"the node did not join in {timeout} s")
-        line = self.proc.stdout.readline().decode()
-        assert " joined " in line, line
-        return line
-
-    def kill(self) -> None:
-        """SIGKILL (its actors die with it: they are its children)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> int:
-        """SIGTERM, its exit status, and the pipe closed."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        code = self.proc.wait(timeout=30)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return code
+__all__ = ["Hosts", "NodeProcess"]
 
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[Hosts]:
+    """This namespace (host A) and a second one (host B), for the module's tests."""
     if os.geteuid() != 0:
         pytest.fail("the multi-host tests need root (network namespaces): CI runs as root")
-    tag = f"{os.getpid() % 100_000}"
-    netns, link_a, link_b = f"tyhb{tag}", f"tya{tag}", f"tyb{tag}"
-    subnet = os.getpid() % 16_000
-    base = f"10.{200 + subnet // 4000}.{(subnet % 4000) // 16}.{(subnet % 16) * 16}"
-    prefix = base.rsplit(".", 1)[0]
-    last = int(base.rsplit(".", 1)[1])
-    a, b = f"{prefix}.{last + 1}", f"{prefix}.{last + 2}"
-    _ip("netns", "add", netns)
-    try:
-        _ip("link", "add", link_a, "type", "veth", "peer", "name", link_b)
-        _ip("link", "set", link_b, "netns", netns)
-        _ip("addr", "add", f"{a}/28", "dev", link_a)
-        _ip("link", "set", link_a, "up")
-        _ip("addr", "add", f"{b}/28", "dev", link_b, netns=netns)
-        _ip("link", "set", link_b, "up", netns=netns)
-        _ip("link", "set", "lo", "up", netns=netns)
-        yield Hosts(a=a, b=b, netns=netns, link_b=link_b)
-    finally:
-        subprocess.run(["ip", "link", "del", link_a], capture_output=True, timeout=10)
-        subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=10)
+    with two_hosts() as pair:
+        yield pair
