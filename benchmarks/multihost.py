@@ -263,9 +263,9 @@ def summarise(figures: list[Figure]) -> list[Target]:
                     figure=fig.key,
                     baseline="",
                     op="<",
-                    threshold=heartbeat * 1.05,
+                    threshold=heartbeat,
                     value=fig.value,
-                    met=fig.value < heartbeat * 1.05,
+                    met=fig.value < heartbeat,
                 )
             )
     return targets
@@ -273,14 +273,19 @@ def summarise(figures: list[Figure]) -> list[Target]:
 
 CHARTS = [
     Chart(
-        name="multihost-transport",
-        title="between two hosts (CURVE tcp) against one host (ipc)",
-        metrics=["throughput", "p50", "p99"],
-        unit="",
-        panel_by="payload",
-        payloads=[TELL, ASK],
-        panel_titles={TELL: "tell (msg/s, higher is better)", ASK: "ask (us, lower is better)"},
+        name="multihost-tell",
+        title="tell between two hosts (CURVE tcp) against one host (ipc); higher is better",
+        metrics=["throughput"],
+        unit="msg/s",
+        payloads=[TELL],
         reference=IPC,
+    ),
+    Chart(
+        name="multihost-ask",
+        title="ask round trips, two hosts against one (lower is better)",
+        metrics=["p50", "p99"],
+        unit="us",
+        payloads=[ASK],
     ),
     Chart(
         name="multihost-loss",
@@ -324,7 +329,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             " percentiles over every sequential round trip of every round.",
             "node loss: the node SIGKILLed and the link cut, in turn, each round with a fresh"
             " root and node; time from the kill or cut to the watcher's Down (noconnection)."
-            " The heartbeat pings every 1/8 of it and counts a peer lost after 7/8 of silence,"
+            " The heartbeat pings every 1/8 of it and counts a peer lost after 0.8 of silence,"
             " so the bound is one heartbeat.",
         ],
     )

@@ -92,8 +92,10 @@ _ASKED_KEPT = 1_024
 _OTHER = "(other)"
 #: The correlation id of heartbeat pings (their answers resolve no request).
 _BEAT_CORR = 1
-#: Heartbeat pings per ``heartbeat``; a peer silent for all but one of them is lost.
+#: Heartbeat pings per ``heartbeat``.
 BEATS = 8
+#: A peer silent for this share of ``heartbeat`` is lost.
+LOSS_SHARE = 0.8
 _encode = body_encoder.encode
 _NONE = _encode(None)
 
@@ -226,8 +228,9 @@ class Node:
 
     def _beat(self) -> None:
         """Every eighth of the heartbeat: ping each owner of a watched ref and each linked
-        process; one silent for seven eighths is lost (`Cause.NOCONNECTION`), so a loss is
-        known within one heartbeat of it, counting the tick.
+        process; one silent for `LOSS_SHARE` of it is lost (`Cause.NOCONNECTION`), so a loss
+        is known within 0.925 of a heartbeat of the last answer, counting the tick (the rest
+        is room for a late timer).
 
         A lost ping or answer costs nothing (the next goes an eighth later); only most of a
         heartbeat without any answer does. The pings go from a loop callback, never waiting.
@@ -235,7 +238,7 @@ class Node:
         if self.closed or self._loop is None:
             return
         beat = self.options.heartbeat
-        limit = beat * (BEATS - 1) / BEATS
+        limit = beat * LOSS_SHARE
         self._beater = self._loop.call_later(beat / BEATS, self._beat)
         now = time.monotonic()
         peers = {ref.owner for ref in self._watched.values()}

@@ -9,7 +9,7 @@ from the process itself and reports it, exit status and signal included, to ever
 
 Liveness across hosts is one mechanism, the heartbeat of `runtime._node`: a process that
 watches refs owned by another process pings it every eighth of ``heartbeat``, and one silent
-for seven eighths of it is lost, so a loss is known within one ``heartbeat``: its actors are
+for 0.8 of it is lost, so a loss is known within one ``heartbeat``: its actors are
 ``Down`` with `Cause.NOCONNECTION` and their pending asks fail. The node side holds a *lease*
 for each process it started actors for: a watchdog thread (it works even while the node's
 loop is stuck) kills those actors once their requester has not pinged for 0.6 of its
@@ -63,7 +63,7 @@ logger = logging.getLogger("tokenyard.nodes")
 _encode = body_encoder.encode
 _options_decoder = msgspec.msgpack.Decoder(TransportOptions)
 #: A lease ends when its requester has not pinged for this share of its heartbeat: its
-#: actors are dead before the requester counts the node lost (after 7/8 of it), even when
+#: actors are dead before the requester counts the node lost (after 0.8 of it), even when
 #: the last ping got through and its answer did not (one ping interval, 1/8, later), with
 #: the watchdog's tick (1/20) to spare.
 LEASE_SHARE = 0.6

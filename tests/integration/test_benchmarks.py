@@ -76,7 +76,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
             ("tcp.ask.p99", "ipc.ask.p99"),
         ],
         "targets": ["loss.hb1.max"],
-        "charts": ["multihost-transport", "multihost-loss"],
+        "charts": ["multihost-tell", "multihost-ask", "multihost-loss"],
     },
     "serve": {
         # --workers 1 is the smallest comparison: a baseline and serve at one worker.
