@@ -198,9 +198,10 @@ class SystemHandle(Protocol):
         stall_timeout: float | None = None,
         inherit: Sequence[int] = (),
         start: StartMethod | None = None,
+        node: str | None = None,
         **kwargs: Any,
     ) -> ActorRef[N]:
-        """Start a child actor (``ActorSystem.spawn``)."""
+        """Start a child actor (``ActorSystem.spawn``), here or on a node of the system."""
         ...
 
     async def stop(self, ref: ActorRef[Any], timeout: float | None = None) -> Down:
@@ -209,6 +210,10 @@ class SystemHandle(Protocol):
 
     def pid_of(self, ref: ActorRef[Any]) -> int | None:
         """The process id of a child (``ActorSystem.pid_of``)."""
+        ...
+
+    def node_of(self, ref: ActorRef[Any]) -> str | None:
+        """The node a child runs on (``ActorSystem.node_of``)."""
         ...
 
     async def kill(self, ref: ActorRef[Any], reason: str) -> Down:

@@ -103,6 +103,19 @@ async def replacement(sup: ActorRef[Any], old: ActorRef[Any]) -> ActorRef[Any]:
                 return ref
 
 
+async def worker_on_b_or_here(
+    system: ActorSystem, hosts: Hosts
+) -> tuple[ActorRef[Any], ActorRef[Any], int]:
+    """A supervisor here whose worker may run on b or here: it starts on b. The supervisor,
+    the worker and the worker's pid."""
+    sup = await system.spawn(
+        Supervisor, children=[ChildSpec(Worker, name="w", node=("b", ""))], name="sup"
+    )
+    first = await system.lookup("w")
+    assert on_host(first, hosts.b)
+    return sup, first, await pid_of(first)
+
+
 class TestAnActorOnAnotherHost:
     async def test_it_answers_and_talks_back_with_refs_in_messages(
         self, hosts: Hosts, tmp_path: Path
@@ -177,14 +190,7 @@ class TestDeathAcrossHosts:
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
         async with two_hosts(hosts, tmp_path) as (system, node):
-            sup = await system.spawn(
-                Supervisor,
-                children=[ChildSpec(Worker, name="w", node=("b", ""))],
-                name="sup",
-            )
-            first = await system.lookup("w")
-            assert on_host(first, hosts.b)
-            first_pid = await pid_of(first)
+            sup, first, first_pid = await worker_on_b_or_here(system, hosts)
             watch = system.watch(first)
             failed: list[BaseException] = []
 
@@ -214,14 +220,7 @@ class TestDeathAcrossHosts:
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
         async with two_hosts(hosts, tmp_path) as (system, node):
-            sup = await system.spawn(
-                Supervisor,
-                children=[ChildSpec(Worker, name="w", node=("b", ""))],
-                name="sup",
-            )
-            first = await system.lookup("w")
-            assert on_host(first, hosts.b)
-            first_pid = await pid_of(first)
+            sup, first, first_pid = await worker_on_b_or_here(system, hosts)
             watch = system.watch(first)
             cut = time.monotonic()
             hosts.cut()
