@@ -67,6 +67,8 @@ _options_decoder = msgspec.msgpack.Decoder(TransportOptions)
 #: the last ping got through and its answer did not (one ping interval, 1/8, later), with
 #: the watchdog's tick (1/20) to spare.
 LEASE_SHARE = 0.6
+#: Most nodes one root keeps (a JOIN past it is refused).
+MAX_NODES = 4_096
 
 
 class NodeHost(Protocol):
@@ -172,6 +174,9 @@ class NodeTable:
                     f"a node named {hello.name!r} is already in the system at {held.address}"
                 ),
             )
+            return
+        if held is None and len(self.nodes) >= MAX_NODES:
+            node.answer_error(header, TokenyardError(f"the system has {MAX_NODES} nodes already"))
             return
         if held is None:
             self.nodes[hello.name] = NodeInfo(hello.name, hello.address, hello.host)

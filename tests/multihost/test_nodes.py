@@ -20,9 +20,12 @@ from runtime import (
     Cause,
     Children,
     ChildSpec,
+    RemoteActorError,
+    SpawnError,
     Supervisor,
     WhichChildren,
 )
+from runtime._protocol import Kind, NodeHello, body_encoder, nodes_decoder
 from tests.integration._actors import (
     Collector,
     Echo,
@@ -159,8 +162,6 @@ class TestAnActorOnAnotherHost:
     async def test_a_spawn_on_an_unknown_node_fails_clearly(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
-        from runtime import SpawnError
-
         async with two_hosts(hosts, tmp_path) as (system, _node):
             with pytest.raises(SpawnError, match="no node named 'nowhere'"):
                 await system.spawn(Echo, node="nowhere")
@@ -244,3 +245,28 @@ class TestDeathAcrossHosts:
                 await first.ask(GetPid(), timeout=5)
             again = await system.spawn(Echo, 2, node="b", name="again")
             assert await again.ask(Ping(n=4)) == Pong(n=8)
+
+
+class TestTheRootsTable:
+    """JOIN and NODES as the root answers them (its own reply inbox asked, on one host)."""
+
+    async def test_a_name_belongs_to_one_live_node_and_joining_again_is_idempotent(
+        self, tmp_path: Path
+    ) -> None:
+        async with ActorSystem(transport="tcp", keys=tmp_path / "keys", heartbeat=60) as system:
+            node = system.node
+
+            async def join(name: str, port: int) -> list[str]:
+                hello = NodeHello(name, f"tcp://127.0.0.1:{port}", "127.0.0.1")
+                body = await node.request(system.address, Kind.JOIN, body_encoder.encode(hello), 5)
+                return [n.name for n in nodes_decoder.decode(body).nodes]
+
+            assert await join("x", 1) == ["x"]
+            assert await join("x", 1) == ["x"]  # the same node again
+            with pytest.raises(RemoteActorError, match="already in the system"):
+                await join("x", 2)
+            assert await join("y", 3) == ["x", "y"]
+            assert [n.address for n in await system.nodes()] == [
+                "tcp://127.0.0.1:1",
+                "tcp://127.0.0.1:3",
+            ]
