@@ -17,7 +17,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -37,6 +37,9 @@ from benchmarks._results import (
     now_iso,
     write_results,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -240,13 +243,55 @@ def smallest_run(name: str, results: Path) -> list[str]:
     return [name, *SMALLEST[name], "--rounds", "1", "--json", str(results)]
 
 
+class SuiteProcess:
+    """One ``python -m benchmarks`` run of a suite at its smallest, started at once."""
+
+    def __init__(self, name: str, results: Path) -> None:
+        self.results = results
+        self.args = smallest_run(name, results)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        self._checked = False
+
+    def wait(self, timeout: float) -> Path:
+        """Its results file, once it exited 0."""
+        if not self._checked:
+            out, err = self.proc.communicate(timeout=timeout)
+            assert self.proc.returncode == 0, (
+                f"benchmarks {' '.join(self.args)} failed:\n{out[-3000:]}\n{err[-3000:]}"
+            )
+            self._checked = True
+        return self.results
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SuiteProcess]]:
+    """Every suite run through the CLI at its smallest sizes, all started before the
+    module's first test (so the leak guard sees no process appear during a test): most of
+    each run is processes starting and waiting, which overlap."""
+    runs = {name: SuiteProcess(name, tmp_path_factory.mktemp(name) / "r.json") for name in SMALLEST}
+    try:
+        yield runs
+    finally:
+        for run in runs.values():
+            run.end()
+
+
 @pytest.fixture(scope="module", params=list(SMALLEST))
-def suite_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One suite run through the CLI at its smallest sizes: the results file it wrote."""
-    name: str = request.param
-    results = tmp_path_factory.mktemp(name) / "r.json"
-    benchmarks_cli(*smallest_run(name, results))
-    return results
+def suite_run(request: pytest.FixtureRequest, suite_runs: dict[str, SuiteProcess]) -> Path:
+    """One suite's smallest run (`suite_runs`): the results file it wrote."""
+    return suite_runs[request.param].wait(timeout=300)
 
 
 def suite_of(results: Path) -> dict[str, Any]:

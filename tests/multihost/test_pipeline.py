@@ -17,13 +17,18 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.timeout(120)
 
+#: Longer than the node tests': 500 requests started at once keep the caller's loop busy,
+#: and a loop that leaves its heartbeat pings unsent for 0.6 of it has its remote workers
+#: ended by their node's lease (as it should: it cannot be told from a lost caller).
+HEARTBEAT = 3.0
+
 
 async def test_remote_workers_stream_and_a_remote_worker_killed_under_load_loses_nothing(
     hosts: Hosts, tmp_path: Path
 ) -> None:
     keys = tmp_path / "keys"
     port = hosts.free_port()
-    node = hosts.launch_node(f"tcp://{hosts.a}:{port}", keys, "b", "--heartbeat", "1")
+    node = hosts.launch_node(f"tcp://{hosts.a}:{port}", keys, "b", "--heartbeat", str(HEARTBEAT))
     try:
         async with Pipeline(
             workers=2,
@@ -31,7 +36,7 @@ async def test_remote_workers_stream_and_a_remote_worker_killed_under_load_loses
             worker_nodes=("b",),
             system_options={
                 "transport": "tcp", "tcp_host": hosts.a, "keys": keys, "port": port,
-                "heartbeat": 1.0,
+                "heartbeat": HEARTBEAT,
             },
         ) as p:  # fmt: skip
             workers = [await p.wait_worker(k) for k in range(2)]
@@ -61,7 +66,7 @@ async def test_the_workers_node_lost_under_load_leaves_no_caller_waiting_and_the
 ) -> None:
     keys = tmp_path / "keys"
     port = hosts.free_port()
-    node = hosts.launch_node(f"tcp://{hosts.a}:{port}", keys, "b", "--heartbeat", "1")
+    node = hosts.launch_node(f"tcp://{hosts.a}:{port}", keys, "b", "--heartbeat", str(HEARTBEAT))
     try:
         async with Pipeline(
             workers=2,
@@ -69,7 +74,7 @@ async def test_the_workers_node_lost_under_load_leaves_no_caller_waiting_and_the
             worker_nodes=("b", ""),
             system_options={
                 "transport": "tcp", "tcp_host": hosts.a, "keys": keys, "port": port,
-                "heartbeat": 1.0,
+                "heartbeat": HEARTBEAT,
             },
         ) as p:  # fmt: skip
             first = [await p.wait_worker(k) for k in range(2)]
