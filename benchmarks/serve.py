@@ -14,7 +14,8 @@ on keep-alive connections streaming ``/v1/completions`` with ``stream_options.in
   by that one process.
 * **serve k**: ``python -m actors serve``'s shape with k workers: the port owned by one
   process, every worker parsing, tokenizing and streaming its own requests.
-* **serve 2, K detokenizers**: the same with 2 workers and K detokenizers.
+  With its default of one detokenizer per two workers (`actors.http._serve.default_detokenizers`).
+* **serve 2, 2 detokenizers** and **serve 4, 1 detokenizer**: the same off that default.
 * **serve 2, traced**: serve with 2 workers and tracing on (``TOKENYARD_TRACING`` names
   ``benchmarks._tracing``: the OpenTelemetry SDK records every hop's span in every
   process, batch-exported to an exporter that drops them), against **serve 2**, tracing off.
@@ -56,6 +57,7 @@ import msgspec
 
 from actors._tracing import SETUP_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
+from actors.http._serve import default_detokenizers
 
 from ._proc import BenchmarkError, _env, reap
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
@@ -121,7 +123,11 @@ def variants(workers: Sequence[int]) -> list[Variant]:
     out: list[Variant] = []
     for k in workers:
         out.append(Variant(f"baseline{k}", f"baseline, {k} workers", "baseline", k, 1, BASELINE))
-        out.append(Variant(f"serve{k}", f"serve, {k} workers", "serve", k))
+        detokenizers = default_detokenizers(k)
+        label = f"serve, {k} workers" + (f", {detokenizers} detokenizers" if k > 3 else "")
+        out.append(Variant(f"serve{k}", label, "serve", k, detokenizers))
+    if 4 in workers:
+        out.append(Variant("serve4d1", "serve, 4 workers, 1 detokenizer", "serve", 4, 1, INFO))
     if 2 in workers:
         out.append(Variant("serve2d2", "serve, 2 workers, 2 detokenizers", "serve", 2, 2, INFO))
         out.append(Variant("serve2traced", "serve, 2 workers, traced", "serve", 2, 1, INFO, True))

@@ -57,6 +57,12 @@ class Server:
         return self.dispatcher.statistics()
 
 
+def default_detokenizers(workers: int) -> int:
+    """One detokenizer per two workers: with one, the detokenizer became the busiest process
+    at 4 workers (the serve benchmark, docs/benchmarks.md)."""
+    return max(1, workers // 2)
+
+
 @contextlib.asynccontextmanager
 async def open_server(
     workers: int = 4,
@@ -64,7 +70,7 @@ async def open_server(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    detokenizers: int = 1,
+    detokenizers: int | None = None,
     config: ServeConfig | None = None,
     model: str | None = None,
     context_length: int | None = None,
@@ -77,7 +83,8 @@ async def open_server(
         tokenizer: A ``tokenizer.json`` (None: the bundled one).
         host: The interface to listen on.
         port: The port (0: any free one; `Server.url` says which).
-        detokenizers: Detokenizer processes.
+        detokenizers: Detokenizer processes (None: `default_detokenizers`, one per two
+            workers).
         config: The HTTP layer's limits.
         model: The model id (None: derived from the tokenizer).
         context_length: Most prompt plus completion tokens of one request.
@@ -98,7 +105,7 @@ async def open_server(
         async with Pipeline(
             workers,
             tokenizer,
-            detokenizers=detokenizers,
+            detokenizers=default_detokenizers(workers) if detokenizers is None else detokenizers,
             channels=dispatcher,
             model=model,
             **pipeline,
@@ -117,7 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--tokenizer", help="a tokenizer.json, or a directory holding one")
-    parser.add_argument("--detokenizers", type=int, default=1, help="detokenizers (default 1)")
+    parser.add_argument(
+        "--detokenizers", type=int, default=None, help="detokenizers (default: one per two workers)"
+    )
     parser.add_argument("--model", help="the model id (default: from the tokenizer)")
     parser.add_argument(
         "--step-time", type=float, default=0.0, help="seconds per step of the stand-in engine"
@@ -175,6 +184,8 @@ async def _serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP (exit 128 + it)."""
     args = _parser().parse_args(argv)
+    if args.detokenizers is None and args.workers >= 1:
+        args.detokenizers = default_detokenizers(args.workers)
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
         return 2
