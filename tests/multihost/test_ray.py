@@ -4,17 +4,43 @@ node and the actor's move to the other; ending the placement ends the node proce
 
 from __future__ import annotations
 
+import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import pytest
 
+
+class ProcessGlobals:
+    """What importing Ray (a log record factory, an excepthook, warning filters) and
+    ``ray.init`` (signal handlers, warning filters) change in this process: saved, and put
+    back for the rest of the suite."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGUSR1, signal.SIGPIPE)
+
+    def __init__(self) -> None:
+        self.record_factory = logging.getLogRecordFactory()
+        self.excepthook = sys.excepthook
+        self.filters = list(warnings.filters)
+        self.handlers = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+
+    def restore(self) -> None:
+        logging.setLogRecordFactory(self.record_factory)
+        sys.excepthook = self.excepthook
+        cast("list[Any]", warnings.filters)[:] = self.filters
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+
+
+_before_ray = ProcessGlobals()
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
@@ -22,6 +48,8 @@ from runtime import ActorSystem, Cause, Children, ChildSpec, Supervisor, WhichCh
 from runtime.ray import RayPlacement, session_members  # noqa: E402
 from tests.conftest import child_pids  # noqa: E402
 from tests.integration._actors import Echo, GetPid, Ping, Pong, Worker  # noqa: E402
+
+_before_ray.restore()
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -78,12 +106,13 @@ def ray_cluster() -> Iterator[RayCluster]:
     """One head node for the module (its start is most of the cost); each test adds and
     removes its own side node, which the leak guard checks. The head's processes are this
     process's children: they are checked here, once the cluster is shut down."""
-    before = child_pids()
+    before, globals_before = child_pids(), ProcessGlobals()
     cluster = RayCluster()
     try:
         yield cluster
     finally:
         cluster.shutdown()
+        globals_before.restore()
         left = _reaped_within(before, 30.0)
         assert not left, f"Ray's processes left behind: {sorted(left)}"
 
