@@ -107,7 +107,9 @@ def ray_cluster() -> Iterator[RayCluster]:
     removes its own side node, which the leak guard checks. The head's processes are this
     process's children: they are checked here, once the cluster is shut down."""
     before, globals_before = child_pids(), ProcessGlobals()
+    started = time.monotonic()
     cluster = RayCluster()
+    print(f"Ray head node started and connected in {time.monotonic() - started:.2f} s")
     try:
         yield cluster
     finally:
@@ -218,12 +220,17 @@ class TestRayPlacement:
                 second = await replacement(sup, first)
                 assert (await second.ask(GetPid())).pid != first_pid
                 assert await gone(side_pids, 10.0) == []
+                reported = time.monotonic()
                 await places.wait_gone(side_node, 30)  # Ray's report of the death
+                reported = time.monotonic() - reported
                 assert [n.name for n in await system.nodes()] == [head_node]
                 # Its actors are stopped before their nodes are (a supervisor would
                 # restart a child its node stopped).
                 await system.stop(sup)
-                print(f"remove_node {removed - removing:.2f} s, then Down in {seen:.2f} s")
+                print(
+                    f"remove_node {removed - removing:.2f} s, then Down in {seen:.2f} s;"
+                    f" Ray's report {reported:.2f} s after the restart"
+                )
         finally:
             if side is not None:
                 ray_cluster.remove(side)
