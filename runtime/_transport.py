@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -38,7 +39,8 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
         transport: ``"ipc"`` (default) or ``"tcp"``.
         tcp_host: Interface that ``tcp`` mailboxes bind to.
         max_peers: Most outgoing sockets a process keeps open; the least recently used is
-            closed to make room (and reopened when needed again).
+            closed to make room (and reopened when needed again). Never more than
+            `peer_limit` lets the file-descriptor limit hold.
         peer_idle: Seconds an outgoing socket may go unused before it is closed (so a
             process never keeps reconnecting to an address that is gone).
         curve: Encrypt and authenticate tcp with CURVE (the default). Turning it off is
@@ -237,6 +239,23 @@ def recv_rest(sock: zmq.Socket[bytes], keep: int) -> list[bytes] | None:
 
 #: Frames at least this large are sent zero-copy.
 COPY_THRESHOLD = 64 * 1024
+#: File descriptors one connected outgoing socket holds: its signalling eventfd and its
+#: connection.
+FDS_PER_PEER = 2
+
+
+def peer_limit(max_peers: int) -> int:
+    """Most outgoing sockets a process may hold open now: ``max_peers``, and no more than
+    take half its soft ``RLIMIT_NOFILE`` at `FDS_PER_PEER` each.
+
+    The other half is for its mailboxes, the connections other processes make to them and
+    its files. libzmq aborts the process when an ipc listener cannot accept a connection
+    for want of a descriptor, so the outbox must never be what spends the last ones.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_peers
+    return max(1, min(max_peers, soft // (2 * FDS_PER_PEER)))
 
 
 class _Peer:
@@ -257,11 +276,12 @@ class Outbox:
     FIFO pipe: a stop request sent after a run of tells is handled after all of them.
 
     The sockets are bounded: only addresses the system's policy allows are connected to; at
-    most ``max_peers`` are open, the least recently used closed first to make room; and one
-    unused for ``peer_idle`` seconds is closed by `sweep`, so an address that is gone is not
-    reconnected to for ever. A closed socket still delivers what it holds for ``linger_ms``,
-    and is reopened on the next send. (FIFO order holds per socket: a destination closed and
-    reopened while it still had messages queued may see the old ones last.)
+    most ``max_peers`` are open (fewer where the file-descriptor limit says so: `peer_limit`),
+    the least recently used closed first to make room; and one unused for ``peer_idle``
+    seconds is closed by `sweep`, so an address that is gone is not reconnected to for ever.
+    A closed socket still delivers what it holds for ``linger_ms``, and is reopened on the
+    next send. (FIFO order holds per socket: a destination closed and reopened while it
+    still had messages queued may see the old ones last.)
 
     Args:
         ctx: The process's zmq context.
@@ -307,7 +327,7 @@ class Outbox:
                 f"{address!r} is not an address of this actor system: a process only "
                 "connects to its own system's ipc directory or tcp hosts"
             )
-        if len(self._peers) >= self._options.max_peers:
+        if len(self._peers) >= peer_limit(self._options.max_peers):
             self._evict()
         try:
             sock = self._ctx.socket(zmq.PUSH)
