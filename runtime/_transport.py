@@ -8,6 +8,7 @@ without an await per message, which is where most of an asyncio receiver's cost 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import resource
 from typing import TYPE_CHECKING
@@ -259,14 +260,15 @@ def peer_limit(max_peers: int) -> int:
 
 
 class _Peer:
-    """One PUSH socket connected to one address, and when it was last used."""
+    """One PUSH socket connected to one address, and when it was last used: the outbox's
+    count of uses then."""
 
     __slots__ = ("sock", "used", "waiter")
 
-    def __init__(self, sock: zmq.Socket[bytes], tick: int) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], used: int) -> None:
         self.sock = sock
         self.waiter = ReadinessWaiter(sock)
-        self.used = tick
+        self.used = used
 
 
 class Outbox:
@@ -303,7 +305,10 @@ class Outbox:
         self._keys = keys
         self._max = options.max_message_size
         self._peers: dict[str, _Peer] = {}
-        self._tick = 0
+        #: Uses of a socket so far: a peer's ``used`` orders the peers by their last use.
+        self._uses = 0
+        #: ``_uses`` at the last two sweeps, the older first.
+        self._swept = collections.deque([0, 0], maxlen=2)
         self._closed = False
         #: Sockets closed to stay under ``max_peers``, and for being idle.
         self.evicted = 0
@@ -316,9 +321,10 @@ class Outbox:
         return self._policy.allows(address)
 
     def _peer(self, address: str) -> _Peer:
+        self._uses += 1
         peer = self._peers.get(address)
         if peer is not None:
-            peer.used = self._tick
+            peer.used = self._uses
             return peer
         if self._closed:
             raise MailboxClosedError("the outbox of this actor system is closed")
@@ -343,7 +349,7 @@ class Outbox:
         except zmq.ZMQError as err:
             sock.close(0)
             raise ProtocolError(f"cannot connect to {address!r}: {err}") from err
-        peer = self._peers[address] = _Peer(sock, self._tick)
+        peer = self._peers[address] = _Peer(sock, self._uses)
         self.on_open(address)
         return peer
 
@@ -356,10 +362,9 @@ class Outbox:
     def sweep(self) -> None:
         """Close the sockets unused since the previous sweep but one (call every
         ``peer_idle / 2`` seconds)."""
-        self._tick += 1
-        stale = [
-            a for a, p in self._peers.items() if p.used < self._tick - 2 and not p.waiter.waiting
-        ]
+        horizon = self._swept[0]
+        self._swept.append(self._uses)
+        stale = [a for a, p in self._peers.items() if p.used <= horizon and not p.waiter.waiting]
         for address in stale:
             self.idled += 1
             self._close(address, self._options.linger_ms)
@@ -383,7 +388,8 @@ class Outbox:
         if peer is None:
             peer = self._peer(address)
         else:
-            peer.used = self._tick
+            self._uses += 1
+            peer.used = self._uses
         try:
             _send(peer.sock, frame, NOBLOCK)
         except zmq.Again:

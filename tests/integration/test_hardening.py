@@ -251,6 +251,35 @@ class TestAskersCannotExhaustSockets:
                 assert open_fds(pid) <= before + COMMON_NOFILE // 2
                 assert await echo.ask(Ping(n=1)) == Pong(n=1)
 
+    async def test_an_idle_outgoing_socket_is_closed_after_peer_idle_and_reopened_on_demand(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        peer_idle = 0.5
+        async with ActorSystem(peer_idle=peer_idle) as system:
+            echo = await system.spawn(Echo, name="echo")
+            outbox = system.node.outbox
+            sweeps = [anyio.Event()]
+            sweep = outbox.sweep
+
+            def sweep_and_say_so() -> None:
+                sweep()
+                sweeps[-1].set()
+                sweeps.append(anyio.Event())
+
+            monkeypatch.setattr(outbox, "sweep", sweep_and_say_so)
+            last_use = anyio.current_time()
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+            assert echo.address in outbox.connected()
+            idled, evicted = outbox.idled, outbox.evicted
+            with anyio.fail_after(10 * peer_idle):
+                while echo.address in outbox.connected():
+                    await sweeps[-1].wait()
+            assert anyio.current_time() - last_use >= peer_idle
+            assert outbox.idled > idled
+            assert await echo.ask(Ping(n=2)) == Pong(n=2)
+            assert echo.address in outbox.connected()
+            assert outbox.evicted == evicted
+
     async def test_an_ask_naming_a_reply_address_outside_the_system_is_refused(self) -> None:
         async with ActorSystem() as system:
             echo = await system.spawn(Echo, name="echo")
