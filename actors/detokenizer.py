@@ -151,6 +151,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
         #: Workers reported stuck: their output is dropped until their route goes.
         self._stuck: set[Origin] = set()
         self._dropping = Throttle(logger)
+        self._rejecting = Throttle(logger)
+        self._aborting = Throttle(logger)
+        self._dropping_states = Throttle(logger)
         self._tokenizer_path = tokenizer
         self._max_states = max_states
         self._scheduler = scheduler
@@ -214,7 +217,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
             self._undeliverable += len(backlog.queue)
             backlog.queue.clear()
         if dropped:
-            logger.info("dropped %d detokenizer states of %s", len(dropped), origin)
+            self._dropping_states.log(
+                logging.INFO, "dropped %d detokenizer states of %s", len(dropped), origin
+            )
 
     @handler
     async def on_batch(self, msg: BatchTokenIDOutput) -> None:
@@ -344,7 +349,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
             )
         except TooManyRequestsError as err:
             self._rejected_over_cap += 1
-            logger.warning("request %r from %s rejected: %s", rid, origin, err)
+            self._rejecting.warning("request %r from %s rejected: %s", rid, origin, err)
             return None, str(err)
         except ValueError as err:  # an empty stop string: the request is malformed
             return None, f"request {rid!r} rejected by the detokenizer: {err}"
@@ -362,7 +367,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
                 await scheduler.tell(abort)
             except TokenyardError as err:
                 # The record still drops its output; a dead scheduler is its supervisor's.
-                logger.warning("could not tell the scheduler %r: %s", abort, err)
+                self._aborting.warning("could not tell the scheduler %r: %s", abort, err)
                 return
 
     async def _deliver(self, origin: Origin, sub: BatchStrOutput) -> None:
@@ -447,7 +452,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
         dropped = sum(len(states.drop_origin(origin)) for origin in states.origins())
         self._ended.clear()
         if dropped:
-            logger.info("dropped %d detokenizer states: %s", dropped, why)
+            self._dropping_states.log(
+                logging.INFO, "dropped %d detokenizer states: %s", dropped, why
+            )
 
     @handler
     def on_get_stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:

@@ -11,6 +11,7 @@ import logging
 import anyio
 
 from runtime import Actor, ActorDeadError, ActorRef, RemoteActorError, TokenyardError, handler
+from runtime._throttle import Throttle
 
 from ._routes import Routes
 from .messages import (
@@ -53,6 +54,7 @@ class Router(Actor[RouterMessage]):
         self.forward_timeout = forward_timeout
         self.forwarded = 0
         self.dropped = 0
+        self._failing = Throttle(logger)
 
     @handler
     def route(self, msg: RouteUpdate) -> RouteAck:
@@ -71,7 +73,7 @@ class Router(Actor[RouterMessage]):
         try:
             await ref.ask(msg, timeout=self.forward_timeout)
         except RemoteActorError as err:
-            logger.warning("router: the worker of %s failed on %r: %s", msg.origin, msg, err)
+            self._failing.warning("router: the worker of %s failed on %r: %s", msg.origin, msg, err)
         except TokenyardError as err:
             self.dropped += 1
             logger.debug("router: reply for %s dropped: %s", msg.origin, err)

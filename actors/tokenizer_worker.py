@@ -35,6 +35,7 @@ import anyio
 import msgspec
 
 from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
+from runtime._throttle import Throttle
 
 from . import _metrics, _tracing
 from ._tokenizer import load_tokenizer, model_id_of
@@ -189,6 +190,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.registered = anyio.Event()
         self.control: dict[int, _Control] = {}
         self._control_ids = itertools.count(1)
+        self._control_waits = Throttle(logger)
+        self._misrouted = Throttle(logger)
         self.received = 0
         self.finished = 0
         self.failed = 0
@@ -529,7 +532,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         try:
             await self.scheduler.tell(request)
         except TokenyardError as err:
-            logger.warning(
+            self._control_waits.warning(
                 "%s: control request %d waits for the next scheduler: %s",
                 self.ref.name,
                 request.request_id,
@@ -548,7 +551,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
 
     async def _control_reply(self, msg: LoadReply | FlushReply) -> None:
         if msg.origin != self.origin:
-            logger.error("%s got a control reply for %s", self.ref.name, msg.origin)
+            self._misrouted.error("%s got a control reply for %s", self.ref.name, msg.origin)
             return
         pending = self.control.pop(msg.request_id, None)
         if pending is not None:  # else a second reply to a request asked again

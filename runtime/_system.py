@@ -95,7 +95,8 @@ class ActorSystem:
         send_timeout: Default seconds a ``tell`` waits on a full mailbox.
         spawn_timeout: Seconds a spawned actor has to become ready.
         shutdown_timeout: Default seconds a stopping actor has before SIGTERM.
-        max_peers: Most outgoing sockets a process keeps open.
+        max_peers: Most outgoing sockets a process keeps open (fewer where its
+            file-descriptor limit allows fewer: `runtime._transport.peer_limit`).
         peer_idle: Seconds an unused outgoing socket stays open.
         keys: The system's CURVE keys for tcp: a ``Keys``, or a directory holding (or
             receiving, mode 0600) a file named system.key; ``None`` generates a pair for

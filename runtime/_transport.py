@@ -8,7 +8,9 @@ without an await per message, which is where most of an asyncio receiver's cost 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import resource
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -38,7 +40,8 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
         transport: ``"ipc"`` (default) or ``"tcp"``.
         tcp_host: Interface that ``tcp`` mailboxes bind to.
         max_peers: Most outgoing sockets a process keeps open; the least recently used is
-            closed to make room (and reopened when needed again).
+            closed to make room (and reopened when needed again). Never more than
+            `peer_limit` lets the file-descriptor limit hold.
         peer_idle: Seconds an outgoing socket may go unused before it is closed (so a
             process never keeps reconnecting to an address that is gone).
         curve: Encrypt and authenticate tcp with CURVE (the default). Turning it off is
@@ -237,17 +240,35 @@ def recv_rest(sock: zmq.Socket[bytes], keep: int) -> list[bytes] | None:
 
 #: Frames at least this large are sent zero-copy.
 COPY_THRESHOLD = 64 * 1024
+#: File descriptors one connected outgoing socket holds: its signalling eventfd and its
+#: connection.
+FDS_PER_PEER = 2
+
+
+def peer_limit(max_peers: int) -> int:
+    """Most outgoing sockets a process may hold open now: ``max_peers``, and no more than
+    take half its soft ``RLIMIT_NOFILE`` at `FDS_PER_PEER` each.
+
+    The other half is for its mailboxes, the connections other processes make to them and
+    its files. libzmq aborts the process when an ipc listener cannot accept a connection
+    for want of a descriptor, so the outbox must never be what spends the last ones.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_peers
+    return max(1, min(max_peers, soft // (2 * FDS_PER_PEER)))
 
 
 class _Peer:
-    """One PUSH socket connected to one address, and when it was last used."""
+    """One PUSH socket connected to one address, and when it was last used: the outbox's
+    count of uses then."""
 
     __slots__ = ("sock", "used", "waiter")
 
-    def __init__(self, sock: zmq.Socket[bytes], tick: int) -> None:
+    def __init__(self, sock: zmq.Socket[bytes], used: int) -> None:
         self.sock = sock
         self.waiter = ReadinessWaiter(sock)
-        self.used = tick
+        self.used = used
 
 
 class Outbox:
@@ -257,11 +278,12 @@ class Outbox:
     FIFO pipe: a stop request sent after a run of tells is handled after all of them.
 
     The sockets are bounded: only addresses the system's policy allows are connected to; at
-    most ``max_peers`` are open, the least recently used closed first to make room; and one
-    unused for ``peer_idle`` seconds is closed by `sweep`, so an address that is gone is not
-    reconnected to for ever. A closed socket still delivers what it holds for ``linger_ms``,
-    and is reopened on the next send. (FIFO order holds per socket: a destination closed and
-    reopened while it still had messages queued may see the old ones last.)
+    most ``max_peers`` are open (fewer where the file-descriptor limit says so: `peer_limit`),
+    the least recently used closed first to make room; and one unused for ``peer_idle``
+    seconds is closed by `sweep`, so an address that is gone is not reconnected to for ever.
+    A closed socket still delivers what it holds for ``linger_ms``, and is reopened on the
+    next send. (FIFO order holds per socket: a destination closed and reopened while it
+    still had messages queued may see the old ones last.)
 
     Args:
         ctx: The process's zmq context.
@@ -283,7 +305,10 @@ class Outbox:
         self._keys = keys
         self._max = options.max_message_size
         self._peers: dict[str, _Peer] = {}
-        self._tick = 0
+        #: Uses of a socket so far: a peer's ``used`` orders the peers by their last use.
+        self._uses = 0
+        #: ``_uses`` at the last two sweeps, the older first.
+        self._swept = collections.deque([0, 0], maxlen=2)
         self._closed = False
         #: Sockets closed to stay under ``max_peers``, and for being idle.
         self.evicted = 0
@@ -296,9 +321,10 @@ class Outbox:
         return self._policy.allows(address)
 
     def _peer(self, address: str) -> _Peer:
+        self._uses += 1
         peer = self._peers.get(address)
         if peer is not None:
-            peer.used = self._tick
+            peer.used = self._uses
             return peer
         if self._closed:
             raise MailboxClosedError("the outbox of this actor system is closed")
@@ -307,7 +333,7 @@ class Outbox:
                 f"{address!r} is not an address of this actor system: a process only "
                 "connects to its own system's ipc directory or tcp hosts"
             )
-        if len(self._peers) >= self._options.max_peers:
+        if len(self._peers) >= peer_limit(self._options.max_peers):
             self._evict()
         try:
             sock = self._ctx.socket(zmq.PUSH)
@@ -323,7 +349,7 @@ class Outbox:
         except zmq.ZMQError as err:
             sock.close(0)
             raise ProtocolError(f"cannot connect to {address!r}: {err}") from err
-        peer = self._peers[address] = _Peer(sock, self._tick)
+        peer = self._peers[address] = _Peer(sock, self._uses)
         self.on_open(address)
         return peer
 
@@ -336,10 +362,9 @@ class Outbox:
     def sweep(self) -> None:
         """Close the sockets unused since the previous sweep but one (call every
         ``peer_idle / 2`` seconds)."""
-        self._tick += 1
-        stale = [
-            a for a, p in self._peers.items() if p.used < self._tick - 2 and not p.waiter.waiting
-        ]
+        horizon = self._swept[0]
+        self._swept.append(self._uses)
+        stale = [a for a, p in self._peers.items() if p.used <= horizon and not p.waiter.waiting]
         for address in stale:
             self.idled += 1
             self._close(address, self._options.linger_ms)
@@ -363,7 +388,8 @@ class Outbox:
         if peer is None:
             peer = self._peer(address)
         else:
-            peer.used = self._tick
+            self._uses += 1
+            peer.used = self._uses
         try:
             _send(peer.sock, frame, NOBLOCK)
         except zmq.Again:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
 
@@ -105,6 +106,19 @@ class Echo(Actor[Ping | Tick | Fail | Slow | GetCount | Forward | TellTo | Blob]
     async def on_stop(self) -> None:
         if self.report_to is not None:
             await self.report_to.tell(Count(n=self.ticks, name=self.ref.name))
+
+
+class FdLimitedEcho(Echo):
+    """An `Echo` whose process may open at most ``nofile`` file descriptors (the soft
+    ``RLIMIT_NOFILE``, lowered in `on_start`), as on a host left at the common 1,024."""
+
+    def __init__(self, nofile: int) -> None:
+        super().__init__()
+        self.nofile = nofile
+
+    async def on_start(self) -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, hard))
 
 
 class Gathered:

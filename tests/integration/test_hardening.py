@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from runtime import (
 )
 from runtime._protocol import Header, Kind, encode_header
 
-from ._actors import Blob, Echo, GetCount, Ping, Pong, Slow, TellTo
+from ._actors import Blob, Echo, FdLimitedEcho, GetCount, Ping, Pong, Slow, TellTo
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -55,6 +56,8 @@ except OSError:
     pass
 """
 
+#: The soft file-descriptor limit many hosts leave a process at.
+COMMON_NOFILE = 1024
 #: The finding's frame: 1,000 nested one-entry maps. msgspec raises RecursionError on it.
 DEEP = b"\x81\xa1a" * 1000 + b"\xc0"
 
@@ -87,6 +90,27 @@ async def spray(sock: zmq.Socket[bytes], parts: Sequence[bytes]) -> None:
 
 def header(kind: Kind, cookie: bytes, corr: int = 7, reply_to: str = "", **kw: Any) -> bytes:
     return bytes(encode_header(Header(kind, corr, reply_to, "attacker", cookie=cookie, **kw)))
+
+
+@contextlib.contextmanager
+def reply_inboxes(ipc_dir: str, n: int) -> Iterator[list[tuple[str, zmq.Socket[bytes]]]]:
+    """``n`` bare PULL sockets bound in the system's directory, of another context: the
+    reply inboxes of ``n`` askers that stay alive."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, n + 16)
+    inboxes: list[tuple[str, zmq.Socket[bytes]]] = []
+    try:
+        for i in range(n):
+            sock = ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.LINGER, 0)
+            address = f"ipc://{ipc_dir}/asker-{i}"
+            sock.bind(address)
+            inboxes.append((address, sock))
+        yield inboxes
+    finally:
+        for _, sock in inboxes:
+            sock.close()
+        ctx.term()
 
 
 def open_fds(pid: int) -> int:
@@ -178,6 +202,83 @@ class TestAskersCannotExhaustSockets:
             # stay open (a socket and its signalling pipe each), however many asked.
             assert open_fds(pid) <= before + 3 * 32
             assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    async def test_a_thousand_short_lived_askers_leave_an_actor_at_the_defaults_answering(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(FdLimitedEcho, COMMON_NOFILE, name="echo")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            assert resource.prlimit(pid, resource.RLIMIT_NOFILE)[0] == COMMON_NOFILE
+            credentials = system.credentials()
+            before = open_fds(pid)
+            for i in range(1100):
+                async with ActorSystem(attach=credentials, name=f"client-{i}"):
+                    assert await echo.ask(Ping(n=i), timeout=10) == Pong(n=i)
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+            # Outgoing sockets take at most half the descriptors (runtime._transport).
+            assert open_fds(pid) <= before + COMMON_NOFILE // 2
+
+    async def test_a_thousand_askers_waiting_at_once_leave_an_actor_at_the_defaults_answering(
+        self,
+    ) -> None:
+        askers = 1100
+        # Each asker's inbox here: its socket's eventfd, its listener, the actor's connection.
+        needed = 3 * askers + 256
+        if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < needed:
+            pytest.skip(f"this process may open fewer than {needed} file descriptors")
+        async with ActorSystem() as system:
+            echo = await system.spawn(FdLimitedEcho, COMMON_NOFILE, name="echo")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            cookie = system.node.cookie
+            with (
+                reply_inboxes(system.ipc_dir, askers) as inboxes,
+                attacker(echo.address) as sock,
+            ):
+                assert await echo.ask(Ping(n=0)) == Pong(n=0)  # connected: its fd counts
+                before = open_fds(pid)
+                for i, (address, _) in enumerate(inboxes):
+                    ask = header(Kind.ASK, cookie, corr=i + 1, reply_to=address)
+                    sock.send_multipart([ask, msgspec.msgpack.encode(Ping(n=i))])
+                # Every inbox is still bound, so each of the actor's sockets stays connected.
+                for address, inbox in inboxes:
+                    assert inbox.poll(10_000), f"no reply reached {address}"
+                    inbox.recv_multipart()
+                # Before the outbox kept to its share, the actor ran out of descriptors
+                # after about 500 askers and libzmq aborted it on the next connection.
+                assert open_fds(pid) <= before + COMMON_NOFILE // 2
+                assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    async def test_an_idle_outgoing_socket_is_closed_after_peer_idle_and_reopened_on_demand(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        peer_idle = 0.5
+        async with ActorSystem(peer_idle=peer_idle) as system:
+            echo = await system.spawn(Echo, name="echo")
+            outbox = system.node.outbox
+            sweeps = [anyio.Event()]
+            sweep = outbox.sweep
+
+            def sweep_and_say_so() -> None:
+                sweep()
+                sweeps[-1].set()
+                sweeps.append(anyio.Event())
+
+            monkeypatch.setattr(outbox, "sweep", sweep_and_say_so)
+            last_use = anyio.current_time()
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)
+            assert echo.address in outbox.connected()
+            idled, evicted = outbox.idled, outbox.evicted
+            with anyio.fail_after(10 * peer_idle):
+                while echo.address in outbox.connected():
+                    await sweeps[-1].wait()
+            assert anyio.current_time() - last_use >= peer_idle
+            assert outbox.idled > idled
+            assert await echo.ask(Ping(n=2)) == Pong(n=2)
+            assert echo.address in outbox.connected()
+            assert outbox.evicted == evicted
 
     async def test_an_ask_naming_a_reply_address_outside_the_system_is_refused(self) -> None:
         async with ActorSystem() as system:

@@ -1,8 +1,9 @@
 """The pipeline under the hardening review's findings: stalled members, forged aborts, slow
-readers, oversized requests, dead in-process members. Real processes throughout."""
+readers, oversized requests, dead in-process members, log floods. Real processes throughout."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from typing import TYPE_CHECKING, Any
@@ -25,16 +26,25 @@ from actors.messages import (
     AbortAll,
     BatchStrOutput,
     BatchTokenIDOutput,
+    CheckLoad,
     Generate,
     GetDetokenizerStats,
+    GetRouterStats,
     GetSchedulerStats,
+    GetWorkerStats,
+    LoadReply,
     MemberStuck,
     Origin,
+    Registered,
+    RegisterWorker,
     RequestOutputs,
     RouteUpdate,
+    Topology,
 )
 from actors.pipeline import _CallerState, _Request
 from actors.pipeline_supervisor import PipelineConfig
+from actors.router import Router
+from actors.tokenizer_worker import TokenizerWorker
 from runtime import Actor, ActorRef, ActorSystem, TokenyardError, handler
 
 from ._actors import EventInbox, Events
@@ -441,3 +451,98 @@ class TestInProcessMembers:
             )
             with pytest.raises(PipelineClosedError):
                 await p.generate("anyone?")
+
+
+class FailingWorker(Actor[LoadReply]):
+    """A worker stand-in whose handler fails on every control reply the router passes it."""
+
+    @handler
+    def on_load(self, msg: LoadReply) -> None:
+        raise ValueError(f"cannot take {msg.request_id}")
+
+
+class RegisteringSupervisor(Actor[RegisterWorker]):
+    """Registers every worker at once, as the pipeline's supervisor would."""
+
+    @handler
+    def register(self, msg: RegisterWorker) -> Registered:
+        return Registered(worker_id=msg.worker_id, incarnation=msg.incarnation)
+
+
+#: Messages each flood sends, and the log lines it may cause: the first line, and one
+#: more (counting the ones held back) if the flood outlasts the throttle's interval.
+FLOOD = 1000
+MOST_LINES = 2
+
+
+def lines_of(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+def load_reply(origin: Origin, request_id: int) -> LoadReply:
+    return LoadReply(origin=origin, request_id=request_id, running=0, waiting=0, step=0)
+
+
+class TestLogsCannotBeFlooded:
+    async def test_requests_over_the_detokenizers_cap_log_a_few_lines(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with ActorSystem() as system:
+            detokenizer = await system.spawn(Detokenizer, max_states=1, process=False)
+            got: list[int] = []
+            worker: ActorRef[Any] = await system.spawn(SubBatches, got, process=False)
+            origin = Origin(0, 1)
+            await detokenizer.ask(RouteUpdate(origin=origin, ref=worker))
+            with caplog.at_level(logging.WARNING, logger="tokenyard.detokenizer"):
+                for step in range(FLOOD // 100):
+                    batch = step_of(step, [origin] * 100)
+                    batch.rids[:] = [f"r{step}-{i}" for i in range(100)]
+                    await detokenizer.tell(batch)
+                stats = await detokenizer.ask(GetDetokenizerStats())
+            assert stats.rejected_over_cap == FLOOD - 1
+            assert 1 <= len(lines_of(caplog, "tokenyard.detokenizer")) <= MOST_LINES
+
+    async def test_control_replies_a_worker_fails_on_log_a_few_router_lines(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with ActorSystem() as system:
+            router = await system.spawn(Router, process=False)
+            worker: ActorRef[Any] = await system.spawn(FailingWorker, process=False)
+            origin = Origin(0, 1)
+            await router.ask(RouteUpdate(origin=origin, ref=worker))
+            with caplog.at_level(logging.WARNING, logger="tokenyard.router"):
+                for i in range(FLOOD):
+                    await router.tell(load_reply(origin, i))
+                # One sender, one mailbox: the ask is handled after every reply told.
+                stats = await router.ask(GetRouterStats(), timeout=30)
+            assert stats.forwarded == FLOOD
+            assert 1 <= len(lines_of(caplog, "tokenyard.router")) <= MOST_LINES
+
+    async def test_control_replies_for_another_worker_log_a_few_lines(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with ActorSystem() as system:
+            supervisor: ActorRef[Any] = await system.spawn(RegisteringSupervisor, process=False)
+            worker = await system.spawn(TokenizerWorker, 0, supervisor, process=False)
+            with caplog.at_level(logging.WARNING, logger="tokenyard.worker"):
+                for i in range(FLOOD):
+                    await worker.tell(load_reply(Origin(7, 7), i))
+                await worker.ask(GetWorkerStats())
+            assert 1 <= len(lines_of(caplog, "tokenyard.worker")) <= MOST_LINES
+
+    async def test_control_requests_while_the_scheduler_is_dead_log_a_few_lines(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        async with ActorSystem() as system:
+            supervisor: ActorRef[Any] = await system.spawn(RegisteringSupervisor, process=False)
+            worker = await system.spawn(TokenizerWorker, 0, supervisor, process=False)
+            scheduler: ActorRef[Any] = await system.spawn(Sink, Blocked(), process=False)
+            await system.stop(scheduler)
+            await worker.tell(Topology(scheduler=scheduler, detokenizers=[], router=None))
+            events = Events()
+            caller: ActorRef[Any] = await system.spawn(EventInbox, events, process=False)
+            with caplog.at_level(logging.WARNING, logger="tokenyard.worker"):
+                for _ in range(FLOOD):
+                    await worker.tell(CheckLoad(reply_to=caller))
+                await worker.ask(GetWorkerStats())
+            assert 1 <= len(lines_of(caplog, "tokenyard.worker")) <= MOST_LINES

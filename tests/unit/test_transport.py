@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -13,9 +15,12 @@ import pytest
 import zmq
 
 from runtime import Actor, ActorRef, ActorSystem, MailboxFullError, Message, ProtocolError, handler
-from runtime._transport import POLLIN, ReadinessWaiter, TransportOptions
+from runtime._transport import POLLIN, Outbox, ReadinessWaiter, TransportOptions
 
 from ._messages import Counter, Ping, Point, Pong
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class TestOptions:
@@ -183,3 +188,57 @@ class TestReadinessWaiter:
                 await ref.tell(Ping(n=i))
             assert await ref.ask(Ping(n=1)) == Pong(n=2)
             assert time.process_time() - cpu < 0.15, "the loop spun while the handler awaited"
+
+
+@contextlib.contextmanager
+def open_outbox(
+    system: ActorSystem, sinks: int, **options: Any
+) -> Iterator[tuple[Outbox, list[str]]]:
+    """An outbox of its own in ``system``'s process, and ``sinks`` bare PULL sockets bound
+    in its directory for it to send to."""
+    outbox = Outbox(system.node.ctx, TransportOptions(**options), system.node.policy)
+    socks: list[zmq.Socket[bytes]] = []
+    addresses: list[str] = []
+    try:
+        for i in range(sinks):
+            sock = system.node.ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.LINGER, 0)
+            socks.append(sock)
+            addresses.append(f"ipc://{system.ipc_dir}/sink-{i}")
+            sock.bind(addresses[-1])
+        yield outbox, addresses
+    finally:
+        outbox.close(0)
+        for sock in socks:
+            sock.close()
+
+
+class TestOutbox:
+    async def test_the_least_recently_used_socket_is_the_one_closed_to_make_room(self) -> None:
+        async with ActorSystem() as system:
+            with open_outbox(system, 3, max_peers=2) as (outbox, (a, b, c)):
+                for address in (a, b, a):
+                    assert outbox.try_send(address, b"x")
+                assert outbox.try_send(c, b"x")
+                assert sorted(outbox.connected()) == [a, c]
+                assert outbox.evicted == 1
+
+    async def test_a_socket_is_closed_at_the_third_sweep_after_its_last_use_and_reopened(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            with open_outbox(system, 2) as (outbox, (a, b)):
+                assert outbox.try_send(a, b"x")
+                assert outbox.try_send(b, b"x")
+                outbox.sweep()
+                assert outbox.try_send(b, b"x")  # b used again since the first sweep
+                outbox.sweep()
+                assert sorted(outbox.connected()) == [a, b]
+                outbox.sweep()
+                assert outbox.connected() == [b]
+                assert outbox.idled == 1
+                assert outbox.try_send(a, b"x")  # reopened on demand
+                assert sorted(outbox.connected()) == [a, b]
+                outbox.sweep()
+                assert outbox.connected() == [a]
+                assert outbox.idled == 2
