@@ -24,6 +24,7 @@ import pytest
 from actors.messages import BatchTokenIDOutput
 from benchmarks import dispatch, mailbox, pipeline, spawn, supervision
 from benchmarks._cli import SUITES, build_parser
+from benchmarks._plot import plot_results
 from benchmarks._proc import Latency
 from benchmarks._results import (
     BASELINE,
@@ -35,6 +36,7 @@ from benchmarks._results import (
     SuiteResult,
     describe_machine,
     now_iso,
+    read_results,
     write_results,
 )
 
@@ -359,9 +361,11 @@ class TestASuiteRun:
         assert len(machine["load_average"]) == 3
 
     def test_plot_draws_each_of_its_charts_as_a_png(self, suite_run: Path, tmp_path: Path) -> None:
+        # What ``python -m benchmarks plot FILE --out DIR`` does, in this process (the
+        # command line itself is run by the test below).
         suite = suite_of(suite_run)
         out = tmp_path / "img"
-        benchmarks_cli("plot", str(suite_run), "--out", str(out))
+        plot_results(read_results(str(suite_run)), str(out))
         charts = EXPECTED[suite["suite"]]["charts"]
         assert [c["name"] for c in suite["charts"]] == charts
         assert sorted(p.name for p in out.iterdir()) == sorted(f"{c}.png" for c in charts)
