@@ -357,7 +357,9 @@ class Outbox:
         idle = [(p.used, a) for a, p in self._peers.items() if not p.waiter.waiting]
         if idle:
             self.evicted += 1
-            self._close(min(idle)[1], self._options.linger_ms)
+            # At once: a socket left to linger keeps its descriptors for up to linger_ms,
+            # and a burst of new peers would then spend far more than the share.
+            self._close(min(idle)[1], 0)
 
     def sweep(self) -> None:
         """Close the sockets unused since the previous sweep but one (call every

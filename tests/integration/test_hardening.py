@@ -234,18 +234,22 @@ class TestAskersCannotExhaustSockets:
             assert pid is not None
             cookie = system.node.cookie
             with (
-                reply_inboxes(system.ipc_dir, askers) as inboxes,
+                reply_inboxes(system.ipc_dir, askers + 1) as inboxes,
                 attacker(echo.address) as sock,
             ):
                 assert await echo.ask(Ping(n=0)) == Pong(n=0)  # connected: its fd counts
                 before = open_fds(pid)
-                for i, (address, _) in enumerate(inboxes):
+                *waiting, (last_address, last) = inboxes
+                for i, (address, _) in enumerate(waiting):
                     ask = header(Kind.ASK, cookie, corr=i + 1, reply_to=address)
                     sock.send_multipart([ask, msgspec.msgpack.encode(Ping(n=i))])
-                # Every inbox is still bound, so each of the actor's sockets stays connected.
-                for address, inbox in inboxes:
-                    assert inbox.poll(10_000), f"no reply reached {address}"
-                    inbox.recv_multipart()
+                # Every inbox stays bound, so each socket the actor opens stays connected
+                # until the outbox closes it to keep to its share of descriptors (a reply
+                # still queued on a closed socket may then be dropped: docs/design.md,
+                # Non-guarantees). The last ask, on the same pipe, is answered after all.
+                ask = header(Kind.ASK, cookie, corr=askers + 1, reply_to=last_address)
+                sock.send_multipart([ask, msgspec.msgpack.encode(Ping(n=askers))])
+                assert last.poll(30_000), "the actor did not answer the last asker"
                 # Before the outbox kept to its share, the actor ran out of descriptors
                 # after about 500 askers and libzmq aborted it on the next connection.
                 assert open_fds(pid) <= before + COMMON_NOFILE // 2
