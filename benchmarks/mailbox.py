@@ -47,6 +47,7 @@ from ._suite import Option, Suite, pick
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     from ._suite import Progress
 
@@ -297,6 +298,27 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
     return figures, targets
 
 
+#: The variant measured against ``tell`` in alternate rounds.
+METRICS_OFF = "tell_nometrics"
+
+
+def _interleaved(
+    pair: tuple[Variant, Variant],
+    rounds: int,
+    command: Callable[[Variant, int], list[str]],
+    timeout: float,
+) -> dict[Variant, Measurement]:
+    """Rounds of two variants in turn, each round a fresh driver: a difference of a few
+    percent is then not the machine's drift between two runs (metrics on and off)."""
+    merged = {variant: Measurement() for variant in pair}
+    for _ in range(rounds):
+        for variant in pair:
+            one = run_driver(command(variant, 1), timeout)
+            merged[variant].throughput += one.throughput
+            merged[variant].frame_bytes = one.frame_bytes or merged[variant].frame_bytes
+    return merged
+
+
 def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     """Measure every variant, each in fresh processes, and compare them."""
     start = time.monotonic()
@@ -313,26 +335,38 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     figures: list[Figure] = []
     frame_bytes: dict[str, int] = {}
     workdir = tempfile.mkdtemp(prefix="tokenyard-bench-")  # 0700: private ipc sockets
+
+    def command(variant: Variant, n_rounds: int) -> list[str]:
+        if variant.kind == THROUGHPUT:
+            count = max(int(counts[variant.payload] * variant.share), 1)
+            warmup = max(count // 10, 100)
+        else:
+            # A round's worth: round trips of a process pair that has just started run
+            # slower for a tenth of a second or so on this VM, whatever the variant.
+            count = warmup = asks
+        return peer_command(
+            variant.driver,
+            "--dir", workdir, "--payload", variant.payload, "--count", str(count),
+            "--rounds", str(n_rounds), "--warmup", str(warmup),
+            *variant.extra,
+        )  # fmt: skip
+
+    by_key = {(v.prefix, v.payload): v for v in todo}
     try:
         for variant in todo:
+            if variant.prefix == METRICS_OFF:
+                continue  # measured with its twin, round by round
             progress.step(f"{variant.label} ({variant.payload})")
-            if variant.kind == THROUGHPUT:
-                count = max(int(counts[variant.payload] * variant.share), 1)
-                warmup = max(count // 10, 100)
+            twin = by_key.get((METRICS_OFF, variant.payload)) if variant.prefix == "tell" else None
+            if twin is None:
+                measured = {variant: run_driver(command(variant, rounds), timeout)}
             else:
-                # A round's worth: round trips of a process pair that has just started run
-                # slower for a tenth of a second or so on this VM, whatever the variant.
-                count = warmup = asks
-            cmd = peer_command(
-                variant.driver,
-                "--dir", workdir, "--payload", variant.payload, "--count", str(count),
-                "--rounds", str(rounds), "--warmup", str(warmup),
-                *variant.extra,
-            )  # fmt: skip
-            measured = run_driver(cmd, timeout)
-            if measured.frame_bytes:
-                frame_bytes[variant.payload] = measured.frame_bytes
-            figures += _figures(variant, measured)
+                measured = _interleaved((variant, twin), rounds, command, timeout)
+                progress.advance()
+            for one, measurement in measured.items():
+                if measurement.frame_bytes:
+                    frame_bytes[one.payload] = measurement.frame_bytes
+                figures += _figures(one, measurement)
             progress.advance()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -357,6 +391,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         charts=charts,
         notes=[
             "Values are the best of the timed rounds (all rounds are in the JSON).",
+            "tell with metrics on and off: one fresh driver per round, the two in turn, so"
+            " that the machine's drift between runs is not read as the metrics' cost.",
             "pyzmq floor: sync PUSH/PULL, sender encodes each message, receiver decodes each;"
             " pyzmq no decode: one pre-encoded frame, receiver only counts.",
             "send_pyobj asyncio: pickle of an equal dataclass, sync send_pyobj, received"
