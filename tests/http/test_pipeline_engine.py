@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 PROMPT = "Bonjour à tous 😀"
 #: Seconds per engine step: a stream of 24 tokens arrives in several chunks.
-STEP_TIME = 0.002
+STEP_TIME = 0.005
 
 
 @pytest.fixture(scope="module")

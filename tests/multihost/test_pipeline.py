@@ -32,7 +32,7 @@ async def test_remote_workers_stream_and_a_remote_worker_killed_under_load_loses
     try:
         async with Pipeline(
             workers=2,
-            step_time=0.002,
+            step_time=0.005,
             worker_nodes=("b",),
             system_options={
                 "transport": "tcp", "tcp_host": hosts.a, "keys": keys, "port": port,

@@ -527,7 +527,8 @@ class TestOwnTokenizer:
     ) -> None:
         tokenizer, path = build_small_tokenizer(tmp_path)
         prompt = "Bonjour, the fox 😀 東京"
-        async with Pipeline(workers=2, tokenizer=path) as p:
+        # Steps 5 ms apart: the stream arrives in pieces however busy the machine.
+        async with Pipeline(workers=2, tokenizer=path, step_time=0.005) as p:
             results = [await p.generate(prompt, max_new_tokens=24) for _ in range(2)]
             pieces = [x async for x in p.stream(prompt, max_new_tokens=24)]
         assert {r.worker for r in results} == {0, 1}
