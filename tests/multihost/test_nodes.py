@@ -4,7 +4,6 @@ CURVE with the system's keys; kills, a killed node, a cut link and its return.""
 from __future__ import annotations
 
 import os
-import select
 import signal
 import time
 from contextlib import asynccontextmanager
@@ -18,12 +17,10 @@ from runtime import (
     ActorRef,
     ActorSystem,
     Cause,
-    Children,
     ChildSpec,
     RemoteActorError,
     SpawnError,
     Supervisor,
-    WhichChildren,
 )
 from runtime._protocol import Kind, NodeHello, body_encoder, nodes_decoder
 from tests.integration._actors import (
@@ -40,6 +37,7 @@ from tests.integration._actors import (
     Tick,
     Worker,
 )
+from tests.multihost._support import replacement, running
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -82,28 +80,6 @@ def on_host(ref: ActorRef[Any], host: str) -> bool:
 async def pid_of(ref: ActorRef[Any]) -> int:
     reply = await ref.ask(GetPid())
     return int(reply.pid)
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` has not exited (a zombie has): its pidfd, checked once."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    try:
-        return not select.select([fd], [], [], 0)[0]
-    finally:
-        os.close(fd)
-
-
-async def replacement(sup: ActorRef[Any], old: ActorRef[Any]) -> ActorRef[Any]:
-    """The incarnation that replaced ``old`` under ``sup`` (asked once it is known dead)."""
-    with anyio.fail_after(30):
-        while True:
-            children: Children = await sup.ask(WhichChildren())
-            ref = children.refs[old.name]
-            if ref is not None and ref != old:
-                return ref
 
 
 async def worker_on_b_or_here(

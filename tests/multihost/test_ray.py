@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -41,15 +40,18 @@ class ProcessGlobals:
 
 
 _before_ray = ProcessGlobals()
-ray = pytest.importorskip("ray")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+import ray as ray_module  # noqa: E402
+import ray.cluster_utils as cluster_utils  # noqa: E402
 
-from runtime import ActorSystem, Cause, Children, ChildSpec, Supervisor, WhichChildren  # noqa: E402
+from runtime import ActorSystem, Cause, ChildSpec, Supervisor  # noqa: E402
 from runtime.ray import RayPlacement, session_members  # noqa: E402
 from tests.conftest import child_pids  # noqa: E402
 from tests.integration._actors import Echo, GetPid, Ping, Pong, Worker  # noqa: E402
+from tests.multihost._support import replacement, running  # noqa: E402
 
 _before_ray.restore()
+#: Ray's API, untyped (its functions carry no annotations).
+ray: Any = ray_module
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -72,7 +74,7 @@ class RayCluster:
     """A Ray head node (1 CPU) in this process's care, and side nodes added and removed."""
 
     def __init__(self) -> None:
-        self.cluster = cluster_utils.Cluster(
+        self.cluster: Any = cluster_utils.Cluster(
             initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
         )
         ray.init(address=self.cluster.address, log_to_driver=False)
@@ -139,28 +141,7 @@ async def gone(pids: list[int], timeout: float) -> list[int]:
                 await anyio.wait_readable(fd)  # readable once the process has exited
             finally:
                 os.close(fd)
-    return [p for p in pids if _alive(p)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    try:
-        return not select.select([fd], [], [], 0)[0]
-    finally:
-        os.close(fd)
-
-
-async def replacement(sup: Any, old: Any) -> Any:
-    """The incarnation that replaced ``old`` under ``sup``."""
-    with anyio.fail_after(30):
-        while True:
-            children: Children = await sup.ask(WhichChildren())
-            ref = children.refs[old.name]
-            if ref is not None and ref != old:
-                return ref
+    return [p for p in pids if running(p)]
 
 
 def root_system(cluster: RayCluster, tmp_path: Path) -> ActorSystem:
