@@ -67,6 +67,9 @@ from .messages import (
 )
 
 logger = logging.getLogger("tokenyard.worker")
+#: Most control requests (load, flush) a worker keeps waiting for their answer; past it the
+#: oldest is forgotten, so that callers asking while no scheduler answers cannot grow it.
+MAX_PENDING_CONTROL = 1_024
 
 
 #: Where a request served in this process (by its HTTP server) gets its outputs.
@@ -522,6 +525,15 @@ class TokenizerWorker(Actor[WorkerMessage]):
         await self.registered.wait()
         request_id = next(self._control_ids)
         request = make(request_id)
+        if len(self.control) >= MAX_PENDING_CONTROL:
+            oldest = next(iter(self.control))
+            del self.control[oldest]
+            self._control_waits.warning(
+                "%s: %d control requests wait for a scheduler: the oldest (%d) is dropped",
+                self.ref.name,
+                MAX_PENDING_CONTROL,
+                oldest,
+            )
         self.control[request_id] = _Control(reply_to, request)
         await self._send_control(request)
 

@@ -44,7 +44,7 @@ from actors.messages import (
 from actors.pipeline import _CallerState, _Request
 from actors.pipeline_supervisor import PipelineConfig
 from actors.router import Router
-from actors.tokenizer_worker import TokenizerWorker
+from actors.tokenizer_worker import MAX_PENDING_CONTROL, TokenizerWorker
 from runtime import Actor, ActorRef, ActorSystem, TokenyardError, handler
 
 from ._actors import EventInbox, Events
@@ -544,5 +544,19 @@ class TestLogsCannotBeFlooded:
             with caplog.at_level(logging.WARNING, logger="tokenyard.worker"):
                 for _ in range(FLOOD):
                     await worker.tell(CheckLoad(reply_to=caller))
-                await worker.ask(GetWorkerStats())
+                stats = await worker.ask(GetWorkerStats())
             assert 1 <= len(lines_of(caplog, "tokenyard.worker")) <= MOST_LINES
+            assert stats.control_pending == FLOOD
+
+    async def test_control_requests_while_the_scheduler_is_dead_are_bounded(self) -> None:
+        async with ActorSystem() as system:
+            supervisor: ActorRef[Any] = await system.spawn(RegisteringSupervisor, process=False)
+            worker = await system.spawn(TokenizerWorker, 0, supervisor, process=False)
+            scheduler: ActorRef[Any] = await system.spawn(Sink, Blocked(), process=False)
+            await system.stop(scheduler)
+            await worker.tell(Topology(scheduler=scheduler, detokenizers=[], router=None))
+            caller: ActorRef[Any] = await system.spawn(EventInbox, Events(), process=False)
+            for _ in range(MAX_PENDING_CONTROL + 500):
+                await worker.tell(CheckLoad(reply_to=caller))
+            stats = await worker.ask(GetWorkerStats())
+            assert stats.control_pending == MAX_PENDING_CONTROL
