@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -172,6 +173,16 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
     return 0
 
 
+def _raise_fd_limit() -> None:
+    """Take the hard ``RLIMIT_NOFILE`` as the soft one: every process that connects to this
+    actor's mailbox costs it a descriptor, and libzmq aborts a process whose listener cannot
+    accept one (the common soft limit of 1,024 is far below the usual hard one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main() -> None:
     """Read the spawn spec, become the actor, serve until stopped."""
     global _spec
@@ -187,6 +198,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)
+    _raise_fd_limit()
     threading.Thread(
         target=_watch_parent_pipe, args=(sys.stdin.fileno(),), name="parent-pipe", daemon=True
     ).start()

@@ -121,6 +121,24 @@ class FdLimitedEcho(Echo):
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, hard))
 
 
+class GetNofile(Request["Nofile"]):
+    pass
+
+
+class Nofile(Message):
+    soft: int
+    hard: int
+
+
+class NofileReporter(Actor[GetNofile]):
+    """Says its process's ``RLIMIT_NOFILE``."""
+
+    @handler
+    def nofile(self, msg: GetNofile) -> Nofile:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return Nofile(soft=soft, hard=hard)
+
+
 class Gathered:
     """What a Collector received; shared with the test because the Collector runs in-process."""
 

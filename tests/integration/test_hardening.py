@@ -27,10 +27,22 @@ from runtime import (
     Down,
     Keys,
     MailboxFullError,
+    StartMethod,
 )
 from runtime._protocol import Header, Kind, encode_header
 
-from ._actors import Blob, Echo, FdLimitedEcho, GetCount, Ping, Pong, Slow, TellTo
+from ._actors import (
+    Blob,
+    Echo,
+    FdLimitedEcho,
+    GetCount,
+    GetNofile,
+    NofileReporter,
+    Ping,
+    Pong,
+    Slow,
+    TellTo,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -254,6 +266,21 @@ class TestAskersCannotExhaustSockets:
                 # after about 500 askers and libzmq aborted it on the next connection.
                 assert open_fds(pid) <= before + COMMON_NOFILE // 2
                 assert await echo.ask(Ping(n=1)) == Pong(n=1)
+
+    @pytest.mark.parametrize("start", ["fork-server", "spawn"])
+    async def test_an_actor_process_takes_the_hard_fd_limit_for_its_own(
+        self, start: StartMethod
+    ) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        low = min(COMMON_NOFILE, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        try:
+            async with ActorSystem(start=start) as system:
+                reporter = await system.spawn(NofileReporter)
+                limits = await reporter.ask(GetNofile())
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert (limits.soft, limits.hard) == (hard, hard)
 
     async def test_an_idle_outgoing_socket_is_closed_after_peer_idle_and_reopened_on_demand(
         self, monkeypatch: pytest.MonkeyPatch
