@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tokenyard.nodes")
 
-NODE_USAGE = """\
-usage: python -m runtime node --system ADDRESS --keys DIR --name NAME --host HOST
-                              [--port N] [--heartbeat S] [--start METHOD] [--stdin-eof]
-
+DESCRIPTION = """\
 Run a node of the system whose root listens at ADDRESS (its ActorSystem.address, such as
 tcp://10.0.0.1:7100), with the system's CURVE keys from DIR (its system.key, mode 0600).
 The node binds on HOST and starts actors for the system until SIGTERM or SIGINT (and, with
@@ -32,15 +29,26 @@ The node binds on HOST and starts actors for the system until SIGTERM or SIGINT 
 
 def node_main(argv: list[str]) -> int:
     """``python -m runtime node``: a node of a running system, until told to stop."""
-    parser = argparse.ArgumentParser(prog="python -m runtime node", usage=NODE_USAGE)
-    parser.add_argument("--system", required=True)
-    parser.add_argument("--keys", required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--heartbeat", type=float, default=5.0)
-    parser.add_argument("--start", default=None, choices=("spawn", "fork-server"))
-    parser.add_argument("--stdin-eof", action="store_true")
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime node",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--system", required=True, metavar="ADDRESS", help="the root's address")
+    parser.add_argument("--keys", required=True, metavar="DIR", help="holds system.key (0600)")
+    parser.add_argument("--name", required=True, help="this node's name in the system")
+    parser.add_argument("--host", required=True, help="the address this node binds on")
+    parser.add_argument("--port", type=int, default=0, help="its reply inbox's port (0: any)")
+    parser.add_argument(
+        "--heartbeat", type=float, default=5.0, metavar="S", help="seconds (default 5)"
+    )
+    parser.add_argument(
+        "--start",
+        default=None,
+        choices=("spawn", "fork-server"),
+        help="how its actors start (default: fork-server where available)",
+    )
+    parser.add_argument("--stdin-eof", action="store_true", help="stop when standard input ends")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(levelname)s [node {args.name}] %(name)s: %(message)s"

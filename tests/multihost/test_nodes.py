@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -246,3 +248,25 @@ class TestTheRootsTable:
                 "tcp://127.0.0.1:1",
                 "tcp://127.0.0.1:3",
             ]
+
+
+class TestTheNodeCommand:
+    def test_its_help_names_every_option_and_a_bad_call_exits_2(self) -> None:
+        helped = subprocess.run(
+            [sys.executable, "-m", "runtime", "node", "--help"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert helped.returncode == 0
+        for option in ("--system", "--keys", "--name", "--host", "--heartbeat", "--stdin-eof"):
+            assert option in helped.stdout
+        missing = subprocess.run(
+            [sys.executable, "-m", "runtime", "node", "--name", "b"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert missing.returncode == 2
+        assert "--system" in missing.stderr
+        nothing = subprocess.run(
+            [sys.executable, "-m", "runtime"], capture_output=True, text=True, timeout=30
+        )
+        assert nothing.returncode == 2
+        assert "python -m runtime node" in nothing.stderr
