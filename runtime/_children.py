@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 
 from ._errors import TokenyardError
 from ._exit import reason_for_status
@@ -58,10 +57,6 @@ class RemoteProcess:
         if not self.down.done() and not self.node.closed:
             body = body_encoder.encode(RemoteKill(self.address, int(signum), reason))
             self.node.notify(self.node_address, Kind.KILL, body)
-
-    def kill(self) -> None:
-        """SIGKILL, through its node."""
-        self.signal(signal.SIGKILL)
 
 
 @dataclass(eq=False)
@@ -119,14 +114,10 @@ class Children:
         process itself rather than on the monitor task, which a cancelled caller's scope may
         have taken down with it (shutdown must still finish then)."""
         if child.remote is not None:
+            # Its node says how it died (a kill's reason travels with the kill).
             down = await child.remote.down
-            if child.exited.is_set():
-                return
-            if child.unresponsive and down.cause is Cause.SIGNAL:
-                down = msgspec.structs.replace(
-                    down, cause=Cause.UNRESPONSIVE, reason=child.unresponsive
-                )
-            self.died(child, down)
+            if not child.exited.is_set():
+                self.died(child, down)
             return
         if child.process is None:
             await child.exited.wait()

@@ -219,7 +219,7 @@ class Node:
 
     def link(self, address: str, on_lost: Callable[[str], None]) -> None:
         """Keep a heartbeat with the process whose reply inbox is ``address`` (tcp only), and
-        call ``on_lost(address)`` once if it leaves a whole ``heartbeat`` unanswered."""
+        call ``on_lost(address)`` once if it counts as lost (`_beat`)."""
         self._links.setdefault(address, []).append(on_lost)
 
     def unlink(self, address: str) -> None:

@@ -83,7 +83,7 @@ class NodeHost(Protocol):
     @property
     def root_address(self) -> str: ...
 
-    def start_task(self, coro: Coroutine[Any, Any, None]) -> None: ...
+    def start_task(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None: ...
 
     def child_at(self, address: str) -> Child | None: ...
 
@@ -225,7 +225,6 @@ class NodeService:
         self.system = system
         self.name = name
         self.root = root
-        self.joined = asyncio.Event()
         #: Called each time the node has joined (again).
         self.on_joined: Callable[[], None] | None = None
         self._leases: dict[str, _Lease] = {}
@@ -260,7 +259,6 @@ class NodeService:
                 lost = asyncio.Event()
                 node.link(self.root, _setter(lost))
                 self._root_pinged = time.monotonic()
-                self.joined.set()
                 logger.info("node %s joined the system at %s", self.name, self.root)
                 if self.on_joined is not None:
                     self.on_joined()
@@ -270,7 +268,6 @@ class NodeService:
                     with anyio.move_on_after(beat / BEATS):
                         await lost.wait()
                 node.unlink(self.root)
-                self.joined.clear()
                 logger.warning("node %s lost the root: joining again", self.name)
         finally:
             self._stopping.set()
@@ -282,7 +279,7 @@ class NodeService:
         node = self.system.node
         if header.kind is Kind.SPAWN:
             request = spawn_decoder.decode(body)
-            self.system.start_task(self._spawn(header, request))
+            self.system.start_task(self._spawn, header, request)
         elif header.kind is Kind.KILL:
             kill = kill_decoder.decode(body)
             child = self.system.child_at(kill.address)

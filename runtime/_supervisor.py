@@ -266,7 +266,8 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         if not issubclass(cls, Actor):
             raise SpawnError(f"{spec.actor} is not an Actor class")
         failures: list[str] = []
-        for place in entry.places():
+        places = entry.places()
+        for place in places:
             try:
                 ref = await self.system.spawn(
                     cls,
@@ -281,7 +282,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
                     **spec.kwargs,
                 )
             except SpawnError as err:
-                if len(entry.places()) == 1:
+                if len(places) == 1:
                     raise
                 failures.append(f"{place or 'here'}: {err}")
                 continue

@@ -61,7 +61,7 @@ from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Watch
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine, Sequence
+    from collections.abc import Callable, Coroutine, Sequence
     from types import TracebackType
 
     from ._actor import Actor
@@ -391,63 +391,27 @@ class ActorSystem:
             return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
         if start is not None:
             check_start(start, "spawn(")
-        if node is not None:
-            if inherit:
-                raise ValueError("inherit= cannot cross to another host (node=...)")
-            return await self._spawn_remote(
-                actor,
-                RemoteSpawn(
-                    actor=actor_path(actor),
-                    main=main_reference(actor),
-                    name=name,
-                    incarnation=incarnation,
-                    args=[],
-                    kwargs={},
-                    spawn_timeout=self.spawn_timeout if spawn_timeout is None else spawn_timeout,
-                    shutdown_timeout=stop_after,
-                    stall_timeout=stall_timeout,
-                    options=msgspec.Raw(body_encoder.encode(self.options)),
-                    root=self.root_address,
-                    start=start,
-                ),
-                args,
-                kwargs,
-                node,
-            )
-        return await self._spawn_process(
-            actor,
-            args,
-            kwargs,
-            name,
-            incarnation,
-            stop_after,
-            self.spawn_timeout if spawn_timeout is None else spawn_timeout,
-            stall_timeout,
-            inherit,
-            start,
-        )
-
-    @property
-    def _task_group(self) -> anyio.abc.TaskGroup:
-        if self._tg is None:
-            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
-        return self._tg
-
-    async def _spawn_process(
-        self,
-        actor: type[Actor[M]],
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        name: str,
-        incarnation: int,
-        stop_after: float,
-        timeout: float,
-        stall_timeout: float | None,
-        inherit: Sequence[int],
-        start: StartMethod | None,
-    ) -> ActorRef[M]:
+        if node is not None and inherit:
+            raise ValueError("inherit= cannot cross to another host (node=...)")
         Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
         enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
+        timeout = self.spawn_timeout if spawn_timeout is None else spawn_timeout
+        if node is not None:
+            request = RemoteSpawn(
+                actor=actor_path(actor),
+                main=main_reference(actor),
+                name=name,
+                incarnation=incarnation,
+                args=enc_args,
+                kwargs=enc_kwargs,
+                spawn_timeout=timeout,
+                shutdown_timeout=stop_after,
+                stall_timeout=stall_timeout,
+                options=msgspec.Raw(body_encoder.encode(self.options)),
+                root=self.root_address,
+                start=start,
+            )
+            return await self._spawn_remote(request, node)
         child = await self._start_process(
             actor_path(actor),
             main_reference(actor),
@@ -463,6 +427,12 @@ class ActorSystem:
             self.options,
         )
         return child.ref
+
+    @property
+    def _task_group(self) -> anyio.abc.TaskGroup:
+        if self._tg is None:
+            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
+        return self._tg
 
     async def _start_process(
         self,
@@ -536,27 +506,17 @@ class ActorSystem:
             self._task_group.start_soon(self._children.probe, child)
         return child
 
-    async def _spawn_remote(
-        self,
-        actor: type[Actor[M]],
-        request: RemoteSpawn,
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        node_name: str,
-    ) -> ActorRef[M]:
+    async def _spawn_remote(self, request: RemoteSpawn, node_name: str) -> ActorRef[Any]:
         if self.options.transport != "tcp" or self._keys is None:
             raise SpawnError(
                 "spawn(node=...) needs a system over tcp with CURVE keys "
                 "(ActorSystem(transport='tcp', keys=...)): docs/guides/multi-host.md"
             )
-        Cell.decoder_for(actor)
-        enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
-        request = msgspec.structs.replace(request, args=enc_args, kwargs=enc_kwargs)
         answer_within = request.spawn_timeout + self.options.heartbeat
         info = await find_node(self, node_name, answer_within)
         spawned = await spawn_on(self, info, request, answer_within)
         node = self.node
-        ref: ActorRef[M] = ActorRef(
+        ref: ActorRef[Any] = ActorRef(
             request.name, spawned.address, request.incarnation, info.address
         )
         remote = RemoteProcess(node, info.address, info.name, spawned.pid, spawned.address)
@@ -591,13 +551,9 @@ class ActorSystem:
             request.root,
         )
 
-    def start_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` in this system's task group (ended when the system closes)."""
-
-        async def run() -> None:
-            await coro
-
-        self._task_group.start_soon(run)
+    def start_task(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Run ``func(*args)`` in this system's task group (ended when the system closes)."""
+        self._task_group.start_soon(func, *args)
 
     def child_at(self, address: str) -> Child | None:
         """The live child whose mailbox is ``address``."""
@@ -824,8 +780,7 @@ class ActorSystem:
             child.unresponsive = reason
             child.process.kill()
         elif child.remote is not None:
-            child.unresponsive = reason
-            child.remote.signal(signal.SIGKILL, reason)
+            child.remote.signal(signal.SIGKILL, reason)  # its node makes it UNRESPONSIVE
         elif child.scope is not None:
             child.scope.cancel()
         await self._children.await_exit(child)

@@ -125,6 +125,9 @@ class TestAnActorOnAnotherHost:
             assert await system.lookup("echo") == echo
             down = await system.stop(echo)
             assert down.normal
+            stuck = await system.spawn(Echo, node="b", name="stuck")
+            killed = await system.kill(stuck, "stuck in a handler")
+            assert (killed.cause, killed.reason) == (Cause.UNRESPONSIVE, "stuck in a handler")
 
     async def test_a_remote_supervisor_answers_lookups_for_its_children(
         self, hosts: Hosts, tmp_path: Path
