@@ -483,14 +483,24 @@ def load_reply(origin: Origin, request_id: int) -> LoadReply:
     return LoadReply(origin=origin, request_id=request_id, running=0, waiting=0, step=0)
 
 
+async def worker_without_scheduler(system: ActorSystem) -> tuple[ActorRef[Any], ActorRef[Any]]:
+    """A registered worker whose scheduler is dead, and a caller for its control replies."""
+    supervisor: ActorRef[Any] = await system.spawn(RegisteringSupervisor, process=False)
+    worker = await system.spawn(TokenizerWorker, 0, supervisor, process=False)
+    scheduler: ActorRef[Any] = await system.spawn(Sink, Blocked(), process=False)
+    await system.stop(scheduler)
+    await worker.tell(Topology(scheduler=scheduler, detokenizers=[], router=None))
+    caller: ActorRef[Any] = await system.spawn(EventInbox, Events(), process=False)
+    return worker, caller
+
+
 class TestLogsCannotBeFlooded:
     async def test_requests_over_the_detokenizers_cap_log_a_few_lines(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
         async with ActorSystem() as system:
             detokenizer = await system.spawn(Detokenizer, max_states=1, process=False)
-            got: list[int] = []
-            worker: ActorRef[Any] = await system.spawn(SubBatches, got, process=False)
+            worker: ActorRef[Any] = await system.spawn(SubBatches, Steps(), process=False)
             origin = Origin(0, 1)
             await detokenizer.ask(RouteUpdate(origin=origin, ref=worker))
             with caplog.at_level(logging.WARNING, logger="tokenyard.detokenizer"):
@@ -534,13 +544,7 @@ class TestLogsCannotBeFlooded:
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
         async with ActorSystem() as system:
-            supervisor: ActorRef[Any] = await system.spawn(RegisteringSupervisor, process=False)
-            worker = await system.spawn(TokenizerWorker, 0, supervisor, process=False)
-            scheduler: ActorRef[Any] = await system.spawn(Sink, Blocked(), process=False)
-            await system.stop(scheduler)
-            await worker.tell(Topology(scheduler=scheduler, detokenizers=[], router=None))
-            events = Events()
-            caller: ActorRef[Any] = await system.spawn(EventInbox, events, process=False)
+            worker, caller = await worker_without_scheduler(system)
             with caplog.at_level(logging.WARNING, logger="tokenyard.worker"):
                 for _ in range(FLOOD):
                     await worker.tell(CheckLoad(reply_to=caller))
@@ -550,12 +554,7 @@ class TestLogsCannotBeFlooded:
 
     async def test_control_requests_while_the_scheduler_is_dead_are_bounded(self) -> None:
         async with ActorSystem() as system:
-            supervisor: ActorRef[Any] = await system.spawn(RegisteringSupervisor, process=False)
-            worker = await system.spawn(TokenizerWorker, 0, supervisor, process=False)
-            scheduler: ActorRef[Any] = await system.spawn(Sink, Blocked(), process=False)
-            await system.stop(scheduler)
-            await worker.tell(Topology(scheduler=scheduler, detokenizers=[], router=None))
-            caller: ActorRef[Any] = await system.spawn(EventInbox, Events(), process=False)
+            worker, caller = await worker_without_scheduler(system)
             for _ in range(MAX_PENDING_CONTROL + 500):
                 await worker.tell(CheckLoad(reply_to=caller))
             stats = await worker.ask(GetWorkerStats())
