@@ -31,6 +31,7 @@ import asyncio
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,14 +175,32 @@ def _percentiles(
     ]
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """What one run measures, from the options (quick or ``--full``)."""
+
+    rounds: int
+    counts: dict[str, int]
+    losses: int
+    heartbeats: tuple[float, ...]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> _Sizes:
+        return cls(
+            rounds=args.rounds or (5 if args.full else 3),
+            counts={
+                "messages": pick(args, "messages", 20_000, 100_000),
+                "asks": pick(args, "asks", 2_000, 10_000),
+            },
+            losses=pick(args, "losses", 4, 10),
+            heartbeats=args.heartbeats or (1.0, 5.0),
+        )
+
+
 async def _measure(
-    args: argparse.Namespace, progress: Progress, hosts: Hosts, workdir: Path
+    sizes: _Sizes, progress: Progress, hosts: Hosts, workdir: Path
 ) -> tuple[list[Figure], dict[float, list[tuple[str, float]]]]:
-    rounds = args.rounds or (5 if args.full else 3)
-    counts = {
-        "messages": pick(args, "messages", 20_000, 100_000),
-        "asks": pick(args, "asks", 2_000, 10_000),
-    }
+    rounds, counts = sizes.rounds, sizes.counts
     figures: list[Figure] = []
     root = _Root(hosts, workdir / "keys")
     for prefix, label, role in VARIANTS:
@@ -211,8 +230,8 @@ async def _measure(
         figures += _percentiles(f"{prefix}.ask", label, ASK, asks, "us", role)
         progress.advance()
     losses: dict[float, list[tuple[str, float]]] = {}
-    for heartbeat in args.heartbeats or (1.0, 5.0):
-        n = pick(args, "losses", 4, 10)
+    for heartbeat in sizes.heartbeats:
+        n = sizes.losses
         for i in range(n):
             kind = LOSS_KINDS[i % len(LOSS_KINDS)]
             progress.step(f"heartbeat {heartbeat:g} s: node {kind} {i + 1}/{n}")
@@ -302,21 +321,19 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     if os.geteuid() != 0:
         raise SystemExit("the multihost suite makes a network namespace: run it as root")
     start = time.monotonic()
-    heartbeats = args.heartbeats or (1.0, 5.0)
-    losses_each = pick(args, "losses", 4, 10)
-    progress.begin(len(VARIANTS) + losses_each * len(heartbeats))
+    sizes = _Sizes.of(args)
+    progress.begin(len(VARIANTS) + sizes.losses * len(sizes.heartbeats))
     with two_hosts() as hosts, tempfile.TemporaryDirectory(prefix="tokenyard-bench-") as tmp:
-        figures, losses = asyncio.run(_measure(args, progress, hosts, Path(tmp)))
+        figures, losses = asyncio.run(_measure(sizes, progress, hosts, Path(tmp)))
     figures += _loss_figures(losses)
     return SuiteResult(
         suite="multihost",
         duration_s=round(time.monotonic() - start, 2),
         params={
-            "messages": pick(args, "messages", 20_000, 100_000),
-            "asks": pick(args, "asks", 2_000, 10_000),
-            "losses": losses_each,
-            "heartbeats": ",".join(f"{h:g}" for h in heartbeats),
-            "rounds": args.rounds or (5 if args.full else 3),
+            **sizes.counts,
+            "losses": sizes.losses,
+            "heartbeats": ",".join(f"{h:g}" for h in sizes.heartbeats),
+            "rounds": sizes.rounds,
             "full": bool(args.full),
         },
         figures=figures,
