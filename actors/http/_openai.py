@@ -25,10 +25,9 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool | None = None
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The body of ``POST /v1/completions``."""
+class _Sampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields both request bodies share: the model, how much to generate and how."""
 
-    prompt: str | list[str | int | list[int]]
     model: str | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
@@ -47,6 +46,13 @@ class CompletionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
+    """The body of ``POST /v1/completions``."""
+
+    prompt: str | list[str | int | list[int]]
+    # Accepted at their neutral value only.
     logprobs: int | None = None
     echo: bool | None = None
     best_of: int | None = None
@@ -75,29 +81,12 @@ class ResponseFormat(msgspec.Struct):
     type: str
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True):
     """The body of ``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage]
-    model: str | None = None
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stop: str | list[str] | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    n: int | None = None
-    user: str | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool | None = None
-    include_stop_str_in_output: bool | None = None
     # Accepted at their neutral value only.
-    top_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
