@@ -100,7 +100,7 @@ class AddressPolicy:
         self.any_tcp = any_tcp
         self._ipc_prefix = f"ipc://{os.path.realpath(ipc_dir)}/" if ipc_dir else None
         self._raw_prefix = f"ipc://{ipc_dir}/" if ipc_dir else None
-        self.tcp_hosts = set(tcp_hosts)
+        self.tcp_hosts = tcp_hosts
         #: Addresses already judged (an ask's reply address is checked on every ask).
         self._known: dict[str, bool] = {}
 
