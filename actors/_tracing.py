@@ -1,13 +1,14 @@
-"""Trace context through the pipeline: a request's W3C ``traceparent`` rides in the
-pipeline's own messages, and each hop records a span with the OpenTelemetry API.
+"""Trace context through the pipeline: a request's W3C ``traceparent`` rides in the frame
+header of the tells that carry the request, and each hop records a span with the
+OpenTelemetry API.
 
-Where the context travels, and why there: as a field of the messages that carry the
-request (``TokenizedGenerate.traceparent``; ``traceparents``, one per request, in
-``BatchTokenIDOutput`` and ``BatchStrOutput``), not in the frame header. The pipeline's
-hot path is all tells, which have no header frame (a header would add a frame and a
-decode to every message), and one batch carries many requests, each of its own trace: only
-a per-request field can say whose is whose. Untraced, each field is ``None``: one byte on
-the wire, nothing to split.
+Where the context travels: in the runtime's frame header (``trace=`` on ``tell``, read by
+the handler with `runtime.current_trace`), so the pipeline's messages carry no tracing
+field. The worker's `TokenizedGenerate` carries one context; a step's `BatchTokenIDOutput`
+and each worker's `BatchStrOutput` carry one per request, in the batch's ``rids`` order
+(``""`` for an untraced request), since one batch holds many requests, each of its own
+trace. A step with no traced request sends no context: its tells are one frame, as they
+are with tracing off.
 
 The hops: the worker (``tokenyard.worker``, from admission to the request's end, child of
 the HTTP request's ``traceparent`` header when it has one), the scheduler
@@ -119,7 +120,8 @@ def start(name: str, parent: str | None, **attributes: Any) -> Span | None:
 
 
 def start_child(name: str, parent: str | None, **attributes: Any) -> Span | None:
-    """Start a span only if ``parent`` is given (a hop inside a traced request)."""
-    if parent is None:
+    """Start a span only if ``parent`` is given (a hop inside a traced request; ``""`` is
+    no parent)."""
+    if not parent:
         return None
     return start(name, parent, **attributes)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime import Actor, ActorRef, MailboxFullError, TokenyardError, handler
+from runtime import Actor, ActorRef, MailboxFullError, TokenyardError, current_trace, handler
 from runtime._throttle import Throttle
 
 from . import _metrics, _tracing
@@ -61,7 +61,7 @@ logger = logging.getLogger("tokenyard.detokenizer")
 # Per-request fields that pass from the engine's batch to the text batch unchanged, found by
 # name so a field added to both batch types is carried with no edit here. The rest of
 # BatchStrOutput (text, ids, finish reasons, errors) is what the detokenizer computes.
-_COMPUTED = frozenset({"finished_reasons", "output_strs", "output_ids", "errors", "traceparents"})
+_COMPUTED = frozenset({"finished_reasons", "output_strs", "output_ids", "errors"})
 _CARRIED = tuple(
     field.name
     for field in msgspec.structs.fields(BatchStrOutput)
@@ -78,7 +78,8 @@ class _Backlog:
     """Sub-batches waiting for one worker whose mailbox was full, oldest first."""
 
     since: float
-    queue: deque[BatchStrOutput] = field(default_factory=deque)
+    #: Each sub-batch with its requests' trace contexts (the tell's header).
+    queue: deque[tuple[BatchStrOutput, tuple[str, ...]]] = field(default_factory=deque)
 
 
 class Detokenizer(Actor[DetokenizerMessage]):
@@ -240,20 +241,24 @@ class Detokenizer(Actor[DetokenizerMessage]):
         pieces: list[str],
         reasons: list[str | None],
         errors: list[str | None],
-        traces: list[str | None] | None,
+        traces: list[str] | None,
     ) -> None:
-        """Build the step's one text batch and tell each worker its own sub-batch."""
+        """Build the step's one text batch and tell each worker its own sub-batch (with its
+        requests' trace contexts, when the step has a traced one)."""
         part = msg if len(kept) == len(msg.rids) else msg.select(kept)
         out = BatchStrOutput(
             finished_reasons=reasons,
             output_strs=pieces,
             output_ids=part.decode_ids,
             errors=errors if any(e is not None for e in errors) else None,
-            traceparents=traces,
             **{name: getattr(part, name) for name in _CARRIED},
         )
+        by_origin: dict[Origin, list[str]] = {}
+        if traces is not None:
+            for origin, trace in zip(out.origins, traces, strict=True):
+                by_origin.setdefault(origin, []).append(trace)
         for origin, sub in out.group(out.origins).items():
-            await self._deliver(origin, sub)
+            await self._deliver(origin, sub, tuple(by_origin.get(origin, ())))
 
     def _detokenize(
         self, msg: BatchTokenIDOutput
@@ -263,14 +268,15 @@ class Detokenizer(Actor[DetokenizerMessage]):
         list[str | None],
         list[str | None],
         list[Abort],
-        list[str | None] | None,
+        list[str] | None,
     ]:
         """Advance every routed request's state.
 
         Returns:
             The indices of the entries to send, and for each its text piece, finish reason
             and error; the aborts to send to the scheduler; and each sent entry's trace
-            context (``None`` when no request of the step is traced).
+            context (``None`` when the step came with none: `runtime.current_trace`, one
+            per entry; a count that does not match the entries is ignored).
         """
         states = self.states
         routes = self._routes
@@ -280,8 +286,10 @@ class Detokenizer(Actor[DetokenizerMessage]):
         reasons: list[str | None] = []
         errors: list[str | None] = []
         aborts: list[Abort] = []
-        incoming = msg.traceparents
-        traces: list[str | None] | None = None if incoming is None else []
+        incoming = current_trace()
+        if len(incoming) != len(msg.rids):
+            incoming = ()
+        traces: list[str] | None = [] if incoming else None
         for i, (origin, rid, reason) in enumerate(
             zip(msg.origins, msg.rids, msg.finished_reasons, strict=True)
         ):
@@ -318,12 +326,13 @@ class Detokenizer(Actor[DetokenizerMessage]):
             pieces.append(piece)
             reasons.append(reason)
             errors.append(error)
-            if traces is not None and incoming is not None:
+            if traces is not None:
                 traces.append(self._trace(key, incoming[i], reason))
         return kept, pieces, reasons, errors, aborts, traces
 
-    def _trace(self, key: tuple[Origin, str], parent: str | None, reason: str | None) -> str | None:
-        """The request's trace context here: its span, from its first output to its last."""
+    def _trace(self, key: tuple[Origin, str], parent: str, reason: str | None) -> str:
+        """The request's trace context here ("": untraced): its span, from its first output
+        to its last."""
         span = self._spans.get(key)
         if span is None:
             span = _tracing.start_child("tokenyard.detokenizer", parent, rid=key[1])
@@ -333,7 +342,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         if reason is not None:
             del self._spans[key]
             span.end(finish_reason=reason)
-        return span.traceparent
+        return span.traceparent or ""
 
     def _create(
         self, msg: BatchTokenIDOutput, i: int, origin: Origin, rid: str
@@ -370,7 +379,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
                 self._aborting.warning("could not tell the scheduler %r: %s", abort, err)
                 return
 
-    async def _deliver(self, origin: Origin, sub: BatchStrOutput) -> None:
+    async def _deliver(self, origin: Origin, sub: BatchStrOutput, trace: tuple[str, ...]) -> None:
         """Tell ``origin`` its sub-batch now, or queue it behind what already waits."""
         ref = self._routes.get(origin)
         if ref is None or origin in self._stuck:
@@ -379,7 +388,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         backlog = self._backlogs.get(origin)
         if backlog is None:
             try:
-                if ref.try_tell(sub):
+                if ref.try_tell(sub, trace=trace):
                     return
             except TokenyardError as err:
                 # A dead worker: its supervisor drops the route and resolves its requests.
@@ -393,7 +402,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
                 origin, f"its output backlog reached max_backlog={self._max_backlog}"
             )
             return
-        backlog.queue.append(sub)
+        backlog.queue.append((sub, trace))
 
     async def _drain(
         self, origin: Origin, ref: ActorRef[BatchStrOutput], backlog: _Backlog
@@ -401,7 +410,8 @@ class Detokenizer(Actor[DetokenizerMessage]):
         """Deliver ``origin``'s backlog in order as it takes it (a task per full worker)."""
         try:
             while backlog.queue:
-                await ref.tell(backlog.queue[0], timeout=self._deliver_timeout)
+                sub, trace = backlog.queue[0]
+                await ref.tell(sub, timeout=self._deliver_timeout, trace=trace)
                 backlog.queue.popleft()
         except MailboxFullError:
             await self._report_stuck(

@@ -149,8 +149,8 @@ class TokenizedGenerate(Message, array_like=True):
         sampling: What to generate.
         detokenizer: Which detokenizer its output goes through for its whole life (the
             worker spreads its requests over them).
-        traceparent: The W3C trace context of the request's span at its worker (``None``:
-            not traced; `actors._tracing`).
+
+    A traced request's context travels in the tell's frame header (`actors._tracing`).
     """
 
     rid: str
@@ -158,7 +158,6 @@ class TokenizedGenerate(Message, array_like=True):
     input_ids: list[int]
     sampling: SamplingParams
     detokenizer: int = 0
-    traceparent: str | None = None
 
 
 class Abort(Message):
@@ -246,8 +245,9 @@ class BatchTokenIDOutput(Batch, array_like=True, gc=False):
             (e.g. an image token) after expansion, or ``None`` for a request without any.
         placeholder_tokens_val: Per request, how many padded tokens each placeholder
             expanded to, index-aligned with ``placeholder_tokens_idx``.
-        traceparents: Per request, the W3C trace context of its span at the scheduler
-            (``None`` for an untraced one; the whole field ``None`` when none is traced).
+
+    Its requests' trace contexts travel in the tell's frame header, one per request in
+    ``rids`` order (`actors._tracing`).
     """
 
     shared_fields: ClassVar[tuple[str, ...]] = ("step",)
@@ -283,7 +283,6 @@ class BatchTokenIDOutput(Batch, array_like=True, gc=False):
     spec_verify_ct: list[int] | None = None
     placeholder_tokens_idx: list[list[int] | None] | None = None
     placeholder_tokens_val: list[list[int] | None] | None = None
-    traceparents: list[str | None] | None = None
 
 
 class BatchStrOutput(Batch, array_like=True, gc=False):
@@ -323,8 +322,9 @@ class BatchStrOutput(Batch, array_like=True, gc=False):
         output_token_ids_logprobs_val: Log probabilities of the token ids the request named,
             over the new output.
         output_token_ids_logprobs_idx: The token ids those values belong to.
-        traceparents: Per request, the W3C trace context of its span at the detokenizer
-            (``None`` for an untraced one; the whole field ``None`` when none is traced).
+
+    Its requests' trace contexts travel in the tell's frame header, as for
+    `BatchTokenIDOutput`.
     """
 
     shared_fields: ClassVar[tuple[str, ...]] = ("step",)
@@ -353,7 +353,6 @@ class BatchStrOutput(Batch, array_like=True, gc=False):
     input_token_ids_logprobs_idx: list[list[int]] | None = None
     output_token_ids_logprobs_val: list[list[float]] | None = None
     output_token_ids_logprobs_idx: list[list[int]] | None = None
-    traceparents: list[str | None] | None = None
 
 
 class BatchEmbeddingOutput(Batch, array_like=True):

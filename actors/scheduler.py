@@ -32,10 +32,11 @@ import random
 import time
 from array import array
 from collections import OrderedDict
+from typing import NamedTuple
 
 import anyio
 
-from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
+from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, current_trace, handler
 from runtime._throttle import Throttle
 
 from . import _metrics, _tracing
@@ -82,13 +83,24 @@ class _Request:
         "rng",
         "span",
         "stop_ids",
+        "trace",
     )
 
-    def __init__(self, msg: TokenizedGenerate, rng: random.Random, stop_ids: frozenset[int]):
+    def __init__(
+        self,
+        msg: TokenizedGenerate,
+        rng: random.Random,
+        stop_ids: frozenset[int],
+        parent: str | None,
+    ) -> None:
         self.msg = msg
         self.queued_at = time.monotonic()
-        #: Its span here, when its worker traces it (`actors._tracing`).
-        self.span = _tracing.start_child("tokenyard.scheduler", msg.traceparent, rid=msg.rid)
+        #: Its span here, when its worker traces it: the child of the context its tell
+        #: came with (`actors._tracing`).
+        self.span = _tracing.start_child("tokenyard.scheduler", parent, rid=msg.rid)
+        #: What its entries' trace context is ("": untraced): its span's, or, with tracing
+        #: off here, the one it came with, passed on untouched.
+        self.trace = parent or "" if self.span is None else self.span.traceparent or ""
         self.rng = rng
         self.stop_ids = stop_ids
         self.completion = 0  # ids generated, all of them sent: one per step
@@ -99,6 +111,14 @@ class _Request:
     def end_span(self, reason: str) -> None:
         if self.span is not None:
             self.span.end(finish_reason=reason, completion_tokens=self.completion)
+
+
+class _Share(NamedTuple):
+    """One detokenizer's share of a step: the batch, and the trace contexts of its requests
+    in its order (empty when none is traced), told in the frame header."""
+
+    batch: BatchTokenIDOutput
+    trace: tuple[str, ...]
 
 
 class _Columns:
@@ -116,8 +136,8 @@ class _Columns:
         self.prompt: list[int] = []
         self.completion: list[int] = []
         self.cached: list[int] = []
-        #: Each request's trace context, made only once a traced request is added.
-        self.traces: list[str | None] | None = None
+        #: Each request's trace context ("": untraced), made once a traced one is added.
+        self.traces: list[str] | None = None
 
     def add(self, req: _Request, ids: list[int], reason: str | None) -> None:
         """Add ``req``'s entry: ``ids`` are new since its previous entry (counted already)."""
@@ -133,15 +153,14 @@ class _Columns:
         self.prompt.append(len(msg.input_ids))
         self.completion.append(req.completion)
         self.cached.append(req.cached)
-        span = req.span
-        if span is not None and self.traces is None:
-            self.traces = [None] * (len(self.rids) - 1)
+        if req.trace and self.traces is None:
+            self.traces = [""] * (len(self.rids) - 1)
         if self.traces is not None:
-            self.traces.append(None if span is None else span.traceparent)
+            self.traces.append(req.trace)
 
-    def batch(self, step: int) -> BatchTokenIDOutput:
-        """The step's message."""
-        return BatchTokenIDOutput(
+    def batch(self, step: int) -> _Share:
+        """The step's message, and its requests' trace contexts."""
+        batch = BatchTokenIDOutput(
             rids=self.rids,
             origins=self.origins,
             finished_reasons=self.reasons,
@@ -155,8 +174,8 @@ class _Columns:
             completion_tokens=self.completion,
             cached_tokens=self.cached,
             step=step,
-            traceparents=self.traces,
         )
+        return _Share(batch, () if self.traces is None else tuple(self.traces))
 
 
 class Scheduler(Actor[SchedulerMessage]):
@@ -229,7 +248,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._undelivered = 0
         self._retry_after = retry_after
         #: The step's batches not yet taken, by detokenizer; steps pause until all are.
-        self._held: dict[int, BatchTokenIDOutput] = {}
+        self._held: dict[int, _Share] = {}
         #: Set when a Topology names another detokenizer, or AbortAll drops the held step.
         self._retarget = anyio.Event()
         self._holding = Throttle(logger)
@@ -295,7 +314,10 @@ class Scheduler(Actor[SchedulerMessage]):
             logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
             self._router.put(AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal))
             return
-        self._waiting[key] = _Request(msg, self._rng(msg), self._stop_ids(msg.sampling))
+        trace = current_trace()
+        self._waiting[key] = _Request(
+            msg, self._rng(msg), self._stop_ids(msg.sampling), trace[0] if trace else None
+        )
         self._wake.set()
 
     @handler
@@ -343,7 +365,7 @@ class Scheduler(Actor[SchedulerMessage]):
                 dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
         self._reports = [req for req in self._reports if not hit(req)]
         for index in [j for j in self._held if which is None or j == which]:
-            held = self._held.pop(index)
+            held = self._held.pop(index).batch
             for origin, rid, reason in zip(
                 held.origins, held.rids, held.finished_reasons, strict=True
             ):
@@ -467,13 +489,14 @@ class Scheduler(Actor[SchedulerMessage]):
         while self._held:
             self._retarget = anyio.Event()
             waiting_for_successor = False
-            for index, batch in list(self._held.items()):
+            for index, share in list(self._held.items()):
+                batch, trace = share
                 detokenizer = self._detokenizers[index] if index < len(self._detokenizers) else None
                 try:
                     if detokenizer is None:
                         raise ActorDeadError(f"detokenizer {index} is restarting")
-                    if not detokenizer.try_tell(batch):
-                        await detokenizer.tell(batch, timeout=self._retry_after)
+                    if not detokenizer.try_tell(batch, trace=trace):
+                        await detokenizer.tell(batch, timeout=self._retry_after, trace=trace)
                 except ActorDeadError as err:
                     self._undelivered += 1
                     waiting_for_successor = True
@@ -487,7 +510,7 @@ class Scheduler(Actor[SchedulerMessage]):
                         "step %d held: detokenizer %d does not take it: %s", batch.step, index, err
                     )
                     continue
-                if self._held.get(index) is batch:
+                if self._held.get(index) is share:
                     del self._held[index]
             if not self._held:
                 return
@@ -497,7 +520,7 @@ class Scheduler(Actor[SchedulerMessage]):
                 with anyio.move_on_after(self._retry_after):
                     await self._retarget.wait()
 
-    def _step(self) -> dict[int, BatchTokenIDOutput]:
+    def _step(self) -> dict[int, _Share]:
         """Admit, generate one token per running request, and build the step's batches,
         one per detokenizer that has a request in it.
 

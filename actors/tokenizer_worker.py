@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, handler
+from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, current_trace, handler
 from runtime._throttle import Throttle
 
 from . import _metrics, _tracing
@@ -95,6 +95,8 @@ class _Request:
     last_output: float = 0.0
     #: Its span here, while it is traced (`actors._tracing`).
     span: _tracing.Span | None = None
+    #: The trace context its tell to the scheduler carries (empty: untraced).
+    trace: tuple[str, ...] = ()
 
     def end_span(self, reason: str, completion_tokens: int = 0) -> None:
         if self.span is not None:
@@ -336,15 +338,17 @@ class TokenizerWorker(Actor[WorkerMessage]):
         span = _tracing.start(
             "tokenyard.worker", traceparent, rid=rid, worker=self.worker_id, prompt_tokens=len(ids)
         )
-        tokenized = TokenizedGenerate(
-            rid=rid,
-            origin=self.origin,
-            input_ids=ids,
-            sampling=sampling,
-            traceparent=traceparent if span is None else span.traceparent,
-        )
+        tokenized = TokenizedGenerate(rid=rid, origin=self.origin, input_ids=ids, sampling=sampling)
+        # Untraced here, a context that came in is passed on as it is.
+        context = traceparent if span is None else span.traceparent
         request = self.requests[rid] = _Request(
-            reply_to, stream, len(ids), tokenized, admitted=time.monotonic(), span=span
+            reply_to,
+            stream,
+            len(ids),
+            tokenized,
+            admitted=time.monotonic(),
+            span=span,
+            trace=(context,) if context else (),
         )
         await self._forward(request)
 
@@ -384,7 +388,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         request.tokenized, request.scheduler = None, scheduler
         request.detokenizer = self.detokenizers[index] if self.detokenizers else None
         try:
-            await scheduler.tell(tokenized)
+            await scheduler.tell(tokenized, trace=request.trace)
         except ActorDeadError as err:
             request.tokenized, request.scheduler = tokenized, None
             logger.debug(
@@ -426,6 +430,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         by_caller: dict[ActorRef[RequestOutputs] | LocalSink, list[RequestOutput]] = {}
         errors = msg.errors
         now = time.monotonic()
+        traces = current_trace()  # one per entry when the step has a traced request
+        if len(traces) != len(msg.rids):
+            traces = ()
         for i, rid in enumerate(msg.rids):
             request = self.requests.get(rid)
             if request is None:
@@ -484,9 +491,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 del self.requests[rid]
                 self.finished += 1
                 self._finished(request, finish, msg.completion_tokens[i], now)
-                if msg.traceparents is not None:
+                if traces:
                     # Back where it started: the last hop's span, child of the detokenizer's.
-                    back = _tracing.start_child("tokenyard.worker.respond", msg.traceparents[i])
+                    back = _tracing.start_child("tokenyard.worker.respond", traces[i])
                     if back is not None:
                         back.end()
                 request.end_span(finish, msg.completion_tokens[i])

@@ -166,8 +166,6 @@ class StepObj:
     spec_verify_ct: list[int] | None
     placeholder_tokens_idx: list[list[int] | None] | None
     placeholder_tokens_val: list[list[int] | None] | None
-    #: Trace context per request (SGLang's tracing rides elsewhere: the same data here).
-    traceparents: list[str | None] | None
 
 
 def as_obj(step: BatchTokenIDOutput) -> StepObj:
@@ -237,7 +235,6 @@ def request_at(b: StepObj, i: int) -> StepObj:
         # SGLang 0.5.3 does not split these: each one-request copy carries none.
         placeholder_tokens_idx=None,
         placeholder_tokens_val=None,
-        traceparents=None if b.traceparents is None else [b.traceparents[i]],
     )
 
 

@@ -13,6 +13,7 @@ from ._batch import Batch as Batch
 from ._collector import CollectorMessage as CollectorMessage
 from ._collector import GetMetrics as GetMetrics
 from ._collector import MetricsCollector as MetricsCollector
+from ._context import current_trace as current_trace
 from ._credentials import Credentials as Credentials
 from ._errors import ActorDeadError as ActorDeadError
 from ._errors import ActorNotFoundError as ActorNotFoundError
@@ -93,6 +94,7 @@ __all__ = (
     "TokenyardError",
     "Watch",
     "WhichChildren",
+    "current_trace",
     "handler",
 )
 

@@ -19,12 +19,12 @@ import anyio
 
 from ._actor import handler_table
 from ._codec import MailboxDecoder
-from ._context import handling_address
+from ._context import enter_trace, handling_address, leave_trace
 from ._errors import ProtocolError, TokenyardError, sole_error
 from ._mailbox import Envelope
 from ._message import type_path
 from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
-from ._protocol import ErrorBody, Header, Kind, LookupQuery, LookupReply
+from ._protocol import HANDLED_KINDS, ErrorBody, Header, Kind, LookupQuery, LookupReply
 from ._stats import ActorMetrics
 from ._throttle import Throttle
 
@@ -226,10 +226,10 @@ class Cell:
                     raise actor._failure
                 continue
             assert isinstance(item, Envelope)
-            asked = item.header.kind is Kind.ASK
+            handled = item.header.kind in HANDLED_KINDS
             stop = await self._handle_framed(item) or stop
             ended = clock()
-            if asked:
+            if handled:
                 took = ended - started
                 slots[(took // 1000).bit_length()] += 1
                 spent += took
@@ -250,7 +250,11 @@ class Cell:
         mailbox.take(item)
         header = item.header
         kind = header.kind
-        if kind is Kind.ASK:
+        if kind is Kind.TELL:
+            await self._handle_traced(item)
+            if actor._failure is not None:
+                raise actor._failure
+        elif kind is Kind.ASK:
             await self._handle_ask(item)
             if actor._failure is not None:
                 raise actor._failure
@@ -269,6 +273,23 @@ class Cell:
             await self._reply(header, LookupReply(ref=found))
         return None
 
+    async def _handle_traced(self, envelope: Envelope) -> None:
+        """A tell with trace context: its handler runs with the context current."""
+        msg = envelope.message
+        if msg is None:  # refused on arrival (counted and logged there)
+            return
+        fn, is_async = self._handlers[type(msg)]
+        token = enter_trace(envelope.header.trace)
+        try:
+            if is_async:
+                await fn(msg)
+            else:
+                fn(msg)
+        except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
+            self._handler_failed(msg, err)
+        finally:
+            leave_trace(token)
+
     async def _handle_ask(self, envelope: Envelope) -> None:
         header, msg = envelope.header, envelope.message
         if msg is None:
@@ -276,6 +297,7 @@ class Cell:
             await self._reply_error(header, refusal)
             return
         fn, is_async = self._handlers[type(msg)]
+        token = enter_trace(header.trace) if header.trace else None
         try:
             result = await fn(msg) if is_async else fn(msg)
         except Exception as err:  # noqa: BLE001 - the asker gets the error as data
@@ -283,6 +305,9 @@ class Cell:
             logger.debug("%s: handler of %s raised", self.mailbox.owner, type(msg).__name__)
             await self._reply_error(header, ErrorBody.of(err))
             return
+        finally:
+            if token is not None:
+                leave_trace(token)
         await self._reply(header, result)
 
     async def _reply(self, header: Header, result: object) -> None:

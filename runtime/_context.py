@@ -1,8 +1,11 @@
-"""Which node sends for the running code: the bottom of the runtime, importing none of it.
+"""Which node sends for the running code, and for which trace: the bottom of the runtime, importing none of it.
 
 Refs find the node of their process here, so ``_ref`` needs nothing above it. A node makes
 itself current when its system opens; code running in tasks the system did not start (a
 web framework's request handlers) falls back to the most recently opened node.
+
+The trace context of the message being handled lives here too: the cell sets it around a
+traced message's handler, and `current_trace` reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._errors import MailboxClosedError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._message import Message
+
+#: A tell as it goes on the wire: one frame, or a header and the body when it is traced.
+Frames = bytes | tuple[bytes | bytearray, bytes]
 
 
 class RefLike(Protocol):
@@ -49,15 +57,17 @@ class Sender(Protocol):
         """Whether the node's system has closed."""
         ...
 
-    def try_tell(self, ref: RefLike, msg: Message) -> bytes | None:
-        """Send a tell if the mailbox has room now; else return the encoded frame."""
+    def try_tell(self, ref: RefLike, msg: Message, trace: Sequence[str] = ()) -> Frames | None:
+        """Send a tell if the mailbox has room now; else return its encoded frames."""
         ...
 
-    async def tell_when_room(self, ref: RefLike, frame: bytes, timeout: float | None) -> None:
+    async def tell_when_room(self, ref: RefLike, frames: Frames, timeout: float | None) -> None:
         """Send an encoded tell, waiting while the mailbox is full."""
         ...
 
-    async def ask(self, ref: RefLike, msg: Message, timeout: float) -> Any:
+    async def ask(
+        self, ref: RefLike, msg: Message, timeout: float, trace: Sequence[str] = ()
+    ) -> Any:
         """Ask and wait for the reply."""
         ...
 
@@ -71,6 +81,27 @@ _open: list[Sender] = []
 
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
 handling_address: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_handling")
+
+#: The trace context of the message whose handler is running (set only around a traced one).
+_trace: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "tokenyard_trace", default=()
+)
+#: Set `_trace` for a traced message's handler; the token resets it after.
+enter_trace = _trace.set
+leave_trace = _trace.reset
+
+
+def current_trace() -> tuple[str, ...]:
+    """The trace context the message being handled came with, from its frame header.
+
+    What a sender passed as ``trace=`` to ``tell`` or ``ask``: one W3C ``traceparent`` for
+    a message about one request, one per request for a batch, in the order the batch lists
+    them (``""`` for an untraced one). The runtime carries it and never reads it.
+
+    Returns:
+        The contexts; empty when the message came with none, or outside a handler.
+    """
+    return _trace.get()
 
 
 def current_node() -> Sender:

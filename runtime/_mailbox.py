@@ -18,6 +18,7 @@ import zmq
 from ._errors import ProtocolError
 from ._message import Message
 from ._protocol import (
+    HANDLED_KINDS,
     HEADER_MARK,
     MAX_FRAMES,
     ErrorBody,
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
     from ._codec import MailboxDecoder
 
 #: Kinds a mailbox reads (the rest go to a node's reply inbox).
-_MAILBOX_KINDS = frozenset({Kind.ASK, Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.FLUSH, Kind.METRICS})
+_MAILBOX_KINDS = frozenset(
+    {Kind.ASK, Kind.TELL, Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.FLUSH, Kind.METRICS}
+)
 
 
 class MailboxStatistics(Message):
@@ -69,7 +72,8 @@ class Envelope:
 
     Attributes:
         header: The header.
-        message: The decoded body of an ask or a lookup; ``None`` for other kinds.
+        message: The decoded body of an ask, a traced tell or a lookup; ``None`` for other
+            kinds.
         refusal: Why an ask's body was refused (the asker is told, not left waiting).
         size: Bytes it arrived as.
     """
@@ -219,6 +223,12 @@ class Mailbox:
             except Exception as err:  # noqa: BLE001
                 self.reject(err, body)
                 return None
+        if header.kind is Kind.TELL:
+            try:
+                return Envelope(header, size, self._decode(body))
+            except Exception as err:  # noqa: BLE001 - as for an untraced tell
+                self.reject(err, body)
+                return None
         if header.kind is not Kind.ASK:
             return Envelope(header, size)
         if not header.reply_to:
@@ -246,10 +256,11 @@ class Mailbox:
         return msg
 
     def take(self, envelope: Envelope) -> None:
-        """Take a framed message off the queue (an ask's handler counts as opened)."""
+        """Take a framed message off the queue (an ask's or a traced tell's handler counts
+        as opened)."""
         self._queued -= 1
         self._queued_bytes -= envelope.size
-        if envelope.message is not None and envelope.header.kind is Kind.ASK:
+        if envelope.message is not None and envelope.header.kind in HANDLED_KINDS:
             self._opened += 1
 
     def fail(self) -> None:

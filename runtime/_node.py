@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -72,9 +73,9 @@ from ._transport import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Container
+    from collections.abc import Callable, Container, Sequence
 
-    from ._context import RefLike
+    from ._context import Frames, RefLike
 
 logger = logging.getLogger("tokenyard.node")
 #: How many dead addresses a node remembers (to refuse sends to them).
@@ -278,25 +279,33 @@ class Node:
                 reason=down.reason,
             )
 
-    def try_tell(self, ref: RefLike, msg: Message) -> bytes | None:
-        """Encode and send a one-way message (one frame) if its queue has room now.
+    def try_tell(self, ref: RefLike, msg: Message, trace: Sequence[str] = ()) -> Frames | None:
+        """Encode and send a one-way message if its queue has room now: one frame, or a
+        ``TELL`` header and the body when it carries ``trace``.
 
         Returns:
-            ``None`` when sent; else the encoded frame, for `tell_when_room` to wait with.
+            ``None`` when sent; else the encoded frames, for `tell_when_room` to wait with.
         """
         address = ref.address
         if address not in self._known:
             self._learn(ref)
         if self._dead and address in self._dead:
             self.check_alive(ref)
-        frame = _encode(msg)
-        if self.outbox.try_send(address, frame):
+        body = _encode(msg)
+        if trace:
+            frames = (self.header(Kind.TELL, trace=trace), body)
+            return None if self.outbox.try_send_frames(address, frames) else frames
+        if self.outbox.try_send(address, body):
             return None
-        return frame
+        return body
 
-    async def tell_when_room(self, ref: RefLike, frame: bytes, timeout: float | None) -> None:
+    async def tell_when_room(self, ref: RefLike, frames: Frames, timeout: float | None) -> None:
         """Send an encoded tell, waiting while its mailbox is full (failing if it dies)."""
-        await self.outbox.send(ref.address, frame, timeout, lambda: self.check_alive(ref))
+        check = functools.partial(self.check_alive, ref)
+        if isinstance(frames, bytes):
+            await self.outbox.send(ref.address, frames, timeout, check)
+        else:
+            await self.outbox.send_frames(ref.address, frames, timeout, check)
 
     def _learn(self, ref: RefLike) -> None:
         """First message to an address: subscribe to its death if another node owns it."""
@@ -324,13 +333,25 @@ class Node:
         if pending is not None and pending.timer is not None:
             pending.timer.cancel()
 
-    def header(self, kind: Kind, corr: int = 0, body_type: str = "") -> bytearray:
-        """An encoded header from this node, with the cookie."""
+    def header(
+        self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
+    ) -> bytearray:
+        """An encoded header from this node, with the cookie (and trace context, if any)."""
         return encode_header(
-            Header(kind, corr, self.reply_address, self.name, body_type, cookie=self.cookie)
+            Header(
+                kind,
+                corr,
+                self.reply_address,
+                self.name,
+                body_type,
+                cookie=self.cookie,
+                trace=tuple(trace),
+            )
         )
 
-    async def ask(self, ref: RefLike, msg: Message, timeout: float) -> Any:
+    async def ask(
+        self, ref: RefLike, msg: Message, timeout: float, trace: Sequence[str] = ()
+    ) -> Any:
         """Send ``msg`` with a correlation id and wait for the matching reply."""
         self.check_alive(ref)
         if handling_address.get(None) == ref.address:
@@ -343,7 +364,7 @@ class Node:
         try:
             await self.outbox.send_frames(
                 ref.address,
-                (self.header(Kind.ASK, corr), _encode(msg)),
+                (self.header(Kind.ASK, corr, trace=trace), _encode(msg)),
                 timeout,
                 lambda: self.check_alive(ref),
             )

@@ -1,8 +1,9 @@
 """The runtime's wire protocol on one screen: frame kinds, the header, the control bodies and
 the one death record.
 
-A ``tell`` travels as one frame: the msgpack body alone. Everything else (asks, replies,
-control) travels as ``[header, body, *buffers]`` so a router can read the header and pass the
+A ``tell`` travels as one frame: the msgpack body alone, unless it carries trace context
+(then it is a ``TELL`` with a header). Everything else (asks, replies, control) travels as
+``[header, body, *buffers]`` so a router can read the header and pass the
 body on as ``msgspec.Raw`` without decoding it. A header frame starts with 0xC1, the one byte
 msgpack never uses, so a receiver tells the two apart from the first byte alone.
 
@@ -69,6 +70,9 @@ class Kind(enum.IntEnum):
     """Which nodes the system has now (answer: `NodeList`), asked of its root."""
     ANSWER = 20
     """The answer to a JOIN, SPAWN or KILL (body: the request's answer)."""
+    TELL = 21
+    """A one-way message that carries trace context (body: the message). An untraced tell
+    has no header at all."""
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -82,6 +86,10 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
         body_type: ``module:QualName`` of a reply body ('' for ``None``).
         frames: How many frames follow the header (the body, then extra buffers).
         cookie: The system's secret: a header without it is refused.
+        trace: Trace context of what the body carries, opaque to the runtime: a W3C
+            ``traceparent`` for a message about one request, one per request for a batch
+            (in the order the body lists them, ``""`` for an untraced one); empty when
+            untraced. The handler reads it with `runtime.current_trace`.
     """
 
     kind: Kind
@@ -91,8 +99,11 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
     body_type: str = ""
     frames: int = 1
     cookie: bytes = b""
+    trace: tuple[str, ...] = ()
 
 
+#: The framed kinds whose body goes to the actor's handler.
+HANDLED_KINDS = frozenset({Kind.ASK, Kind.TELL})
 #: The kinds of the node protocol (`runtime._nodes`), taken by a node's reply inbox.
 NODE_KINDS = frozenset({Kind.JOIN, Kind.SPAWN, Kind.KILL, Kind.NODES})
 #: First byte of every header frame (msgpack never emits it).

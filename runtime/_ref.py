@@ -10,6 +10,8 @@ from ._context import current_node
 from ._message import Message
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._message import Request
 
 #: Contravariant: a ref that accepts ``A | B`` serves wherever one accepting ``A`` is asked for.
@@ -39,25 +41,34 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
     incarnation: int = 0
     owner: str = ""
 
-    async def tell(self, msg: M, *, timeout: float | None = None) -> None:
+    async def tell(
+        self, msg: M, *, timeout: float | None = None, trace: Sequence[str] = ()
+    ) -> None:
         """Send ``msg`` one-way.
 
         Args:
             msg: A message the actor accepts.
             timeout: Seconds to wait while the mailbox is full (default: the system's
                 ``send_timeout``).
+            trace: Trace context for the frame header, read by the handler with
+                `runtime.current_trace`: a W3C ``traceparent``, or one per request of a
+                batch. Empty (the default): no header, the message travels as one frame.
 
         Raises:
             MailboxFullError: The mailbox stayed full for ``timeout`` seconds.
             ActorDeadError: This incarnation is known to be dead.
         """
         node = current_node()
-        frame = node.try_tell(self, msg)
-        if frame is not None:  # the mailbox is full: wait for room, up to the timeout
-            await node.tell_when_room(self, frame, timeout)
+        frames = node.try_tell(self, msg, trace)
+        if frames is not None:  # the mailbox is full: wait for room, up to the timeout
+            await node.tell_when_room(self, frames, timeout)
 
-    def try_tell(self, msg: M) -> bool:
+    def try_tell(self, msg: M, *, trace: Sequence[str] = ()) -> bool:
         """Send ``msg`` one-way if the mailbox has room now; never waits.
+
+        Args:
+            msg: A message the actor accepts.
+            trace: Trace context for the frame header, as for `tell`.
 
         Returns:
             Whether it was queued (``False``: the mailbox is full; nothing was sent).
@@ -65,14 +76,15 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
         Raises:
             ActorDeadError: This incarnation is known to be dead.
         """
-        return current_node().try_tell(self, msg) is None
+        return current_node().try_tell(self, msg, trace) is None
 
-    async def ask(self, msg: Request[R], *, timeout: float = 5.0) -> R:
+    async def ask(self, msg: Request[R], *, timeout: float = 5.0, trace: Sequence[str] = ()) -> R:
         """Send ``msg`` and wait for the handler's return value.
 
         Args:
             msg: A request the actor accepts; ``Request[R]`` names the reply type ``R``.
             timeout: Seconds to wait for the reply.
+            trace: Trace context for the frame header, as for `tell`.
 
         Returns:
             The handler's return value, an ``R``.
@@ -82,5 +94,5 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             RemoteActorError: The handler raised; carries the remote type, text, traceback.
             ActorDeadError: The actor died before replying.
         """
-        reply: R = await current_node().ask(self, msg, timeout)
+        reply: R = await current_node().ask(self, msg, timeout, trace)
         return reply

@@ -434,9 +434,6 @@ class Outbox:
             MailboxFullError: The queue stayed full for ``timeout`` seconds.
             ProtocolError: The message is larger than ``max_message_size``.
         """
-        size = sum(len(f) for f in frames)
-        if size > self._max:
-            raise self._too_big(size)
         while not self.try_send_frames(address, frames):
             await self._wait_writable(address, timeout)
             if check is not None:
@@ -449,7 +446,14 @@ class Outbox:
 
         Large frames go zero-copy; libzmq queues all parts of a message once the first
         is accepted, so only the first send can meet a full queue.
+
+        Raises:
+            ProtocolError: The message is larger than ``max_message_size``, or the address
+                is not the system's.
         """
+        size = sum(map(len, frames))
+        if size > self._max:
+            raise self._too_big(size)
         sock = self._peer(address).sock
         try:
             _send(sock, frames[0], _NOBLOCK_MORE)

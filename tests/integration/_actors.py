@@ -9,7 +9,7 @@ import time
 
 import anyio
 
-from runtime import Actor, ActorRef, Message, Request, handler
+from runtime import Actor, ActorRef, Message, Request, current_trace, handler
 
 
 class Ping(Request["Pong"]):
@@ -364,3 +364,48 @@ class FdWriter(Actor[Write]):
     @handler
     def write(self, msg: Write) -> None:
         os.write(self.fd, msg.data)
+
+
+class Traced(Message):
+    """A tell whose handler records the trace context it came with."""
+
+    n: int
+
+
+class Traces(Message):
+    """What a TraceRecorder saw: each `Traced` with its context, and the asking ask's own."""
+
+    seen: list[tuple[int, tuple[str, ...]]]
+    asked: tuple[str, ...]
+
+
+class GetTraces(Request[Traces]):
+    """Ask a TraceRecorder what it saw."""
+
+
+class Relay(Request[Traces]):
+    """Tell ``to`` a `Traced` with the trace context this ask came with; answer what ``to``
+    saw then (asked over the same pipe as the tell, so after it)."""
+
+    n: int
+    to: ActorRef[Traced | GetTraces]
+
+
+class TraceRecorder(Actor[Traced | Relay | GetTraces]):
+    """Records `runtime.current_trace` in each handler; passes it on through `Relay`."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, tuple[str, ...]]] = []
+
+    @handler
+    def traced(self, msg: Traced) -> None:
+        self.seen.append((msg.n, current_trace()))
+
+    @handler
+    async def relay(self, msg: Relay) -> Traces:
+        await msg.to.tell(Traced(n=msg.n), trace=current_trace())
+        return await msg.to.ask(GetTraces())
+
+    @handler
+    def traces(self, msg: GetTraces) -> Traces:
+        return Traces(seen=self.seen, asked=current_trace())

@@ -138,11 +138,12 @@ def rss_bytes(pid: int) -> int:
 
 def deep_frames(cookie: bytes, reply_to: str) -> list[Sequence[bytes]]:
     """The deep frame in every place a mailbox decodes: a tell, a header, an ask's body, a
-    lookup's body."""
+    traced tell's body, a lookup's body."""
     return [
         [DEEP],
         [b"\xc1" + DEEP, b""],
         [header(Kind.ASK, cookie, reply_to=reply_to), DEEP],
+        [header(Kind.TELL, cookie, trace=("00-x",)), DEEP],
         [header(Kind.LOOKUP, cookie, reply_to=reply_to), DEEP],
     ]
 

@@ -25,7 +25,7 @@ from actors.messages import (
     RouteUpdate,
     Topology,
 )
-from runtime import Actor, ActorRef, ActorSystem, handler
+from runtime import Actor, ActorRef, ActorSystem, current_trace, handler
 
 from ._inbox import Inbox
 
@@ -44,13 +44,17 @@ TEXTS = [
 
 
 class FakeWorker(Actor[BatchStrOutput]):
-    """Records every text sub-batch the detokenizer tells it."""
+    """Records every text sub-batch the detokenizer tells it, and its trace context."""
 
-    def __init__(self, inbox: Inbox[BatchStrOutput]) -> None:
+    def __init__(
+        self, inbox: Inbox[BatchStrOutput], traces: list[tuple[int, tuple[str, ...]]]
+    ) -> None:
         self.inbox = inbox
+        self.traces = traces
 
     @handler
     def on_output(self, msg: BatchStrOutput) -> None:
+        self.traces.append((msg.step, current_trace()))
         self.inbox.put(msg)
 
 
@@ -115,9 +119,11 @@ class Harness:
     workers: dict[Origin, ActorRef[Any]]
     inboxes: dict[Origin, Inbox[BatchStrOutput]]
     aborts: Inbox[Abort]
+    #: By worker: each sub-batch's step and the trace context it came with.
+    traces: dict[Origin, list[tuple[int, tuple[str, ...]]]]
 
-    async def send(self, *entries: Entry, step: int) -> None:
-        await self.detokenizer.tell(engine_step(entries, step))
+    async def send(self, *entries: Entry, step: int, trace: tuple[str, ...] = ()) -> None:
+        await self.detokenizer.tell(engine_step(entries, step), trace=trace)
 
     async def stats(self) -> DetokenizerStats:
         # Asked after the tells: the reply proves every step told before was handled.
@@ -150,7 +156,7 @@ async def open_detokenizer(workers: int = 2, **kwargs: Any) -> AsyncIterator[Har
         detokenizer = await system.spawn(
             Detokenizer, name="detokenizer", process=False, scheduler=scheduler, **kwargs
         )
-        harness = Harness(system, detokenizer, {}, {}, aborts)
+        harness = Harness(system, detokenizer, {}, {}, aborts, {})
         for k in range(workers):
             await add_worker(harness, Origin(k, 1))
         yield harness
@@ -158,9 +164,14 @@ async def open_detokenizer(workers: int = 2, **kwargs: Any) -> AsyncIterator[Har
 
 async def add_worker(harness: Harness, origin: Origin) -> None:
     inbox: Inbox[BatchStrOutput] = Inbox()
+    traces = harness.traces[origin] = []
     # A fake takes only what the detokenizer sends a worker: typed as any worker.
     ref: ActorRef[Any] = await harness.system.spawn(
-        FakeWorker, inbox, name=f"worker-{origin.worker}-{origin.incarnation}", process=False
+        FakeWorker,
+        inbox,
+        traces,
+        name=f"worker-{origin.worker}-{origin.incarnation}",
+        process=False,
     )
     ack = await harness.detokenizer.ask(RouteUpdate(origin=origin, ref=ref), timeout=5)
     assert ack == RouteAck(origin=origin)
@@ -198,6 +209,31 @@ class TestDispatch:
                     ]
                     assert batch.output_token_logprobs_val == [[-0.5]] * len(mine)
                     assert batch.errors is None
+
+    async def test_each_sub_batch_tells_the_trace_contexts_of_its_own_requests(self) -> None:
+        def parent(i: int) -> str:
+            return f"00-{i + 1:032x}-00f067aa0ba902b7-01"
+
+        async with open_detokenizer(workers=3) as h:
+            owners = [W0, W1, W2, W1, W0, W0, W2]
+            contexts = tuple("" if i in (1, 5) else parent(i) for i in range(len(owners)))
+            ids = TOKENIZER.encode(TEXTS[0]).ids
+            entries = [Entry(o, f"r{i}", ids[:1]) for i, o in enumerate(owners)]
+            await h.send(*entries, step=1, trace=contexts)
+            await h.send(*entries, step=2)  # no request traced: no context
+            # A context count that does not match the batch is ignored, not trusted.
+            await h.send(*entries, step=3, trace=contexts[:2])
+            for origin in (W0, W1, W2):
+                await h.received(origin, step=3)
+                mine = [i for i, o in enumerate(owners) if o == origin]
+                (step1, first), (step2, second), (step3, third) = h.traces[origin]
+                assert (step1, step2, step3) == (1, 2, 3)
+                # Each entry's trace id is its request's: the context as it came in, or the
+                # detokenizer's span in that trace when this process records spans.
+                assert [c.split("-")[1] if c else "" for c in first] == [
+                    contexts[i].split("-")[1] if contexts[i] else "" for i in mine
+                ]
+                assert second == third == ()
 
     async def test_a_step_without_output_for_a_worker_sends_it_nothing(self) -> None:
         async with open_detokenizer(workers=2) as h:

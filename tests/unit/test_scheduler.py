@@ -35,7 +35,7 @@ from actors.messages import (
     Topology,
 )
 from actors.scheduler import Scheduler
-from runtime import Actor, ActorRef, ActorSystem, Message, SpawnError, handler
+from runtime import Actor, ActorRef, ActorSystem, Message, SpawnError, current_trace, handler
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -104,6 +104,8 @@ class Steps(Inbox[BatchTokenIDOutput]):
     def __init__(self) -> None:
         super().__init__()
         self.entries: defaultdict[str, list[Entry]] = defaultdict(list)
+        #: Each batch's trace context, from its frame header.
+        self.traces: list[tuple[str, ...]] = []
 
     def _received(self, item: BatchTokenIDOutput) -> None:
         for i, rid in enumerate(item.rids):
@@ -146,6 +148,7 @@ class FakeDetokenizer(Actor[BatchTokenIDOutput]):
 
     @handler
     def on_batch(self, msg: BatchTokenIDOutput) -> None:
+        self.steps.traces.append(current_trace())
         self.steps.put(msg)
 
 
@@ -177,13 +180,18 @@ class Engine:
     router: Inbox[Message]
 
     async def submit(
-        self, rid: str, prompt: list[int] | None = None, origin: Origin = ORIGIN, **sampling: Any
+        self,
+        rid: str,
+        prompt: list[int] | None = None,
+        origin: Origin = ORIGIN,
+        trace: tuple[str, ...] = (),
+        **sampling: Any,
     ) -> None:
         input_ids = PROMPTS[0] if prompt is None else prompt
         msg = TokenizedGenerate(
             rid=rid, origin=origin, input_ids=input_ids, sampling=SamplingParams(**sampling)
         )
-        await self.ref.tell(msg)
+        await self.ref.tell(msg, trace=trace)
 
     async def tell(self, msg: Message) -> None:
         await self.ref.tell(msg)
@@ -314,6 +322,38 @@ class TestContinuousBatching:
         assert batch.cached_tokens == [0, 0]
         assert batch.output_token_logprobs_val is None
         assert batch.input_top_logprobs_idx is None
+
+
+class TestTraceContext:
+    async def test_each_step_tells_its_requests_contexts_in_their_order_and_none_untraced(
+        self,
+    ) -> None:
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        parent = f"00-{trace_id}-00f067aa0ba902b7-01"
+        async with open_engine(step_time=0.001) as engine:
+            await engine.submit("plain", max_new_tokens=FOREVER, ignore_eos=True)
+            await engine.steps.running("plain")
+            await engine.submit(
+                "traced", PROMPTS[1], trace=(parent,), max_new_tokens=3, ignore_eos=True
+            )
+            await engine.steps.finished("traced")
+            await engine.tell(Abort(origin=ORIGIN, rid="plain", reason="abort"))
+            await engine.steps.finished("plain")
+        pairs = list(zip(engine.steps.items, engine.steps.traces, strict=True))
+        traced = [(b, t) for b, t in pairs if "traced" in b.rids]
+        assert len(traced) == 3
+        for batch, trace in traced:
+            assert len(trace) == len(batch.rids) == 2
+            for rid, context in zip(batch.rids, trace, strict=True):
+                if rid == "traced":
+                    # The caller's trace: its context as it came, or the scheduler's span in it
+                    # when this process records spans.
+                    assert context.split("-")[1] == trace_id
+                else:
+                    assert context == ""
+        untraced = [t for b, t in pairs if "traced" not in b.rids]
+        assert len(untraced) >= 2
+        assert set(untraced) == {()}
 
 
 class TestDeterminism:
