@@ -1,4 +1,5 @@
-"""Which node sends for the running code, and for which trace: the bottom of the runtime, importing none of it.
+"""Which node sends for the running code, and for which trace: the bottom of the runtime,
+importing none of it.
 
 Refs find the node of their process here, so ``_ref`` needs nothing above it. A node makes
 itself current when its system opens; code running in tasks the system did not start (a
