@@ -275,8 +275,8 @@ class Cell:
 
     async def _handle_traced(self, envelope: Envelope) -> None:
         """A tell with trace context: its handler runs with the context current."""
-        msg = envelope.message
-        if msg is None:  # refused on arrival (counted and logged there)
+        msg = self.mailbox.open_body(envelope)
+        if isinstance(msg, ErrorBody):  # refused (counted and logged): nobody to tell
             return
         fn, is_async = self._handlers[type(msg)]
         token = enter_trace(envelope.header.trace)
@@ -291,10 +291,10 @@ class Cell:
             leave_trace(token)
 
     async def _handle_ask(self, envelope: Envelope) -> None:
-        header, msg = envelope.header, envelope.message
-        if msg is None:
-            refusal = envelope.refusal or ErrorBody("runtime.ProtocolError", "", "")
-            await self._reply_error(header, refusal)
+        header = envelope.header
+        msg = self.mailbox.open_body(envelope)
+        if isinstance(msg, ErrorBody):  # refused (counted and logged): the asker is told
+            await self._reply_error(header, msg)
             return
         fn, is_async = self._handlers[type(msg)]
         token = enter_trace(header.trace) if header.trace else None

@@ -68,35 +68,36 @@ class MailboxStatistics(Message):
 
 
 class Envelope:
-    """A framed message taken off the socket: its header, and its decoded body.
+    """A framed message taken off the socket: its header, and its body.
 
     Attributes:
         header: The header.
-        message: The decoded body of an ask, a traced tell or a lookup; ``None`` for other
+        body: The undecoded body of an ask or a traced tell, decoded by `Mailbox.open_body`
+            just before its handler runs (as a plain tell's frame is); ``None`` for other
             kinds.
-        refusal: Why an ask's body was refused (the asker is told, not left waiting).
+        message: The decoded body of a lookup; ``None`` for other kinds.
         size: Bytes it arrived as.
     """
 
-    __slots__ = ("header", "message", "refusal", "size")
+    __slots__ = ("body", "header", "message", "size")
 
     def __init__(
         self,
         header: Header,
         size: int,
         message: Message | None = None,
-        refusal: ErrorBody | None = None,
+        body: bytes | None = None,
     ) -> None:
         self.header = header
         self.size = size
         self.message = message
-        self.refusal = refusal
+        self.body = body
 
 
-#: One received item: a tell's frame, decoded only just before its handler runs (decoding a
-#: whole drained run up front would keep hundreds of decoded messages alive at once, and the
-#: garbage collector would walk them all on every collection: 10x slower for batches), or a
-#: framed message.
+#: One received item: a tell's frame, or a framed message. Bodies are decoded only just
+#: before their handler runs, framed or not (decoding a whole drained run up front would
+#: keep hundreds of decoded messages alive at once, and the garbage collector would walk
+#: them all on every collection: 10x slower for batches, measured again for traced tells).
 Item = bytes | Envelope
 
 
@@ -223,23 +224,12 @@ class Mailbox:
             except Exception as err:  # noqa: BLE001
                 self.reject(err, body)
                 return None
-        if header.kind is Kind.TELL:
-            try:
-                return Envelope(header, size, self._decode(body))
-            except Exception as err:  # noqa: BLE001 - as for an untraced tell
-                self.reject(err, body)
-                return None
-        if header.kind is not Kind.ASK:
-            return Envelope(header, size)
-        if not header.reply_to:
+        if header.kind is Kind.ASK and not header.reply_to:
             self.reject(ProtocolError("an ask with no reply address"), first)
             return None
-        try:
-            return Envelope(header, size, self._decode(body))
-        except Exception as err:  # noqa: BLE001 - the asker is told why
-            self.reject(err, body)
-            text = f"{self.owner} refused the message: {err}"
-            return Envelope(header, size, refusal=ErrorBody("runtime.ProtocolError", text, ""))
+        if header.kind in HANDLED_KINDS:
+            return Envelope(header, size, body=body)
+        return Envelope(header, size)
 
     # -- taking messages (the cell) ---------------------------------------------------------
 
@@ -256,12 +246,27 @@ class Mailbox:
         return msg
 
     def take(self, envelope: Envelope) -> None:
-        """Take a framed message off the queue (an ask's or a traced tell's handler counts
-        as opened)."""
+        """Take a framed message off the queue (its body, if any, is opened next)."""
         self._queued -= 1
         self._queued_bytes -= envelope.size
-        if envelope.message is not None and envelope.header.kind in HANDLED_KINDS:
-            self._opened += 1
+
+    def open_body(self, envelope: Envelope) -> Message | ErrorBody:
+        """Decode the body of an ask or a traced tell that was just taken.
+
+        Returns:
+            The message; or, when its body is refused (counted and logged), what an asker
+            is told of the refusal.
+        """
+        body = envelope.body
+        assert body is not None, "only asks and traced tells have a body to open"
+        try:
+            msg = self._decode(body)
+        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
+            self.reject(err, body)
+            text = f"{self.owner} refused the message: {err}"
+            return ErrorBody("runtime.ProtocolError", text, "")
+        self._opened += 1
+        return msg
 
     def fail(self) -> None:
         """Count the handler of the message opened last as failed."""
