@@ -17,12 +17,20 @@ first output to last) and back at the worker (``tokenyard.worker.respond``, when
 output arrives), each the child of the one before: one request, one trace, across four
 processes.
 
-Off unless a tracer provider is set in the process: with ``opentelemetry-api`` installed
-(the ``tracing`` extra), name a setup function in ``TOKENYARD_TRACING=module:function``; each
-process of the pipeline calls it once, before its first span, to install its provider and
-exporter (processes inherit the variable). Without it, or without the API, nothing is
-recorded and no context is made: a ``traceparent`` header that comes in is passed along
-untouched, and that is all.
+Off unless the process has a tracer provider, which each process of the pipeline (a fresh
+interpreter or a fork of the fork server) gets, before its first span, in one of three
+ways, all inherited from the environment of whoever started it:
+
+* OpenTelemetry's own variables: with ``OTEL_TRACES_EXPORTER`` set (``otlp``,
+  ``console``, ...) and the ``tracing`` extra installed, the process configures the SDK
+  from the ``OTEL_*`` variables, as OpenTelemetry's distro does;
+* ``TOKENYARD_TRACING=module:function``: a setup function of the user's, called once, that
+  installs a provider (an in-memory exporter in tests, say); it wins over the first way;
+* a provider already installed when the process started (``opentelemetry-instrument``'s
+  start-up hook, which every child inherits).
+
+Without any of them, or without the API, nothing is recorded and no context is made: a
+well-formed ``traceparent`` that comes in is passed along untouched, and that is all.
 """
 
 from __future__ import annotations
@@ -31,14 +39,26 @@ import contextvars
 import importlib
 import logging
 import os
+import re
 from typing import Any
 
-__all__ = ("SETUP_ENV", "Span", "enabled", "incoming", "start", "start_child")
+__all__ = (
+    "SETUP_ENV",
+    "Span",
+    "enabled",
+    "incoming",
+    "parse_traceparent",
+    "start",
+    "start_child",
+)
 
 logger = logging.getLogger("tokenyard.tracing")
 
 #: The environment variable naming each process's setup function (``module:function``).
 SETUP_ENV = "TOKENYARD_TRACING"
+#: OpenTelemetry's variable naming the span exporters; set, each process configures the
+#: SDK from the ``OTEL_*`` variables.
+EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
 
 #: The ``traceparent`` of the HTTP request being served (set by the app, read by the
 #: worker engine, in the task that serves the request).
@@ -47,6 +67,33 @@ incoming: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 _state: dict[str, Any] = {}
+
+#: A ``traceparent`` as W3C Trace Context level 1 writes it: version, trace id, parent id,
+#: flags (lower-case hex); a later version may append fields after a dash.
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+
+
+def parse_traceparent(value: str) -> str | None:
+    """The ``traceparent`` a caller sent, checked as W3C Trace Context asks.
+
+    A peer's header is passed on through every hop of its request (in each frame header of
+    the batches that carry it), so only a well-formed one is kept, and only its 55
+    characters of version 00: a later version's extra fields are dropped, as the
+    specification lets a version-00 reader do.
+
+    Returns:
+        The context (55 characters), or ``None`` when ``value`` is not a valid one (an
+        invalid version, an all-zero id, extra fields on version 00, anything else).
+    """
+    found = _TRACEPARENT.fullmatch(value.strip(" \t"))
+    if found is None:
+        return None
+    version, trace_id, parent_id, flags, rest = found.groups()
+    if version == "ff" or (version == "00" and rest):
+        return None
+    if trace_id == "0" * 32 or parent_id == "0" * 16:
+        return None
+    return f"00-{trace_id}-{parent_id}-{flags}"
 
 
 def _tracer() -> Any:
@@ -67,12 +114,45 @@ def _tracer() -> Any:
         except Exception:
             logger.exception("%s=%s failed: tracing stays off", SETUP_ENV, setup)
             return None
+    elif _wants_exporter() and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        _configure_from_environment()
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None  # nobody installed a provider: every span would be dropped
     _state["propagator"] = TraceContextTextMapPropagator()
     _state["trace"] = trace
     _state["tracer"] = trace.get_tracer("tokenyard")
     return _state["tracer"]
+
+
+def _wants_exporter() -> bool:
+    """Whether OpenTelemetry's own variables ask for span exporters."""
+    names = os.environ.get(EXPORTER_ENV, "").strip()
+    return bool(names) and names.lower() != "none"
+
+
+def _configure_from_environment() -> None:
+    """Install a provider and its exporters from the ``OTEL_*`` variables, as
+    ``opentelemetry-instrument`` does at start-up, but in this process only and at its
+    first span: a fork server's children are forked before any exporter thread exists."""
+    try:
+        from opentelemetry.distro import OpenTelemetryConfigurator
+    except ImportError:
+        logger.warning(
+            "%s=%s, but the OpenTelemetry SDK's configurator is not installed: tracing "
+            "stays off (pip install 'tokenyard[tracing]' and the exporter's package)",
+            EXPORTER_ENV,
+            os.environ.get(EXPORTER_ENV),
+        )
+        return
+    try:
+        # The configurator's methods carry no annotations.
+        OpenTelemetryConfigurator().configure()  # type: ignore[no-untyped-call]
+    except Exception:
+        logger.exception(
+            "configuring OpenTelemetry from %s=%s failed: tracing stays off",
+            EXPORTER_ENV,
+            os.environ.get(EXPORTER_ENV),
+        )
 
 
 def enabled() -> bool:

@@ -233,7 +233,9 @@ class OpenAIApp:
         for name, value in ex.scope["headers"]:
             if name == b"traceparent":
                 # The caller's trace: the pipeline's spans of this request are its children.
-                _tracing.incoming.set(value.decode("latin-1"))
+                # A malformed one is ignored, as W3C Trace Context asks (and it could be
+                # as long as the server lets a header be, repeated at every hop).
+                _tracing.incoming.set(_tracing.parse_traceparent(value.decode("latin-1")))
                 break
         try:
             await self._route(ex)
