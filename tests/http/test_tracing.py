@@ -1,13 +1,32 @@
 """Trace context through the pipeline of a real ``serve``: a request's ``traceparent`` comes
 back as one connected trace whose spans were recorded by the worker, the scheduler and the
-detokenizer, each in its own process."""
+detokenizer, each in its own process: with a setup function of the test's, and with
+OpenTelemetry's own configuration (its variables, or ``opentelemetry-instrument``),
+exported over OTLP to a collector the test runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import aiohttp.web
+import anyio
+import anyio.to_thread
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from actors import _tracing
 from actors.http import open_server
@@ -16,12 +35,17 @@ from actors.messages import BatchStrOutput, BatchTokenIDOutput, TokenizedGenerat
 from ._tracing_hook import SPANS_ENV
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
-    import pytest
+    from collections.abc import AsyncIterator
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
+ROOT = Path(__file__).resolve().parents[2]
+HOPS = [
+    "tokenyard.detokenizer",
+    "tokenyard.scheduler",
+    "tokenyard.worker",
+    "tokenyard.worker.respond",
+]
 
 
 def spans_in(directory: Path) -> list[dict[str, Any]]:
@@ -49,33 +73,200 @@ class TestTracing:
             ) as response:
                 assert response.status == 200
                 assert b"[DONE]" in await response.read()
-            # An untraced request records a trace of its own: not the caller's.
-            async with session.post(f"{server.url}/v1/completions", json=body) as response:
-                assert response.status == 200
-                await response.read()
+            # An untraced request records a trace of its own: not the caller's; so does
+            # one whose traceparent is malformed (version 00 takes no further fields).
+            malformed = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01-{'x' * 4000}"}
+            for extra in ({}, malformed):
+                async with session.post(
+                    f"{server.url}/v1/completions", json=body, headers=extra
+                ) as response:
+                    assert response.status == 200
+                    await response.read()
         spans = [s for s in spans_in(tmp_path) if s["trace_id"] == TRACE_ID]
         by_name = {s["name"]: s for s in spans}
-        assert sorted(by_name) == [
-            "tokenyard.detokenizer",
-            "tokenyard.scheduler",
-            "tokenyard.worker",
-            "tokenyard.worker.respond",
-        ], spans
-        assert len(spans) == 4
-        worker, scheduler = by_name["tokenyard.worker"], by_name["tokenyard.scheduler"]
-        detokenizer, back = by_name["tokenyard.detokenizer"], by_name["tokenyard.worker.respond"]
-        # Connected: each hop is the child of the one before it.
-        assert worker["parent_id"] == CALLER_SPAN
-        assert scheduler["parent_id"] == worker["span_id"]
-        assert detokenizer["parent_id"] == scheduler["span_id"]
-        assert back["parent_id"] == detokenizer["span_id"]
-        # Across processes: the worker's, the scheduler's and the detokenizer's.
-        assert len({worker["pid"], scheduler["pid"], detokenizer["pid"]}) == 3
-        assert back["pid"] == worker["pid"]
+        assert_one_trace(spans)
+        worker = by_name["tokenyard.worker"]
         assert worker["attributes"]["tokenyard.finish_reason"] == "length"
         assert worker["attributes"]["tokenyard.completion_tokens"] == 6
         others = {s["trace_id"] for s in spans_in(tmp_path)} - {TRACE_ID}
-        assert len(others) == 1
+        assert len(others) == 2
+
+
+def assert_one_trace(spans: list[dict[str, Any]]) -> None:
+    """The four hops of one request: each the child of the one before, in three processes."""
+    by_name = {s["name"]: s for s in spans}
+    assert sorted(by_name) == HOPS, spans
+    assert len(spans) == 4
+    worker, scheduler = by_name["tokenyard.worker"], by_name["tokenyard.scheduler"]
+    detokenizer, back = by_name["tokenyard.detokenizer"], by_name["tokenyard.worker.respond"]
+    # Connected: each hop is the child of the one before it.
+    assert worker["parent_id"] == CALLER_SPAN
+    assert scheduler["parent_id"] == worker["span_id"]
+    assert detokenizer["parent_id"] == scheduler["span_id"]
+    assert back["parent_id"] == detokenizer["span_id"]
+    # Across processes: the worker's, the scheduler's and the detokenizer's.
+    assert len({worker["pid"], scheduler["pid"], detokenizer["pid"]}) == 3
+    assert back["pid"] == worker["pid"]
+
+
+class Collector:
+    """An OTLP/HTTP trace collector on 127.0.0.1: every span it is sent, as a record."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.changed = anyio.Event()
+        self.url = ""
+
+    async def _export(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        export = ExportTraceServiceRequest.FromString(await request.read())
+        for resource_spans in export.resource_spans:
+            resource = {a.key: a.value for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                self.spans += [
+                    {
+                        "name": span.name,
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "parent_id": span.parent_span_id.hex() or None,
+                        "pid": resource["process.pid"].int_value,
+                    }
+                    for span in scope_spans.spans
+                ]
+        self.changed.set()
+        self.changed = anyio.Event()
+        return aiohttp.web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(),
+            content_type="application/x-protobuf",
+        )
+
+    async def wait_for(self, trace_id: str, count: int) -> list[dict[str, Any]]:
+        """The spans of ``trace_id`` once there are ``count`` of them."""
+        with anyio.fail_after(20):
+            while len(spans := [s for s in self.spans if s["trace_id"] == trace_id]) < count:
+                await self.changed.wait()
+        return spans
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls) -> AsyncIterator[Collector]:
+        collector = cls()
+        app = aiohttp.web.Application()
+        app.router.add_post("/v1/traces", collector._export)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        collector.url = f"http://127.0.0.1:{port}/v1/traces"
+        try:
+            yield collector
+        finally:
+            await runner.cleanup()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class TestOpenTelemetrysOwnSetup:
+    @pytest.mark.parametrize("how", ["variables", "opentelemetry-instrument"])
+    async def test_a_served_request_is_one_trace_exported_over_otlp(
+        self, how: str, tmp_path: Path
+    ) -> None:
+        port = free_port()
+        async with Collector.open() as collector:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TOKENYARD_"))}
+            env |= {
+                "PYTHONPATH": str(ROOT),
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url,
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+                "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "process",
+            }
+            command = [sys.executable, "-m", "actors", "serve", "--workers", "2"]
+            if how == "opentelemetry-instrument":
+                wrapper = shutil.which("opentelemetry-instrument", path=Path(sys.executable).parent)
+                assert wrapper is not None
+                command.insert(0, wrapper)
+            errors = tmp_path / "stderr"
+            with errors.open("wb") as stderr:
+                proc = await anyio.open_process(
+                    [*command, "--port", str(port)], stderr=stderr, env=env, cwd=ROOT
+                )
+            async with proc:
+                try:
+                    assert proc.stdout is not None
+                    first = b""
+                    with anyio.fail_after(30):
+                        while b"\n" not in first:
+                            first += await proc.stdout.receive()
+                    assert b"serving http://127.0.0.1" in first, errors.read_text()
+                    async with (
+                        aiohttp.ClientSession() as session,
+                        session.post(
+                            f"http://127.0.0.1:{port}/v1/completions",
+                            json={"prompt": "Hello there", "max_tokens": 6},
+                            headers={"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"},
+                        ) as response,
+                    ):
+                        assert response.status == 200
+                        await response.read()
+                    assert_one_trace(await collector.wait_for(TRACE_ID, 4))
+                    proc.send_signal(signal.SIGTERM)
+                    with anyio.fail_after(30):
+                        assert await proc.wait() == 128 + signal.SIGTERM
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+            if how == "variables":
+                # Configured at each process's first span, after the fork: the fork server
+                # never held an exporter's thread and still forks the actors.
+                assert "cannot be forked safely" not in errors.read_text()
+
+
+VALID = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
+
+
+class TestTheCallersContext:
+    @pytest.mark.parametrize(
+        "value",
+        [VALID, f" {VALID}\t", f"00-{TRACE_ID}-{CALLER_SPAN}-00"],
+    )
+    def test_a_well_formed_traceparent_is_kept(self, value: str) -> None:
+        assert _tracing.parse_traceparent(value) == value.strip()
+
+    def test_a_later_version_is_read_as_version_00_without_its_extra_fields(self) -> None:
+        later = f"cc-{TRACE_ID}-{CALLER_SPAN}-01-what-comes-next"
+        assert _tracing.parse_traceparent(later) == VALID
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "",
+            "garbage",
+            f"ff-{TRACE_ID}-{CALLER_SPAN}-01",  # the forbidden version
+            f"00-{'0' * 32}-{CALLER_SPAN}-01",  # all-zero trace id
+            f"00-{TRACE_ID}-{'0' * 16}-01",  # all-zero parent id
+            f"00-{TRACE_ID.upper()}-{CALLER_SPAN}-01",  # upper-case hex
+            f"00-{TRACE_ID}-{CALLER_SPAN}-01-extra",  # version 00 has four fields
+            f"00-{TRACE_ID}-{CALLER_SPAN}-01" + "x" * 100_000,
+            f"00-{TRACE_ID[:-1]}-{CALLER_SPAN}-01",
+        ],
+    )
+    def test_a_malformed_traceparent_is_ignored(self, value: str) -> None:
+        assert _tracing.parse_traceparent(value) is None
+
+    @given(st.text(max_size=200))
+    def test_whatever_a_peer_sends_is_ignored_or_kept_as_55_characters(self, value: str) -> None:
+        parsed = _tracing.parse_traceparent(value)
+        assert parsed is None or (len(parsed) == 55 and parsed.startswith("00-"))
 
 
 class TestUntracedMessages:
