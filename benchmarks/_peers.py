@@ -45,7 +45,9 @@ def drive_tokenyard_tell(opts: argparse.Namespace) -> Measurement:
     from ._tokenyard import measure_tell
 
     return asyncio.run(
-        measure_tell(opts.payload, opts.count, opts.rounds, opts.warmup, opts.transport)
+        measure_tell(
+            opts.payload, opts.count, opts.rounds, opts.warmup, opts.transport, opts.traced
+        )
     )
 
 
@@ -97,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("on", "off"),
         default="on",
         help="tokenyard drivers: measure handler times and asks (TOKENYARD_METRICS)",
+    )
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="tokenyard tell: each tell carries trace context in its frame header",
     )
     opts = parser.parse_args(argv)
     if opts.metrics != os.environ.get("TOKENYARD_METRICS"):

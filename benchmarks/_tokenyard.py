@@ -6,6 +6,7 @@ measure what a user of the runtime gets.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import msgspec
@@ -13,11 +14,13 @@ import msgspec
 from runtime import ActorSystem
 
 from ._actors import Counter, Echo
-from ._messages import CountQuery, make_ask, make_message
+from ._messages import BATCH_SIZE, CountQuery, make_ask, make_message
 from ._proc import BenchmarkError, Latency, Measurement, latency_of
 
 #: Seconds an ask may take before the run is declared broken (never reached when healthy).
 _ASK_TIMEOUT = 60.0
+#: The trace context a traced tell carries (W3C's example).
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 #: How the two processes talk: ipc (the default), tcp with CURVE, tcp without it.
 TRANSPORTS = ("ipc", "tcp", "tcp-plain")
 
@@ -29,18 +32,28 @@ def _system(transport: str) -> ActorSystem:
 
 
 async def measure_tell(
-    payload: str, count: int, rounds: int, warmup: int, transport: str = "ipc"
+    payload: str,
+    count: int,
+    rounds: int,
+    warmup: int,
+    transport: str = "ipc",
+    traced: bool = False,
 ) -> Measurement:
     """Throughput of ``tell`` from this process into a counting actor process.
 
     Each round runs from the first ``tell`` until the actor has *handled* the last one:
     the round ends with an ``ask(CountQuery())`` that queues behind the tells on the same
-    pipe, and its reply carries the count, which must match what was sent.
+    pipe, and its reply carries the count, which must match what was sent. ``traced``: each
+    tell carries trace context in its frame header, as the pipeline's do when a request is
+    traced (one ``traceparent`` for a small message, one per request for a batch).
     """
     msg = make_message(payload)
     async with _system(transport) as system:
         ref = await system.spawn(Counter, name="counter")
         tell = ref.tell
+        if traced:
+            contexts = (TRACEPARENT,) * (1 if payload == "small" else BATCH_SIZE)
+            tell = functools.partial(ref.tell, trace=contexts)
         sent = 0
 
         async def burst(n: int) -> float:

@@ -21,6 +21,10 @@ Variants, each in fresh processes (a driver and its peer, see ``benchmarks._peer
   a ``zmq.asyncio`` receiver awaiting ``recv_pyobj`` per message.
 * **tokenyard tell, metrics off**: the same tell with ``TOKENYARD_METRICS=off`` in both
   processes (no handler clock): what the runtime's own metrics cost on the hot path.
+* **tokenyard tell, traced**: the same tell carrying trace context in its frame header,
+  as the pipeline's tells do for a traced request (one ``traceparent`` for a small message,
+  one per request for a batch): what carrying a trace costs. An untraced tell is one
+  frame, the same bytes as before the header could carry one.
 * **tokenyard ask** against raw round trips with **pyzmq sync** and **zmq.asyncio** sockets
   (PUSH/PULL both ways like tokenyard, the same request and ``Ack`` bytes).
 
@@ -53,6 +57,10 @@ if TYPE_CHECKING:
 
 THROUGHPUT = "throughput"
 LATENCY = "latency"
+#: The variants measured against ``tell`` in alternate rounds (its twins).
+METRICS_OFF = "tell_nometrics"
+TRACED = "tell_traced"
+TWINS = (METRICS_OFF, TRACED)
 
 OPTIONS = (
     Option("--messages", "small messages told per round (quick 50000, full 500000)"),
@@ -113,17 +121,26 @@ def variants() -> list[Variant]:
             Variant("tell", TELL, "tokenyard-tell", payload, THROUGHPUT, SUBJECT),
         ]
         if payload != "logprobs":
-            out.append(
+            out += [
                 Variant(
-                    "tell_nometrics",
+                    METRICS_OFF,
                     f"{TELL} (metrics off)",
                     "tokenyard-tell",
                     payload,
                     THROUGHPUT,
                     BASELINE,
                     ("--metrics", "off"),
-                )
-            )
+                ),
+                Variant(
+                    TRACED,
+                    f"{TELL} (traced)",
+                    "tokenyard-tell",
+                    payload,
+                    THROUGHPUT,
+                    INFO,
+                    ("--traced",),
+                ),
+            ]
     for payload in ("small", "batch"):
         out += [
             Variant("ask_sync", ASK_SYNC, "ask-sync", payload, LATENCY, BASELINE),
@@ -183,6 +200,8 @@ RATIOS = (
     ("tell_plain.small.throughput", "tell.small.throughput", "ipc"),
     ("tell.small.throughput", "tell_nometrics.small.throughput", "metrics off"),
     ("tell.batch.throughput", "tell_nometrics.batch.throughput", "metrics off"),
+    ("tell_traced.small.throughput", "tell.small.throughput", "untraced"),
+    ("tell_traced.batch.throughput", "tell.batch.throughput", "untraced"),
 )
 
 #: The goals of the issue: (name, figure, baseline or "", op, threshold).
@@ -298,21 +317,18 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
     return figures, targets
 
 
-#: The variant measured against ``tell`` in alternate rounds.
-METRICS_OFF = "tell_nometrics"
-
-
 def _interleaved(
-    pair: tuple[Variant, Variant],
+    group: tuple[Variant, ...],
     rounds: int,
     command: Callable[[Variant, int], list[str]],
     timeout: float,
 ) -> dict[Variant, Measurement]:
-    """Rounds of two variants in turn, each round a fresh driver: a difference of a few
-    percent is then not the machine's drift between two runs (metrics on and off)."""
-    merged = {variant: Measurement() for variant in pair}
+    """Rounds of a few variants in turn, each round a fresh driver: a difference of a few
+    percent is then not the machine's drift between two runs (metrics on and off, traced
+    or not)."""
+    merged = {variant: Measurement() for variant in group}
     for _ in range(rounds):
-        for variant in pair:
+        for variant in group:
             one = run_driver(command(variant, 1), timeout)
             merged[variant].throughput += one.throughput
             merged[variant].frame_bytes = one.frame_bytes or merged[variant].frame_bytes
@@ -354,15 +370,21 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     by_key = {(v.prefix, v.payload): v for v in todo}
     try:
         for variant in todo:
-            if variant.prefix == METRICS_OFF:
-                continue  # measured with its twin, round by round
+            if variant.prefix in TWINS:
+                continue  # measured with tell, round by round
             progress.step(f"{variant.label} ({variant.payload})")
-            twin = by_key.get((METRICS_OFF, variant.payload)) if variant.prefix == "tell" else None
-            if twin is None:
+            twins = (
+                [by_key.get((t, variant.payload)) for t in TWINS]
+                if variant.prefix == "tell"
+                else []
+            )
+            group = (variant, *[t for t in twins if t is not None])
+            if len(group) == 1:
                 measured = {variant: run_driver(command(variant, rounds), timeout)}
             else:
-                measured = _interleaved((variant, twin), rounds, command, timeout)
-                progress.advance()
+                measured = _interleaved(group, rounds, command, timeout)
+                for _ in group[1:]:
+                    progress.advance()
             for one, measurement in measured.items():
                 if measurement.frame_bytes:
                     frame_bytes[one.payload] = measurement.frame_bytes
@@ -391,8 +413,11 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         charts=charts,
         notes=[
             "Values are the best of the timed rounds (all rounds are in the JSON).",
-            "tell with metrics on and off: one fresh driver per round, the two in turn, so"
-            " that the machine's drift between runs is not read as the metrics' cost.",
+            "tell with metrics on and off, and traced: one fresh driver per round, the three"
+            " in turn, so that the machine's drift between runs is not read as the metrics'"
+            " or the trace context's cost.",
+            "tell (traced): each tell carries trace context in a frame header, one"
+            " traceparent for a small message, one per request (32) for a batch.",
             "pyzmq floor: sync PUSH/PULL, sender encodes each message, receiver decodes each;"
             " pyzmq no decode: one pre-encoded frame, receiver only counts.",
             "send_pyobj asyncio: pickle of an equal dataclass, sync send_pyobj, received"

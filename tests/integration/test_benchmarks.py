@@ -115,6 +115,11 @@ EXPECTED: dict[str, dict[str, Any]] = {
             for payload in ("small", "batch", "logprobs")
         ]
         + [
+            f"{variant}.{payload}.throughput"
+            for variant in ("tell_nometrics", "tell_traced")
+            for payload in ("small", "batch")
+        ]
+        + [
             f"{variant}.{payload}.{metric}"
             for variant in ("ask_sync", "ask_asyncio", "ask")
             for payload in ("small", "batch")
