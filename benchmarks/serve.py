@@ -19,6 +19,9 @@ on keep-alive connections streaming ``/v1/completions`` with ``stream_options.in
 * **serve 2, traced**: serve with 2 workers and tracing on (``TOKENYARD_TRACING`` names
   ``benchmarks._tracing``: the OpenTelemetry SDK records every hop's span in every
   process, batch-exported to an exporter that drops them), against **serve 2**, tracing off.
+* **serve 2, context passed**: tracing off, but every request comes with a ``traceparent``
+  header, which the pipeline passes on untouched in the frame headers of its hops: what
+  carrying a context costs without recording it, against **serve 2**.
 * **serve kills**: serve with 2 workers under load (keep-alive clients, and clients opening a
   new connection for every request) while the server SIGKILLs a worker, in turn, 20 times:
   every failed request is checked against the server's record of which worker each
@@ -116,6 +119,8 @@ class Variant:
     detokenizers: int = 1
     figure_role: str = SUBJECT
     traced: bool = False
+    #: The clients send a ``traceparent`` header with every request.
+    context: bool = False
 
 
 def variants(workers: Sequence[int]) -> list[Variant]:
@@ -131,6 +136,17 @@ def variants(workers: Sequence[int]) -> list[Variant]:
     if 2 in workers:
         out.append(Variant("serve2d2", "serve, 2 workers, 2 detokenizers", "serve", 2, 2, INFO))
         out.append(Variant("serve2traced", "serve, 2 workers, traced", "serve", 2, 1, INFO, True))
+        out.append(
+            Variant(
+                "serve2context",
+                "serve, 2 workers, context passed",
+                "serve",
+                2,
+                1,
+                INFO,
+                context=True,
+            )
+        )
     return out
 
 
@@ -270,14 +286,20 @@ def _spec(port: int, concurrency: int, duration: float, **kw: Any) -> LoadSpec:
     )
 
 
+#: The ``traceparent`` the context-passing variant's clients send (W3C's example).
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
 def measure(variant: Variant, concurrency: int, duration: float) -> list[Figure]:
     """Load one server and read every process's CPU around the timed load."""
+    headers = (("traceparent", TRACEPARENT),) if variant.context else ()
     with running(variant) as peer:
-        anyio.run(run_load, _spec(peer.port, concurrency, min(duration, 1.5)))  # warm-up
+        warmup = _spec(peer.port, concurrency, min(duration, 1.5), headers=headers)
+        anyio.run(run_load, warmup)
         root = peer.proc.pid
         before = snapshot(root)
         load0 = _rusage()
-        result = anyio.run(run_load, _spec(peer.port, concurrency, duration))
+        result = anyio.run(run_load, _spec(peer.port, concurrency, duration, headers=headers))
         load_cpu = _rusage() - load0
         after = snapshot(root)
         peer.stop()
@@ -469,13 +491,12 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
                 f.ratios.append(
                     Ratio(baseline=same.key, label=same.variant, value=f.value / same.value)
                 )
-        if variant == "serve2traced":
+        if variant in ("serve2traced", "serve2context"):
             untraced = by_key.get(f"serve2.{metric}")
             if untraced is not None and untraced.value:
+                label = "tracing off" if variant == "serve2traced" else "no context"
                 f.ratios.append(
-                    Ratio(
-                        baseline=untraced.key, label="tracing off", value=f.value / untraced.value
-                    )
+                    Ratio(baseline=untraced.key, label=label, value=f.value / untraced.value)
                 )
     best = max(
         (f for f in figures if f.key.startswith("baseline") and f.metric == "requests_per_s"),

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import re
 import resource
 import sys
 import time
@@ -50,6 +51,8 @@ __all__ = ("LoadResult", "LoadSpec", "RequestRecord", "main", "run_load", "summa
 #: dead server is not hammered in a tight loop.
 REFUSED_BACKOFF = 0.05
 _DONE = b"[DONE]"
+#: An HTTP header name (RFC 9110's token).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -114,6 +117,7 @@ class LoadSpec:
         timeout: Seconds one request may take.
         keepalive: Reuse each client's connection (``False``: a new connection for every
             request, ``Connection: close``).
+        headers: More request headers, as (name, value) pairs (a ``traceparent``, say).
     """
 
     url: str
@@ -127,6 +131,7 @@ class LoadSpec:
     ignore_eos: bool = True
     timeout: float = 60.0
     keepalive: bool = True
+    headers: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.api not in ("completions", "chat"):
@@ -137,6 +142,12 @@ class LoadSpec:
             raise ValueError(f"concurrency={self.concurrency}: it must be at least 1")
         if not self.prompts:
             raise ValueError("give at least one prompt")
+        for name, value in self.headers:
+            if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
+                raise ValueError(
+                    f"header {name!r}: {value!r}: a name is an HTTP token and a value "
+                    "has no line break"
+                )
 
 
 # -- the wire -------------------------------------------------------------------------------
@@ -197,6 +208,7 @@ def _requests(spec: LoadSpec, host: str) -> list[bytes]:
             b"POST " + path + b" HTTP/1.1\r\nhost: " + host.encode() + b"\r\n"
             b"content-type: application/json\r\naccept: text/event-stream\r\n"
             + (b"" if spec.keepalive else b"connection: close\r\n")
+            + b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in spec.headers)
             + b"content-length: "
             + str(len(data)).encode()
             + b"\r\n\r\n"

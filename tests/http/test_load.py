@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 from typing import TYPE_CHECKING
 
@@ -37,10 +38,13 @@ def sse_response(body: bytes, *headers: bytes) -> bytes:
 
 @contextlib.asynccontextmanager
 async def scripted(
-    answer: Callable[[int], bytes], close_after: Callable[[int], bool]
+    answer: Callable[[int], bytes],
+    close_after: Callable[[int], bool],
+    heads: list[bytes] | None = None,
 ) -> AsyncIterator[str]:
     """A server on 127.0.0.1 answering request ``i`` (counted over all connections) with
-    ``answer(i)``, then closing the connection if ``close_after(i)``."""
+    ``answer(i)``, then closing the connection if ``close_after(i)``; each request's head
+    is kept in ``heads``, when given."""
     count = 0
     handlers: set[asyncio.Task[None]] = set()
 
@@ -55,6 +59,8 @@ async def scripted(
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
                     return
+                if heads is not None:
+                    heads.append(head)
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
                 await reader.readexactly(length)
                 i, count = count, count + 1
@@ -170,6 +176,24 @@ class TestFailures:
             port = sock.getsockname()[1]
         assert main(["--url", f"http://127.0.0.1:{port}", "--requests", "1"]) == 1
         assert '"refused": 1' in capsys.readouterr().out
+
+    async def test_extra_headers_go_with_every_request(self) -> None:
+        heads: list[bytes] = []
+        traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        spec = LoadSpec(url="", concurrency=2, requests=4, headers=(("traceparent", traceparent),))
+        async with scripted(
+            lambda i: sse_response(chunked(OK_EVENTS)), lambda i: False, heads
+        ) as url:
+            result = await run_load(dataclasses.replace(spec, url=url))
+        assert all(r.ok for r in result.records)
+        assert len(heads) == 4
+        assert all(f"\r\ntraceparent: {traceparent}\r\n".encode() in head for head in heads)
+
+    def test_a_header_cannot_break_the_request_it_goes_with(self) -> None:
+        with pytest.raises(ValueError, match="header"):
+            LoadSpec(url="http://x", headers=(("x-a", "1\r\nx-b: 2"),))
+        with pytest.raises(ValueError, match="header"):
+            LoadSpec(url="http://x", headers=(("x a:", "1"),))
 
     def test_a_spec_needs_a_bound_and_a_known_api(self) -> None:
         with pytest.raises(ValueError, match="duration, a request count"):

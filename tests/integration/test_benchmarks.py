@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from actors.messages import BatchTokenIDOutput
-from benchmarks import dispatch, mailbox, pipeline, spawn, supervision
+from benchmarks import dispatch, mailbox, pipeline, serve, spawn, supervision
 from benchmarks._cli import SUITES, build_parser
 from benchmarks._plot import plot_results
 from benchmarks._proc import Latency
@@ -464,6 +464,18 @@ class TestSummarise:
         assert not by_figure["tell.small.throughput"].met
         assert by_figure["tell.small.throughput"].value == pytest.approx(0.4)
         assert by_figure["ask.small.p50"].met
+
+    def test_serve_holds_tracing_on_and_a_passed_context_to_serve_untraced(self) -> None:
+        figs = [
+            figure("serve2.requests_per_s", 1000.0),
+            figure("serve2traced.requests_per_s", 750.0, INFO),
+            figure("serve2context.requests_per_s", 980.0, INFO),
+        ]
+        serve.summarise(figs)
+        traced, context = figs[1], figs[2]
+        assert ratios_of(traced) == {"serve2.requests_per_s": pytest.approx(0.75)}
+        assert ratios_of(context) == {"serve2.requests_per_s": pytest.approx(0.98)}
+        assert [r.label for r in traced.ratios + context.ratios] == ["tracing off", "no context"]
 
     def test_dispatch_ratios_and_a_missed_five_times_target(self) -> None:
         figs = [
