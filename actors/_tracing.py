@@ -29,8 +29,9 @@ ways, all inherited from the environment of whoever started it:
 * a provider already installed when the process started (``opentelemetry-instrument``'s
   start-up hook, which every child inherits).
 
-Without any of them, or without the API, nothing is recorded and no context is made: a
-well-formed ``traceparent`` that comes in is passed along untouched, and that is all.
+Without any of them, or without the API, nothing is recorded, no context is made and none
+is carried: a caller's ``traceparent`` stops at the worker, so with tracing off every tell
+of the pipeline is one frame, whatever the clients send.
 """
 
 from __future__ import annotations

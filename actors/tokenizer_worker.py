@@ -339,8 +339,10 @@ class TokenizerWorker(Actor[WorkerMessage]):
             "tokenyard.worker", traceparent, rid=rid, worker=self.worker_id, prompt_tokens=len(ids)
         )
         tokenized = TokenizedGenerate(rid=rid, origin=self.origin, input_ids=ids, sampling=sampling)
-        # Untraced here, a context that came in is passed on as it is.
-        context = traceparent if span is None else span.traceparent
+        # Untraced here (no provider in this process), a caller's context goes no further:
+        # with tracing off the pipeline's frames carry nothing for it, whatever the client
+        # sent.
+        context = None if span is None else span.traceparent
         request = self.requests[rid] = _Request(
             reply_to,
             stream,

@@ -13,6 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from setproctitle import getproctitle
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -51,3 +52,9 @@ def install() -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(_Recorder(os.environ[SPANS_ENV])))
     trace.set_tracer_provider(provider)
+
+
+def install_except_in_workers() -> None:
+    """`install`, except in a tokenizer worker's process: tracing is off there only."""
+    if "worker" not in getproctitle():
+        install()

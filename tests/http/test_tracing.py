@@ -91,6 +91,27 @@ class TestTracing:
         others = {s["trace_id"] for s in spans_in(tmp_path)} - {TRACE_ID}
         assert len(others) == 2
 
+    async def test_a_worker_not_tracing_carries_no_callers_context_to_the_others(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Tracing is on in the scheduler and the detokenizer, off in the workers. They would
+        # record a span as soon as a context reached them, and none does: a worker that
+        # records nothing sends nothing for tracing, whatever the client sent.
+        monkeypatch.setenv(_tracing.SETUP_ENV, "tests.http._tracing_hook:install_except_in_workers")
+        monkeypatch.setenv(SPANS_ENV, str(tmp_path))
+        async with (
+            open_server(workers=2, port=0) as server,
+            aiohttp.ClientSession() as session,
+        ):
+            body = {"prompt": "Hello there", "max_tokens": 6, "stream": True}
+            headers = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
+            async with session.post(
+                f"{server.url}/v1/completions", json=body, headers=headers
+            ) as response:
+                assert response.status == 200
+                assert b"[DONE]" in await response.read()
+        assert spans_in(tmp_path) == []
+
 
 def assert_one_trace(spans: list[dict[str, Any]]) -> None:
     """The four hops of one request: each the child of the one before, in three processes."""
