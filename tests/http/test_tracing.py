@@ -56,32 +56,37 @@ def spans_in(directory: Path) -> list[dict[str, Any]]:
     ]
 
 
-class TestTracing:
-    async def test_a_traced_request_is_one_trace_through_worker_scheduler_and_detokenizer(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        monkeypatch.setenv(_tracing.SETUP_ENV, "tests.http._tracing_hook:install")
-        monkeypatch.setenv(SPANS_ENV, str(tmp_path))
-        async with (
-            open_server(workers=2, port=0) as server,
-            aiohttp.ClientSession() as session,
-        ):
-            body = {"prompt": "Hello there", "max_tokens": 6, "stream": True}
-            headers = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
+CALLER = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
+
+
+async def serve_requests(
+    setup: str, spans: Path, monkeypatch: pytest.MonkeyPatch, *requests: dict[str, str]
+) -> None:
+    """Run a real serve whose processes take the tracing ``setup`` of `_tracing_hook` (and
+    keep their spans in ``spans``), and stream one request to the end per headers given."""
+    monkeypatch.setenv(_tracing.SETUP_ENV, f"tests.http._tracing_hook:{setup}")
+    monkeypatch.setenv(SPANS_ENV, str(spans))
+    body = {"prompt": "Hello there", "max_tokens": 6, "stream": True}
+    async with (
+        open_server(workers=2, port=0) as server,
+        aiohttp.ClientSession() as session,
+    ):
+        for headers in requests:
             async with session.post(
                 f"{server.url}/v1/completions", json=body, headers=headers
             ) as response:
                 assert response.status == 200
                 assert b"[DONE]" in await response.read()
-            # An untraced request records a trace of its own: not the caller's; so does
-            # one whose traceparent is malformed (version 00 takes no further fields).
-            malformed = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01-{'x' * 4000}"}
-            for extra in ({}, malformed):
-                async with session.post(
-                    f"{server.url}/v1/completions", json=body, headers=extra
-                ) as response:
-                    assert response.status == 200
-                    await response.read()
+
+
+class TestTracing:
+    async def test_a_traced_request_is_one_trace_through_worker_scheduler_and_detokenizer(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # An untraced request records a trace of its own, not the caller's; so does one
+        # whose traceparent is malformed (version 00 takes no further fields).
+        malformed = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01-{'x' * 4000}"}
+        await serve_requests("install", tmp_path, monkeypatch, CALLER, {}, malformed)
         spans = [s for s in spans_in(tmp_path) if s["trace_id"] == TRACE_ID]
         by_name = {s["name"]: s for s in spans}
         assert_one_trace(spans)
@@ -97,19 +102,7 @@ class TestTracing:
         # Tracing is on in the scheduler and the detokenizer, off in the workers. They would
         # record a span as soon as a context reached them, and none does: a worker that
         # records nothing sends nothing for tracing, whatever the client sent.
-        monkeypatch.setenv(_tracing.SETUP_ENV, "tests.http._tracing_hook:install_except_in_workers")
-        monkeypatch.setenv(SPANS_ENV, str(tmp_path))
-        async with (
-            open_server(workers=2, port=0) as server,
-            aiohttp.ClientSession() as session,
-        ):
-            body = {"prompt": "Hello there", "max_tokens": 6, "stream": True}
-            headers = {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}
-            async with session.post(
-                f"{server.url}/v1/completions", json=body, headers=headers
-            ) as response:
-                assert response.status == 200
-                assert b"[DONE]" in await response.read()
+        await serve_requests("install_except_in_workers", tmp_path, monkeypatch, CALLER)
         assert spans_in(tmp_path) == []
 
 
@@ -233,7 +226,7 @@ class TestOpenTelemetrysOwnSetup:
                         session.post(
                             f"http://127.0.0.1:{port}/v1/completions",
                             json={"prompt": "Hello there", "max_tokens": 6},
-                            headers={"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"},
+                            headers=CALLER,
                         ) as response,
                     ):
                         assert response.status == 200
