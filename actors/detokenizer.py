@@ -328,6 +328,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
             errors.append(error)
             if traces is not None:
                 traces.append(self._trace(key, incoming[i], reason))
+            elif reason is not None and key in self._spans:
+                # Its last step came without a usable context: its span ends all the same.
+                self._spans.pop(key).end(finish_reason=reason)
         return kept, pieces, reasons, errors, aborts, traces
 
     def _trace(self, key: tuple[Origin, str], parent: str, reason: str | None) -> str:

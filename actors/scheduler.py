@@ -362,6 +362,7 @@ class Scheduler(Actor[SchedulerMessage]):
             self._dropped_for_abort_all += len(gone)
         for req in self._reports:
             if hit(req):
+                req.end_span(req.abort_reason)
                 dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
         self._reports = [req for req in self._reports if not hit(req)]
         for index in [j for j in self._held if which is None or j == which]:
@@ -461,6 +462,9 @@ class Scheduler(Actor[SchedulerMessage]):
             for key in keys:
                 queue.pop(key).end_span("abort")
             self._dropped_for_dead_origin += len(keys)
+        for req in self._reports:
+            if req.msg.origin == origin:
+                req.end_span(req.abort_reason)
         self._reports = [req for req in self._reports if req.msg.origin != origin]
 
     # -- the engine -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
-from ._context import current_node
+from ._context import current_node, enter_trace
 from ._message import Message, reply_type
 
 if TYPE_CHECKING:
@@ -316,7 +316,8 @@ class Actor(Generic[M]):
         """Run a background task owned by this actor (from ``on_start`` or a handler).
 
         It is cancelled when the actor stops; if it raises, the actor dies with that error
-        and its supervisor sees the ``Down``.
+        and its supervisor sees the ``Down``. It starts with no trace context
+        (`runtime.current_trace` is empty there), whichever message's handler started it.
 
         Raises:
             RuntimeError: The actor is not running.
@@ -325,4 +326,11 @@ class Actor(Generic[M]):
             raise RuntimeError(
                 f"{type(self).__qualname__} is not running: start tasks from on_start"
             )
-        self._task_group.start_soon(fn, *args)
+        self._task_group.start_soon(_untraced, fn, *args, name=getattr(fn, "__qualname__", None))
+
+
+async def _untraced(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+    """Run a background task outside the trace context of the handler that started it (a
+    task copies its starter's context: it would report that message's trace for ever)."""
+    enter_trace(())
+    await fn(*args)

@@ -100,7 +100,8 @@ def current_trace() -> tuple[str, ...]:
     them (``""`` for an untraced one). The runtime carries it and never reads it.
 
     Returns:
-        The contexts; empty when the message came with none, or outside a handler.
+        The contexts; empty when the message came with none, or outside a handler (a
+        task an actor starts with ``start_soon`` from a handler included).
     """
     return _trace.get()
 

@@ -43,6 +43,8 @@ from ._metrics import ENABLED, POW2_SLOTS, HistogramSnapshot, pow2_snapshot
 from ._protocol import (
     HEADER_BYTE,
     MAX_FRAMES,
+    MAX_TRACE,
+    MAX_TRACE_CHARS,
     NODE_KINDS,
     Cause,
     Down,
@@ -336,7 +338,20 @@ class Node:
     def header(
         self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
     ) -> bytearray:
-        """An encoded header from this node, with the cookie (and trace context, if any)."""
+        """An encoded header from this node, with the cookie (and trace context, if any).
+
+        Raises:
+            ProtocolError: More than `MAX_TRACE` contexts, or one longer than
+                `MAX_TRACE_CHARS` (the receiver would refuse the message).
+        """
+        # One traceparent given as a string is one context, not one per character.
+        contexts = (trace,) if isinstance(trace, str) else tuple(trace)
+        if contexts and (len(contexts) > MAX_TRACE or max(map(len, contexts)) > MAX_TRACE_CHARS):
+            raise ProtocolError(
+                f"trace= holds {len(contexts):,} contexts, the longest of "
+                f"{max(map(len, contexts)):,} characters: a message carries at most "
+                f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
+            )
         return encode_header(
             Header(
                 kind,
@@ -345,7 +360,7 @@ class Node:
                 self.name,
                 body_type,
                 cookie=self.cookie,
-                trace=tuple(trace),
+                trace=contexts,
             )
         )
 

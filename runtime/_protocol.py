@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import hmac
 import secrets
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -75,6 +75,15 @@ class Kind(enum.IntEnum):
     has no header at all."""
 
 
+#: Most trace contexts one message carries (one per request of a batch), and the longest
+#: one (a W3C ``traceparent`` is 55 characters): bounds on what a header decodes into,
+#: whoever sent it.
+MAX_TRACE = 65_536
+MAX_TRACE_CHARS = 512
+
+_Context = Annotated[str, msgspec.Meta(max_length=MAX_TRACE_CHARS)]
+
+
 class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """The small typed header of a multi-frame message.
 
@@ -89,7 +98,8 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
         trace: Trace context of what the body carries, opaque to the runtime: a W3C
             ``traceparent`` for a message about one request, one per request for a batch
             (in the order the body lists them, ``""`` for an untraced one); empty when
-            untraced. The handler reads it with `runtime.current_trace`.
+            untraced. The handler reads it with `runtime.current_trace`. At most
+            `MAX_TRACE` contexts of `MAX_TRACE_CHARS` characters each.
     """
 
     kind: Kind
@@ -99,7 +109,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True, gc=False):
     body_type: str = ""
     frames: int = 1
     cookie: bytes = b""
-    trace: tuple[str, ...] = ()
+    trace: Annotated[tuple[_Context, ...], msgspec.Meta(max_length=MAX_TRACE)] = ()
 
 
 #: The framed kinds whose body goes to the actor's handler.

@@ -51,12 +51,14 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             timeout: Seconds to wait while the mailbox is full (default: the system's
                 ``send_timeout``).
             trace: Trace context for the frame header, read by the handler with
-                `runtime.current_trace`: a W3C ``traceparent``, or one per request of a
-                batch. Empty (the default): no header, the message travels as one frame.
+                `runtime.current_trace`: a W3C ``traceparent`` (a string is one context),
+                or one per request of a batch, at most 65,536 of 512 characters each.
+                Empty (the default): no header, the message travels as one frame.
 
         Raises:
             MailboxFullError: The mailbox stayed full for ``timeout`` seconds.
             ActorDeadError: This incarnation is known to be dead.
+            ProtocolError: ``trace`` is over its bounds.
         """
         node = current_node()
         frames = node.try_tell(self, msg, trace)
@@ -75,6 +77,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
 
         Raises:
             ActorDeadError: This incarnation is known to be dead.
+            ProtocolError: ``trace`` is over its bounds.
         """
         return current_node().try_tell(self, msg, trace) is None
 
@@ -93,6 +96,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             AskTimeoutError: No reply within ``timeout`` seconds.
             RemoteActorError: The handler raised; carries the remote type, text, traceback.
             ActorDeadError: The actor died before replying.
+            ProtocolError: ``trace`` is over its bounds.
         """
         reply: R = await current_node().ask(self, msg, timeout, trace)
         return reply

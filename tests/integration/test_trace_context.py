@@ -13,8 +13,26 @@ import msgspec
 import pytest
 import zmq
 
-from runtime import ActorRef, ActorSystem, MailboxFullError, current_trace
-from runtime._protocol import HEADER_MARK, Header, Kind, decode_header, encode_header
+from runtime import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    MailboxFullError,
+    Message,
+    ProtocolError,
+    Request,
+    current_trace,
+    handler,
+)
+from runtime._protocol import (
+    HEADER_MARK,
+    MAX_TRACE,
+    MAX_TRACE_CHARS,
+    Header,
+    Kind,
+    decode_header,
+    encode_header,
+)
 
 from ._actors import GetTraces, Relay, Traced, TraceRecorder
 
@@ -140,3 +158,111 @@ class TestFromAPeer:
                 while not (traces := await ref.ask(GetTraces())).seen:
                     await anyio.lowlevel.checkpoint()
             assert traces.seen == [(1, ("x",))]
+
+
+class Later(Message):
+    n: int
+
+
+class Seen(Message):
+    traces: list[tuple[str, ...]]
+
+
+class GetSeen(Request[Seen]):
+    pass
+
+
+class Spawner(Actor[Later | GetSeen]):
+    """A traced handler that starts a task: what does the task see?"""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, ...]] = []
+        self.go = anyio.Event()
+
+    async def _later(self) -> None:
+        await self.go.wait()
+        self.seen.append(current_trace())
+
+    @handler
+    def later(self, msg: Later) -> None:
+        if msg.n == 0:
+            self.start_soon(self._later)
+        else:
+            self.go.set()
+
+    @handler
+    async def get(self, msg: GetSeen) -> Seen:
+        while not self.seen:
+            await anyio.lowlevel.checkpoint()
+        return Seen(traces=self.seen)
+
+
+class TestTheTraceArgument:
+    async def test_a_trace_over_its_bounds_is_refused_before_it_is_sent(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(TraceRecorder, name="recorder", process=False)
+            with pytest.raises(ProtocolError, match="65,536"):
+                await ref.tell(Traced(n=1), trace=[""] * (MAX_TRACE + 1))
+            with pytest.raises(ProtocolError, match="513 characters"):
+                ref.try_tell(Traced(n=2), trace=("x" * (MAX_TRACE_CHARS + 1),))
+            with pytest.raises(ProtocolError, match="at most"):
+                await ref.ask(GetTraces(), trace=[""] * (MAX_TRACE + 1))
+            assert (await ref.ask(GetTraces())).seen == []
+
+    @pytest.mark.parametrize("process", [False, True])
+    async def test_one_traceparent_given_as_a_string_reaches_the_handler_whole(
+        self, process: bool
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(TraceRecorder, name="recorder", process=process)
+            await ref.tell(Traced(n=1), trace=PARENT)
+            traces = await ref.ask(GetTraces())
+            assert traces.seen == [(1, (PARENT,))]
+
+
+class TestTasksOfATracedHandler:
+    async def test_a_task_a_traced_handler_started_does_not_keep_its_context(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Spawner, name="spawner", process=False)
+            await ref.tell(Later(n=0), trace=(PARENT,))
+            await ref.tell(Later(n=1))  # untraced: the task runs after this one
+            seen = await ref.ask(GetSeen())
+            # A task copies its starter's context: it must not report that message's trace.
+            assert seen.traces == [()]
+
+
+class TestTracedTellsFromAPeer:
+    async def test_refused_and_odd_traced_tells_are_counted_and_leak_nothing(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(TraceRecorder, name="recorder", process=True)
+            cookie = system.node.cookie
+            body = msgspec.msgpack.encode(Traced(n=1))
+
+            def frame(trace: object, kind: Kind = Kind.TELL) -> bytes:
+                h = msgspec.msgpack.encode([int(kind), 0, "", "peer", "", 1, cookie, trace])
+                return b"\xc1" + h
+
+            push = system.node.ctx.socket(zmq.PUSH)
+            push.connect(ref.address)
+            try:
+                push.send_multipart([frame([1, 2]), body])  # wrong types: rejected
+                push.send_multipart([frame("abc"), body])  # a string: rejected
+                push.send_multipart([frame([PARENT]), b"\xc1garbage"])  # body refused late
+                push.send_multipart([frame([PARENT]), msgspec.msgpack.encode({"x": 1})])
+                push.send_multipart([frame([""] * MAX_TRACE), body])  # at the bound: handled
+                push.send_multipart([frame([""] * (MAX_TRACE + 1)), body])  # over: rejected
+                push.send_multipart([frame(["x" * (MAX_TRACE_CHARS + 1)]), body])  # too long
+                push.send_multipart([bytes(encode_header(Header(Kind.TELL, cookie=cookie))), body])
+                push.send(msgspec.msgpack.encode(Traced(n=2)))
+                with anyio.fail_after(10):  # the socket stays open until all arrived
+                    while len((traces := await ref.ask(GetTraces())).seen) < 3:
+                        await anyio.lowlevel.checkpoint()
+            finally:
+                push.close(0)
+            assert [(n, len(t)) for n, t in traces.seen] == [(1, MAX_TRACE), (1, 0), (2, 0)]
+            stats = await system.statistics(ref)
+            assert stats.rejected == 6
+            assert stats.failed == 0
+            assert stats.queued == 0
+            assert stats.queued_bytes == 0
+            assert stats.received == stats.rejected + stats.handled + 1  # and the STATS frame

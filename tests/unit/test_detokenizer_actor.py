@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from actors._tokenizer import load_tokenizer
 from actors.detokenizer import Detokenizer
 from actors.messages import (
@@ -32,6 +34,10 @@ from ._inbox import Inbox
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+#: A caller's context (W3C's example).
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TOKENIZER = load_tokenizer()
 
 # Prompts whose tokens split multi-byte characters: CJK, combining marks, ZWJ emoji, flags.
@@ -400,3 +406,18 @@ class TestCap:
             await h.send(Entry(W0, "a", [5]), Entry(W0, "b", [5]), step=0)
             assert await aborts.wait_until(bool) == [Abort(origin=W0, rid="b", reason="abort")]
             assert h.aborts.items == []
+
+
+class TestSpans:
+    @pytest.mark.parametrize("last", [(), (PARENT, PARENT)], ids=["untraced", "miscounted"])
+    async def test_a_finished_request_ends_its_span_whatever_its_last_step_came_with(
+        self, span_exporter: InMemorySpanExporter, last: tuple[str, ...]
+    ) -> None:
+        ids = TOKENIZER.encode(TEXTS[0]).ids
+        async with open_detokenizer(workers=1) as h:
+            await h.send(Entry(W0, "r", ids[:1]), step=1, trace=(PARENT,))
+            # Its last step's context count does not match the batch: ignored, as documented.
+            await h.send(Entry(W0, "r", ids[1:2], finished="stop"), step=2, trace=last)
+            assert (await h.stats()).live_states == 0  # the request's state is freed...
+            # ...and its span ended, not kept until its worker's route goes.
+            assert [s.name for s in span_exporter.get_finished_spans()] == ["tokenyard.detokenizer"]

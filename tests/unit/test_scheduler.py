@@ -40,6 +40,10 @@ from runtime import Actor, ActorRef, ActorSystem, Message, SpawnError, current_t
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+#: A caller's context (W3C's example).
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TOKENIZER = load_tokenizer()
 EOS = eos_token_id(TOKENIZER)
 SPECIAL = {i for i, token in TOKENIZER.get_added_tokens_decoder().items() if token.special}
@@ -701,3 +705,23 @@ class TestFailures:
         with pytest.raises(SpawnError, match="does not exist"):
             async with open_engine(tokenizer="/nonexistent/tokenizer.json"):
                 pass
+
+
+class TestSpans:
+    @pytest.mark.parametrize("then", ["origin", "abort_all"])
+    async def test_an_abort_dropped_before_its_report_still_ends_its_span(
+        self, span_exporter: InMemorySpanExporter, then: str
+    ) -> None:
+        async with open_engine() as engine:
+            # No detokenizer: the first step is held, and no step after it runs.
+            await engine.system.stop(engine.detokenizer)
+            await engine.submit("a", trace=(PARENT,), max_new_tokens=1000, ignore_eos=True)
+            while (await engine.stats()).steps < 1:
+                pass  # each ask is a round trip: the step ran (and is held) once steps >= 1
+            await engine.tell(Abort(origin=ORIGIN, rid="a"))  # for the next step's report
+            if then == "origin":
+                await engine.tell(Abort(origin=ORIGIN))  # its worker died: dropped silently
+            else:
+                await engine.tell(AbortAll(reason="the detokenizer died"))
+            assert (await engine.stats()).aborted == 1
+        assert [s.name for s in span_exporter.get_finished_spans()] == ["tokenyard.scheduler"]
