@@ -230,13 +230,16 @@ class OpenAIApp:
     async def _http(self, ex: _Exchange) -> None:
         self._requests += 1
         self._active += 1
+        # The caller's trace: the pipeline's spans of this request are its children. A
+        # malformed one is ignored, as W3C Trace Context asks. Set for every request: a
+        # server that calls the app in one task for many requests (an in-process test
+        # client) must not lend one request's context to the next.
+        traceparent = None
         for name, value in ex.scope["headers"]:
             if name == b"traceparent":
-                # The caller's trace: the pipeline's spans of this request are its children.
-                # A malformed one is ignored, as W3C Trace Context asks (and it could be
-                # as long as the server lets a header be, repeated at every hop).
-                _tracing.incoming.set(_tracing.parse_traceparent(value.decode("latin-1")))
+                traceparent = _tracing.parse_traceparent(value.decode("latin-1"))
                 break
+        _tracing.incoming.set(traceparent)
         try:
             await self._route(ex)
         except HTTPError as err:

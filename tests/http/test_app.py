@@ -19,7 +19,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from actors import Pipeline
+from actors import Pipeline, _tracing
 from actors.http import EngineError, OpenAIApp, PipelineEngine, ServeConfig
 from actors.http._pipeline_engine import BUNDLED_MODEL_ID
 
@@ -577,6 +577,52 @@ class TestServerFaults:
                 assert "choices" in events[0]
                 await p.wait_worker(0, after=killed.incarnation, timeout=30)
                 await still_serves(http)
+
+
+class ContextEngine(PipelineEngine):
+    """A real pipeline engine that records the caller's trace context each request had."""
+
+    seen: list[str | None]
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
+        self.seen.append(_tracing.incoming.get())
+        return await super().generate(prompt, params)
+
+
+class TestTheCallersTraceContext:
+    async def test_each_request_has_its_own_even_when_one_task_serves_them_all(
+        self, module_server: Served
+    ) -> None:
+        # An in-process client calls the app in its own task, request after request.
+        assert module_server.pipeline is not None
+        engine = ContextEngine(module_server.pipeline)
+        engine.seen = []
+        app = OpenAIApp(engine, config=CONFIG)
+        traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        for headers in ([(b"traceparent", traceparent)], [], [(b"traceparent", b"junk")]):
+            body = [{"type": "http.request", "body": msgspec.json.encode({"prompt": PROMPT})}]
+
+            async def receive(body: list[dict[str, Any]] = body) -> MutableMapping[str, Any]:
+                if body:
+                    return body.pop()
+                await anyio.sleep_forever()  # sync-ok: a client that stays connected
+                raise AssertionError
+
+            scope = {
+                "type": "http",
+                "method": "POST",
+                "path": "/v1/completions",
+                "headers": [(b"content-type", b"application/json"), *headers],
+            }
+            with anyio.fail_after(10):
+                await app(scope, receive, send)
+        assert engine.seen == [traceparent.decode(), None, None]
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200] * 3
 
 
 class CountingEngine(PipelineEngine):
