@@ -115,7 +115,7 @@ def _tracer() -> Any:
         except Exception:
             logger.exception("%s=%s failed: tracing stays off", SETUP_ENV, setup)
             return None
-    elif _wants_exporter() and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    else:
         _configure_from_environment()
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None  # nobody installed a provider: every span would be dropped
@@ -125,16 +125,18 @@ def _tracer() -> Any:
     return _state["tracer"]
 
 
-def _wants_exporter() -> bool:
-    """Whether OpenTelemetry's own variables ask for span exporters."""
-    names = os.environ.get(EXPORTER_ENV, "").strip()
-    return bool(names) and names.lower() != "none"
-
-
 def _configure_from_environment() -> None:
     """Install a provider and its exporters from the ``OTEL_*`` variables, as
     ``opentelemetry-instrument`` does at start-up, but in this process only and at its
-    first span: a fork server's children are forked before any exporter thread exists."""
+    first span: a fork server's children are forked before any exporter thread exists.
+    Nothing happens when they ask for no exporter, or a provider is installed already."""
+    from opentelemetry import trace
+
+    names = os.environ.get(EXPORTER_ENV, "").strip()
+    if names.lower() in ("", "none"):
+        return
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return
     try:
         from opentelemetry.distro import OpenTelemetryConfigurator
     except ImportError:
@@ -142,7 +144,7 @@ def _configure_from_environment() -> None:
             "%s=%s, but the OpenTelemetry SDK's configurator is not installed: tracing "
             "stays off (pip install 'tokenyard[tracing]' and the exporter's package)",
             EXPORTER_ENV,
-            os.environ.get(EXPORTER_ENV),
+            names,
         )
         return
     try:
@@ -152,7 +154,7 @@ def _configure_from_environment() -> None:
         logger.exception(
             "configuring OpenTelemetry from %s=%s failed: tracing stays off",
             EXPORTER_ENV,
-            os.environ.get(EXPORTER_ENV),
+            names,
         )
 
 

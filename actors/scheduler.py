@@ -32,7 +32,7 @@ import random
 import time
 from array import array
 from collections import OrderedDict
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
@@ -62,6 +62,9 @@ from .messages import (
     Topology,
 )
 from .router import RouterLink
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ("Scheduler",)
 
@@ -360,11 +363,8 @@ class Scheduler(Actor[SchedulerMessage]):
                 queue.pop(key).end_span("abort")
                 dropped.setdefault(key[0], []).append(key[1])
             self._dropped_for_abort_all += len(gone)
-        for req in self._reports:
-            if hit(req):
-                req.end_span(req.abort_reason)
-                dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
-        self._reports = [req for req in self._reports if not hit(req)]
+        for req in self._drop_reports(hit):
+            dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
         for index in [j for j in self._held if which is None or j == which]:
             held = self._held.pop(index).batch
             for origin, rid, reason in zip(
@@ -462,10 +462,16 @@ class Scheduler(Actor[SchedulerMessage]):
             for key in keys:
                 queue.pop(key).end_span("abort")
             self._dropped_for_dead_origin += len(keys)
-        for req in self._reports:
-            if req.msg.origin == origin:
-                req.end_span(req.abort_reason)
-        self._reports = [req for req in self._reports if req.msg.origin != origin]
+        self._drop_reports(lambda req: req.msg.origin == origin)
+
+    def _drop_reports(self, hit: Callable[[_Request], bool]) -> list[_Request]:
+        """Drop the aborts waiting for the next step's report that ``hit`` selects (their
+        spans end here, as no report will end them); return them."""
+        dropped = [req for req in self._reports if hit(req)]
+        for req in dropped:
+            req.end_span(req.abort_reason)
+        self._reports = [req for req in self._reports if not hit(req)]
+        return dropped
 
     # -- the engine -----------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ from runtime import Message, Request
 
 #: Requests in one batch output: a typical running batch of a busy decode step.
 BATCH_SIZE = 32
+#: The trace context a traced message or request carries (W3C's example).
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 class SmallRequest(Message, array_like=True):

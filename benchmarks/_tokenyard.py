@@ -14,13 +14,11 @@ import msgspec
 from runtime import ActorSystem
 
 from ._actors import Counter, Echo
-from ._messages import BATCH_SIZE, CountQuery, make_ask, make_message
+from ._messages import BATCH_SIZE, TRACEPARENT, CountQuery, make_ask, make_message
 from ._proc import BenchmarkError, Latency, Measurement, latency_of
 
 #: Seconds an ask may take before the run is declared broken (never reached when healthy).
 _ASK_TIMEOUT = 60.0
-#: The trace context a traced tell carries (W3C's example).
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 #: How the two processes talk: ipc (the default), tcp with CURVE, tcp without it.
 TRANSPORTS = ("ipc", "tcp", "tcp-plain")
 

@@ -373,17 +373,16 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             if variant.prefix in TWINS:
                 continue  # measured with tell, round by round
             progress.step(f"{variant.label} ({variant.payload})")
-            twins = (
-                [by_key.get((t, variant.payload)) for t in TWINS]
-                if variant.prefix == "tell"
-                else []
-            )
-            group = (variant, *[t for t in twins if t is not None])
-            if len(group) == 1:
+            twins = [
+                by_key[t, variant.payload]
+                for t in TWINS
+                if variant.prefix == "tell" and (t, variant.payload) in by_key
+            ]
+            if not twins:
                 measured = {variant: run_driver(command(variant, rounds), timeout)}
             else:
-                measured = _interleaved(group, rounds, command, timeout)
-                for _ in group[1:]:
+                measured = _interleaved((variant, *twins), rounds, command, timeout)
+                for _ in twins:
                     progress.advance()
             for one, measurement in measured.items():
                 if measurement.frame_bytes:

@@ -62,6 +62,7 @@ from actors._tracing import SETUP_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
 from actors.http._serve import default_detokenizers
 
+from ._messages import TRACEPARENT
 from ._proc import BenchmarkError, _env, reap
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
 from ._serve_peer import PeerReport
@@ -286,10 +287,6 @@ def _spec(port: int, concurrency: int, duration: float, **kw: Any) -> LoadSpec:
     )
 
 
-#: The ``traceparent`` the context-passing variant's clients send (W3C's example).
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
 def measure(variant: Variant, concurrency: int, duration: float) -> list[Figure]:
     """Load one server and read every process's CPU around the timed load."""
     headers = (("traceparent", TRACEPARENT),) if variant.context else ()
@@ -480,6 +477,10 @@ TARGETS = (
 )
 
 
+#: The variants compared with serve 2, untraced, and how their ratio names it.
+AGAINST_SERVE2 = {"serve2traced": "tracing off", "serve2context": "no context"}
+
+
 def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
     """Ratios against the baselines and the issue's targets (pure: testable)."""
     by_key = {f.key: f for f in figures}
@@ -491,13 +492,12 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
                 f.ratios.append(
                     Ratio(baseline=same.key, label=same.variant, value=f.value / same.value)
                 )
-        if variant in ("serve2traced", "serve2context"):
-            untraced = by_key.get(f"serve2.{metric}")
-            if untraced is not None and untraced.value:
-                label = "tracing off" if variant == "serve2traced" else "no context"
-                f.ratios.append(
-                    Ratio(baseline=untraced.key, label=label, value=f.value / untraced.value)
-                )
+        label = AGAINST_SERVE2.get(variant)
+        untraced = by_key.get(f"serve2.{metric}")
+        if label is not None and untraced is not None and untraced.value:
+            f.ratios.append(
+                Ratio(baseline=untraced.key, label=label, value=f.value / untraced.value)
+            )
     best = max(
         (f for f in figures if f.key.startswith("baseline") and f.metric == "requests_per_s"),
         key=lambda f: f.value,
