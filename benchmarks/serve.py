@@ -20,8 +20,8 @@ on keep-alive connections streaming ``/v1/completions`` with ``stream_options.in
   ``benchmarks._tracing``: the OpenTelemetry SDK records every hop's span in every
   process, batch-exported to an exporter that drops them), against **serve 2**, tracing off.
 * **serve 2, context passed**: tracing off, but every request comes with a ``traceparent``
-  header, which the pipeline passes on untouched in the frame headers of its hops: what
-  carrying a context costs without recording it, against **serve 2**.
+  header (which a worker that records nothing carries no further), against **serve 2**:
+  what a client's context costs a server that does not trace.
 * **serve kills**: serve with 2 workers under load (keep-alive clients, and clients opening a
   new connection for every request) while the server SIGKILLs a worker, in turn, 20 times:
   every failed request is checked against the server's record of which worker each

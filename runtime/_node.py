@@ -346,13 +346,14 @@ class Node:
         """
         # One traceparent given as a string is one context, not one per character.
         contexts = (trace,) if isinstance(trace, str) else tuple(trace)
-        longest = max(map(len, contexts), default=0)
-        if len(contexts) > MAX_TRACE or longest > MAX_TRACE_CHARS:
-            raise ProtocolError(
-                f"trace= holds {len(contexts):,} contexts, the longest of "
-                f"{longest:,} characters: a message carries at most "
-                f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
-            )
+        if contexts:  # untraced (every ask and reply but traced ones): nothing to check
+            longest = max(map(len, contexts))
+            if len(contexts) > MAX_TRACE or longest > MAX_TRACE_CHARS:
+                raise ProtocolError(
+                    f"trace= holds {len(contexts):,} contexts, the longest of "
+                    f"{longest:,} characters: a message carries at most "
+                    f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
+                )
         return encode_header(
             Header(
                 kind,
