@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import logging
@@ -192,6 +193,8 @@ class ActorSystem:
         self._names = itertools.count(1)
         #: The write end of the guardian's pipe (-1: none).
         self._guardian = -1
+        #: Files `save_credentials` wrote, each with its guardian's pipe.
+        self._saved: dict[str, int] = {}
         self.closing = False
         if attach is not None:
             self.options = attach.options
@@ -263,6 +266,25 @@ class ActorSystem:
             collector=collector,
         )
 
+    def save_credentials(
+        self, path: str | os.PathLike[str], collector: ActorRef[Any] | None = None
+    ) -> None:
+        """Write `credentials` to ``path`` (mode 0600) for as long as this system lives: the
+        file is removed when the system closes, or when its process dies, however it dies
+        (a guardian process waits on this one, as for the ipc directory).
+
+        Raises:
+            TokenyardError: The system is not open.
+            OSError: The file could not be written.
+        """
+        path = os.path.abspath(os.fspath(path))
+        self.credentials(collector).save(path)
+        guardian = _start_guardian(path, directory=False)
+        old = self._saved.pop(path, None)
+        if old is not None:
+            os.close(old)
+        self._saved[path] = guardian
+
     def _resolve_keys(self) -> Keys | None:
         if self.options.transport != "tcp" or not self.options.curve:
             return None
@@ -321,6 +343,11 @@ class ActorSystem:
             self._remove_dir()
 
     def _remove_dir(self) -> None:
+        for path, guardian in self._saved.items():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            os.close(guardian)
+        self._saved.clear()
         if not self._owns_dir:
             return
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
@@ -937,14 +964,14 @@ def _local_down(child: Child, ending: Ending | None) -> Down:
     )
 
 
-def _start_guardian(ipc_dir: str) -> int:
-    """Start a tiny process that removes ``ipc_dir`` once this one is gone, however it goes.
+def _start_guardian(path: str, *, directory: bool = True) -> int:
+    """Start a tiny process that removes ``path`` once this one is gone, however it goes.
 
     It waits for EOF on a pipe only this process holds the write end of, which the kernel
-    closes when this process ends; then it removes the directory (already gone after a clean
-    exit). It is detached (the shell that starts it exits at once and is reaped here), so it
-    is nobody's child and in a process group of its own: a terminal's Ctrl-C does not end it
-    early, and it never shows among this process's children.
+    closes when this process ends; then it removes the directory or file (already gone
+    after a clean exit). It is detached (the shell that starts it exits at once and is
+    reaped here), so it is nobody's child and in a process group of its own: a terminal's
+    Ctrl-C does not end it early, and it never shows among this process's children.
 
     Returns:
         The write end of the pipe: close it to let the guardian go.
@@ -952,11 +979,19 @@ def _start_guardian(ipc_dir: str) -> int:
     read, write = os.pipe()
     try:
         shell = subprocess.Popen(
-            ["/bin/sh", "-c", f'(cat <&{read} >/dev/null; rm -rf -- "$1") &', "guardian", ipc_dir],
-            stdin=subprocess.DEVNULL,
+            [
+                "/bin/sh",
+                "-c",
+                # The pipe arrives as stdin and moves to fd 3: a POSIX shell redirects only
+                # single-digit descriptors, and gives a background job /dev/null for stdin.
+                "exec 3<&0 </dev/null; "
+                f'(cat <&3 >/dev/null; rm -{"rf" if directory else "f"} -- "$1") &',
+                "guardian",
+                path,
+            ],
+            stdin=read,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            pass_fds=(read,),
             process_group=0,
         )
     except BaseException:
