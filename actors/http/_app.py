@@ -7,8 +7,8 @@ once per request (`actors.http._sse`).
 - **Errors.** Every refusal is an OpenAI-shaped JSON error with a 4xx status; a request
   reaches the engine only once validated (`actors.http._validate`), so what the engine
   still fails is a server fault: 503 with ``Retry-After`` when it cannot serve now, 500
-  otherwise. Once a stream has begun, a failure is its last event (an error object, and
-  no ``[DONE]``).
+  otherwise. Once a stream has begun, a failure is its last event (an error object), and
+  ``[DONE]`` follows it, as after vLLM's.
 - **Disconnects.** While a request is generated, one task waits on ``receive`` for the
   client's disconnect; when it comes, the generation is cancelled, which abandons the
   request at the engine.
@@ -326,7 +326,7 @@ class OpenAIApp:
 
     async def _completions(self, ex: _Exchange, bound: _Bound) -> None:
         req = await self._body(ex, CompletionRequest)
-        prepared = bound.validator.completion(req)
+        prepared = await bound.validator.completion(req)
         if prepared.stream:
             await self._stream(ex, bound, prepared, chat=False)
             return
@@ -342,7 +342,7 @@ class OpenAIApp:
 
     async def _chat(self, ex: _Exchange, bound: _Bound) -> None:
         req = await self._body(ex, ChatCompletionRequest)
-        prepared = bound.validator.chat(req)
+        prepared = await bound.validator.chat(req)
         if prepared.stream:
             await self._stream(ex, bound, prepared, chat=True)
             return
@@ -370,7 +370,7 @@ class OpenAIApp:
         await send_json(ex.send, 200, _ENCODE(self._card(bound)))
 
     async def _tokenize(self, ex: _Exchange, bound: _Bound) -> None:
-        ids = bound.validator.tokenize(await self._body(ex, TokenizeRequest))
+        ids = await bound.validator.tokenize(await self._body(ex, TokenizeRequest))
         response = TokenizeResponse(
             tokens=ids, count=len(ids), max_model_len=bound.limits.context_length
         )
@@ -378,7 +378,7 @@ class OpenAIApp:
 
     async def _detokenize(self, ex: _Exchange, bound: _Bound) -> None:
         ids = bound.validator.detokenize(await self._body(ex, DetokenizeRequest))
-        text = bound.engine.decode(ids)
+        text = await bound.validator.decode(ids)
         await send_json(ex.send, 200, _ENCODE(DetokenizeResponse(prompt=text)))
 
     async def _serve_metrics(self, ex: _Exchange, bound: _Bound) -> None:

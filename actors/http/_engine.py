@@ -139,6 +139,10 @@ class Engine(Protocol):
         ...
 
 
+#: Longest text (in characters) or id list tokenized with the single, GIL-holding call.
+_SHORT = 1024
+
+
 class TokenizerFacts:
     """What an engine says about its model and tokenizer: the part of `Engine` both of
     tokenyard's engines share (they differ in how they generate).
@@ -187,11 +191,24 @@ class TokenizerFacts:
         return self._chat_template
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, no special tokens added (as the workers encode)."""
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
-        return ids
+        """Token ids of ``text``, no special tokens added (as the workers encode).
+
+        A long text goes through the batch call: HF ``tokenizers`` holds the GIL for the
+        whole of a single ``encode`` (half a second for a MiB), and lets go of it while it
+        works on a batch, so another thread (the event loop) runs meanwhile.
+        """
+        if len(text) <= _SHORT:
+            ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+            return ids
+        batch = self._tokenizer.encode_batch([text], add_special_tokens=False)
+        long_ids: list[int] = batch[0].ids
+        return long_ids
 
     def decode(self, ids: list[int]) -> str:
-        """The text of ``ids``, special tokens included."""
-        text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
-        return text
+        """The text of ``ids``, special tokens included (many through the batch call,
+        which lets go of the GIL, as `encode`)."""
+        if len(ids) <= _SHORT:
+            text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
+            return text
+        texts: list[str] = self._tokenizer.decode_batch([ids], skip_special_tokens=False)
+        return texts[0]

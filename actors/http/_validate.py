@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
+
 from actors.messages import SamplingParams
 
 from ._chat import ChatTemplateError
@@ -27,7 +30,16 @@ if TYPE_CHECKING:
         TokenizeRequest,
     )
 
-__all__ = ("Prepared", "Validator")
+__all__ = ("INLINE_CHARS", "INLINE_IDS", "TOKENIZER_THREADS", "Prepared", "Validator")
+
+INLINE_CHARS = 2048
+"""Texts up to this many characters are tokenized on the event loop (a millisecond or two
+at most); longer ones in a thread (HF ``tokenizers`` lets go of the GIL while it works), so
+that no prompt holds the event loop, and with it every other request of the process."""
+INLINE_IDS = 4096
+"""Token ids up to this many are decoded on the event loop; more in a thread."""
+TOKENIZER_THREADS = 2
+"""Threads of one process tokenizing long texts at once; more wait their turn."""
 
 MAX_SEED = (1 << 63) - 1
 """Largest seed accepted (seeds are 64-bit signed integers, negative ones refused)."""
@@ -75,10 +87,28 @@ class Validator:
         self.limits = limits
         self.model = model
         self.vocab_size = engine.vocab_size
+        self._threads: anyio.CapacityLimiter | None = None
+
+    async def encode(self, text: str) -> list[int]:
+        """``text``'s token ids; a long text is tokenized off the event loop."""
+        if len(text) <= INLINE_CHARS:
+            return self.engine.encode(text)
+        return await anyio.to_thread.run_sync(self.engine.encode, text, limiter=self._limiter())
+
+    async def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``; many are decoded off the event loop."""
+        if len(ids) <= INLINE_IDS:
+            return self.engine.decode(ids)
+        return await anyio.to_thread.run_sync(self.engine.decode, ids, limiter=self._limiter())
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        if self._threads is None:  # made in the event loop that uses it
+            self._threads = anyio.CapacityLimiter(TOKENIZER_THREADS)
+        return self._threads
 
     # -- whole requests -------------------------------------------------------------------
 
-    def completion(self, req: CompletionRequest) -> Prepared:
+    async def completion(self, req: CompletionRequest) -> Prepared:
         """Validate a ``/v1/completions`` body."""
         self.check_model(req.model)
         _neutral(req.top_p, req.frequency_penalty, req.presence_penalty, req.logit_bias)
@@ -92,10 +122,10 @@ class Validator:
             raise _bad(f"best_of={req.best_of}: only 1 is supported", "best_of")
         if req.suffix:
             raise _bad("suffix is not supported by this server", "suffix")
-        ids = self._completion_prompt(req.prompt)
+        ids = await self._completion_prompt(req.prompt)
         return self._prepare(ids, req, req.max_tokens, "max_tokens")
 
-    def chat(self, req: ChatCompletionRequest) -> Prepared:
+    async def chat(self, req: ChatCompletionRequest) -> Prepared:
         """Validate a ``/v1/chat/completions`` body."""
         self.check_model(req.model)
         _neutral(req.top_p, req.frequency_penalty, req.presence_penalty, req.logit_bias)
@@ -116,12 +146,12 @@ class Validator:
         ):
             if choice is not None and choice != "none":
                 raise _bad(f"{param} is not supported: this server generates text only", param)
-        ids = self._chat_prompt(req.messages, add_generation_prompt=True)
+        ids = await self._chat_prompt(req.messages, add_generation_prompt=True)
         if req.max_completion_tokens is not None:
             return self._prepare(ids, req, req.max_completion_tokens, "max_completion_tokens")
         return self._prepare(ids, req, req.max_tokens, "max_tokens")
 
-    def tokenize(self, req: TokenizeRequest) -> list[int]:
+    async def tokenize(self, req: TokenizeRequest) -> list[int]:
         """The token ids of a ``/tokenize`` body (no token limit: counting is its point)."""
         self.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
@@ -133,7 +163,7 @@ class Validator:
             assert req.prompt is not None
             text = req.prompt
             self._check_bytes(text, "prompt")
-        return self.engine.encode(text) if text else []
+        return await self.encode(text) if text else []
 
     def detokenize(self, req: DetokenizeRequest) -> list[int]:
         """The token ids of a ``/detokenize`` body, checked against the vocabulary."""
@@ -153,9 +183,9 @@ class Validator:
 
     # -- prompts --------------------------------------------------------------------------
 
-    def _completion_prompt(self, prompt: str | list[str | int | list[int]]) -> list[int]:
+    async def _completion_prompt(self, prompt: str | list[str | int | list[int]]) -> list[int]:
         if isinstance(prompt, str):
-            return self._text_prompt(prompt, "prompt")
+            return await self._text_prompt(prompt, "prompt")
         if not prompt:
             raise _bad("prompt is empty", "prompt")
         ints = [x for x in prompt if type(x) is int]
@@ -164,7 +194,7 @@ class Validator:
         if len(prompt) == 1:
             (only,) = prompt
             if isinstance(only, str):
-                return self._text_prompt(only, "prompt")
+                return await self._text_prompt(only, "prompt")
             if isinstance(only, list):
                 return self._id_prompt(only, "prompt")
         raise _bad(
@@ -173,11 +203,11 @@ class Validator:
             "prompt",
         )
 
-    def _text_prompt(self, text: str, param: str) -> list[int]:
+    async def _text_prompt(self, text: str, param: str) -> list[int]:
         if not text:
             raise _bad(f"{param} is empty", param)
         self._check_bytes(text, param)
-        ids = self.engine.encode(text)
+        ids = await self.encode(text)
         if not ids:
             raise _bad(f"{param} tokenizes to no tokens", param)
         self._check_length(len(ids), param)
@@ -190,10 +220,12 @@ class Validator:
         self._check_ids(ids, param)
         return ids
 
-    def _chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    async def _chat_prompt(
+        self, messages: list[ChatMessage], add_generation_prompt: bool
+    ) -> list[int]:
         text = self._render(messages, add_generation_prompt)
         self._check_bytes(text, "messages")
-        ids = self.engine.encode(text) if text else []
+        ids = await self.encode(text) if text else []
         if not ids:
             raise _bad("the chat template rendered these messages to no tokens", "messages")
         self._check_length(len(ids), "messages")

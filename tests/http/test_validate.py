@@ -34,35 +34,35 @@ def validator(**config: Any) -> Validator:
     return Validator(ENGINE, cfg, cfg.limits(ENGINE.context_length), MODEL)
 
 
-def completion(**body: Any) -> Prepared:
+async def completion(**body: Any) -> Prepared:
     body.setdefault("prompt", "Hello there")
-    return validator().completion(msgspec.convert(body, CompletionRequest))
+    return await validator().completion(msgspec.convert(body, CompletionRequest))
 
 
-def chat(**body: Any) -> Prepared:
+async def chat(**body: Any) -> Prepared:
     body.setdefault("messages", [{"role": "user", "content": "Hello"}])
-    return validator().chat(msgspec.convert(body, ChatCompletionRequest))
+    return await validator().chat(msgspec.convert(body, ChatCompletionRequest))
 
 
-def refused(make: Any, **body: Any) -> HTTPError:
+async def refused(make: Any, **body: Any) -> HTTPError:
     with pytest.raises(HTTPError) as caught:
-        make(**body)
+        await make(**body)
     return caught.value
 
 
 class TestCompletions:
-    def test_a_text_prompt_becomes_its_ids_with_openais_defaults(self) -> None:
-        prepared = completion()
+    async def test_a_text_prompt_becomes_its_ids_with_openais_defaults(self) -> None:
+        prepared = await completion()
         assert prepared.prompt_ids == HELLO
         assert prepared.params == SamplingParams(max_new_tokens=64 - len(HELLO), temperature=1.0)
         assert (prepared.stream, prepared.include_usage) == (False, False)
 
     @pytest.mark.parametrize("prompt", [HELLO, [HELLO], ["Hello there"]])
-    def test_ids_and_single_item_lists_are_one_prompt(self, prompt: Any) -> None:
-        assert completion(prompt=prompt).prompt_ids == HELLO
+    async def test_ids_and_single_item_lists_are_one_prompt(self, prompt: Any) -> None:
+        assert (await completion(prompt=prompt)).prompt_ids == HELLO
 
-    def test_every_served_parameter_reaches_the_sampling_params(self) -> None:
-        prepared = completion(
+    async def test_every_served_parameter_reaches_the_sampling_params(self) -> None:
+        prepared = await completion(
             max_tokens=9,
             stop="x",
             temperature=0,
@@ -95,9 +95,9 @@ class TestCompletions:
         )
         assert (prepared.stream, prepared.include_usage) == (True, True)
 
-    def test_the_default_max_tokens_shrinks_to_the_room_left_in_the_context(self) -> None:
+    async def test_the_default_max_tokens_shrinks_to_the_room_left_in_the_context(self) -> None:
         v = validator(default_max_tokens=256)
-        prepared = v.completion(CompletionRequest(prompt=list(range(10, 60))))
+        prepared = await v.completion(CompletionRequest(prompt=list(range(10, 60))))
         assert prepared.params.max_new_tokens == 64 - 50
 
     @pytest.mark.parametrize(
@@ -135,35 +135,38 @@ class TestCompletions:
             ({"stream_options": {"include_usage": True}}, "stream_options"),
         ],
     )
-    def test_a_bad_value_is_a_400_naming_its_field(self, body: dict[str, Any], param: str) -> None:
-        err = refused(completion, **body)
+    async def test_a_bad_value_is_a_400_naming_its_field(
+        self, body: dict[str, Any], param: str
+    ) -> None:
+        err = await refused(completion, **body)
         assert (err.status, err.param) == (400, param)
 
-    def test_another_model_is_not_found(self) -> None:
-        err = refused(completion, model="gpt-4")
+    async def test_another_model_is_not_found(self) -> None:
+        err = await refused(completion, model="gpt-4")
         assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
-        assert completion(model=MODEL).prompt_ids == HELLO
+        assert (await completion(model=MODEL)).prompt_ids == HELLO
 
-    def test_a_prompt_beyond_the_context_is_refused_in_tokens(self) -> None:
-        err = refused(completion, prompt=list(range(10, 74)))
+    async def test_a_prompt_beyond_the_context_is_refused_in_tokens(self) -> None:
+        err = await refused(completion, prompt=list(range(10, 74)))
         assert (err.status, err.code) == (400, "context_length_exceeded")
         assert "64 tokens long, more than this server takes (63" in err.message
 
-    def test_max_tokens_beyond_the_room_left_is_refused(self) -> None:
-        err = refused(completion, prompt=list(range(10, 60)), max_tokens=15)
+    async def test_max_tokens_beyond_the_room_left_is_refused(self) -> None:
+        err = await refused(completion, prompt=list(range(10, 60)), max_tokens=15)
         assert (err.code, err.param) == ("context_length_exceeded", "max_tokens")
-        assert completion(prompt=list(range(10, 60)), max_tokens=14).params.max_new_tokens == 14
+        prepared = await completion(prompt=list(range(10, 60)), max_tokens=14)
+        assert prepared.params.max_new_tokens == 14
 
-    def test_a_prompt_over_the_byte_limit_is_refused_before_it_is_tokenized(self) -> None:
+    async def test_a_prompt_over_the_byte_limit_is_refused_before_it_is_tokenized(self) -> None:
         v = validator(max_prompt_bytes=10)
         with pytest.raises(HTTPError, match="longer than 10 bytes") as caught:
-            v.completion(CompletionRequest(prompt="日本語だ"))  # 4 characters, 12 bytes
+            await v.completion(CompletionRequest(prompt="日本語だ"))  # 4 characters, 12 bytes
         assert caught.value.code == "context_length_exceeded"
-        assert v.completion(CompletionRequest(prompt="日本語")).prompt_ids
+        assert (await v.completion(CompletionRequest(prompt="日本語"))).prompt_ids
 
 
 class TestChat:
-    def test_messages_are_rendered_by_the_template_then_tokenized(self) -> None:
+    async def test_messages_are_rendered_by_the_template_then_tokenized(self) -> None:
         messages = [
             {"role": "developer", "content": "Be brief."},
             {
@@ -182,17 +185,17 @@ class TestChat:
             ]
         )
         v = validator(context_length=256)
-        prepared = v.chat(msgspec.convert({"messages": messages}, ChatCompletionRequest))
+        prepared = await v.chat(msgspec.convert({"messages": messages}, ChatCompletionRequest))
         assert prepared.prompt_ids == ENGINE.encode(text)
 
-    def test_max_completion_tokens_wins_over_max_tokens(self) -> None:
-        assert chat(max_tokens=3, max_completion_tokens=5).params.max_new_tokens == 5
-        assert chat(max_tokens=3).params.max_new_tokens == 3
-        err = refused(chat, max_completion_tokens=0)
+    async def test_max_completion_tokens_wins_over_max_tokens(self) -> None:
+        assert (await chat(max_tokens=3, max_completion_tokens=5)).params.max_new_tokens == 5
+        assert (await chat(max_tokens=3)).params.max_new_tokens == 3
+        err = await refused(chat, max_completion_tokens=0)
         assert err.param == "max_completion_tokens"
 
-    def test_neutral_values_of_unserved_options_are_accepted(self) -> None:
-        prepared = chat(
+    async def test_neutral_values_of_unserved_options_are_accepted(self) -> None:
+        prepared = await chat(
             response_format={"type": "text"},
             tools=[],
             tool_choice="none",
@@ -230,39 +233,41 @@ class TestChat:
             ({"top_p": 0.5}, "top_p"),
         ],
     )
-    def test_a_bad_or_unserved_value_is_a_400_naming_its_field(
+    async def test_a_bad_or_unserved_value_is_a_400_naming_its_field(
         self, body: dict[str, Any], param: str
     ) -> None:
-        err = refused(chat, **body)
+        err = await refused(chat, **body)
         assert (err.status, err.param) == (400, param)
 
-    def test_too_many_messages_are_refused(self) -> None:
+    async def test_too_many_messages_are_refused(self) -> None:
         v = validator(max_messages=2)
         body = {"messages": [{"role": "user", "content": "x"}] * 3}
         with pytest.raises(HTTPError, match=r"ServeConfig\.max_messages"):
-            v.chat(msgspec.convert(body, ChatCompletionRequest))
+            await v.chat(msgspec.convert(body, ChatCompletionRequest))
 
-    def test_a_rendered_prompt_beyond_the_context_is_refused(self) -> None:
-        err = refused(chat, messages=[{"role": "user", "content": "word " * 80}])
+    async def test_a_rendered_prompt_beyond_the_context_is_refused(self) -> None:
+        err = await refused(chat, messages=[{"role": "user", "content": "word " * 80}])
         assert (err.code, err.param) == ("context_length_exceeded", "messages")
 
 
 class TestTokenize:
-    def test_a_prompt_is_tokenized_without_a_token_limit(self) -> None:
+    async def test_a_prompt_is_tokenized_without_a_token_limit(self) -> None:
         v = validator()
         long = "word " * 200
-        assert v.tokenize(TokenizeRequest(prompt=long)) == ENGINE.encode(long)
-        assert v.tokenize(TokenizeRequest(prompt="")) == []
+        assert await v.tokenize(TokenizeRequest(prompt=long)) == ENGINE.encode(long)
+        assert await v.tokenize(TokenizeRequest(prompt="")) == []
 
-    def test_messages_are_tokenized_as_the_chat_renders_them(self) -> None:
+    async def test_messages_are_tokenized_as_the_chat_renders_them(self) -> None:
         messages = [{"role": "user", "content": "Hello"}]
         req = msgspec.convert({"messages": messages}, TokenizeRequest)
-        assert validator().tokenize(req) == ENGINE.encode(ENGINE.chat_template.render(messages))
+        assert await validator().tokenize(req) == ENGINE.encode(
+            ENGINE.chat_template.render(messages)
+        )
 
     @pytest.mark.parametrize("body", [{}, {"prompt": "x", "messages": []}])
-    def test_it_takes_exactly_one_of_prompt_and_messages(self, body: dict[str, Any]) -> None:
+    async def test_it_takes_exactly_one_of_prompt_and_messages(self, body: dict[str, Any]) -> None:
         with pytest.raises(HTTPError, match="either `prompt` or `messages`"):
-            validator().tokenize(msgspec.convert(body, TokenizeRequest))
+            await validator().tokenize(msgspec.convert(body, TokenizeRequest))
 
     def test_detokenize_checks_ids_against_the_vocabulary(self) -> None:
         assert validator().detokenize(DetokenizeRequest(tokens=HELLO)) == HELLO
