@@ -10,6 +10,7 @@ Data flow (docs/design.md §The pipeline's data flow)::
     worker k --RegisterWorker--> PipelineSupervisor --RouteUpdate--> Detokenizer, Router
     PipelineSupervisor --Registered--> worker k; --Topology--> every member
     PipelineSupervisor --WorkerUp, WorkerDown--> caller; --Abort, AbortAll--> Scheduler
+    the server's owner --Drain--> every HTTP worker (on SIGTERM)
 
 Identity is typed: every request carries its caller's ``rid`` untouched and its ``origin``
 (worker id and incarnation) as fields, never a prefix parsed out of a string. Batch outputs
@@ -636,6 +637,32 @@ class GetWorkerStats(Request[WorkerStats]):
     """Ask a tokenizer worker for its counters; the reply is a `WorkerStats`."""
 
 
+class Draining(Message):
+    """A worker's answer to `Drain`: what it still serves as it begins to drain.
+
+    Attributes:
+        connections: HTTP connections open.
+        requests: Requests in flight.
+    """
+
+    connections: int
+    requests: int
+
+
+class Drain(Request[Draining]):
+    """Told to every serving worker on SIGTERM: take no new request on a connection, let
+    the ones in flight finish, and end those still running after ``timeout`` seconds (a
+    stream with an error event and ``data: [DONE]``, other answers with 503). A second
+    `Drain` can only bring that moment forward. A worker that serves no HTTP answers at
+    once.
+
+    Attributes:
+        timeout: Seconds from now until the requests still running are ended.
+    """
+
+    timeout: float
+
+
 # -- what each member accepts ---------------------------------------------------------------
 
 CallerMessage = RequestOutputs | WorkerUp | WorkerDown | Down
@@ -652,6 +679,7 @@ WorkerMessage = (
     | FlushReply
     | Topology
     | GetWorkerStats
+    | Drain
 )
 """What a tokenizer worker accepts."""
 

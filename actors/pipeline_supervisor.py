@@ -4,7 +4,7 @@ restarts the dead, kills the stuck, and makes sure no request waits on a dead me
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -38,6 +38,9 @@ from .messages import (
     WorkerUp,
 )
 from .router import Router
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 from .scheduler import Scheduler
 from .tokenizer_worker import Limits, TokenizerWorker
 
@@ -78,6 +81,11 @@ class WorkerChannels(Protocol):
 
     def settings(self, fd: int) -> Any:
         """What a worker process needs to serve HTTP on the channel ``fd``."""
+        ...
+
+    def report_stuck(self, report: Callable[[Origin, str], None]) -> None:
+        """Have ``report`` called with a worker incarnation that takes no connections, and
+        why: it is killed, so that stuck ends as dead does."""
         ...
 
 
@@ -243,6 +251,14 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         self.killed_stuck = 0
 
     # -- starting -------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        if self.channels is not None:
+            self.channels.report_stuck(self._takes_no_connections)
+        await super().on_start()
+
+    def _takes_no_connections(self, origin: Origin, reason: str) -> None:
+        self.start_soon(self.stuck, MemberStuck(origin=origin, reason=reason))
 
     def spec_for(self, spec: ChildSpec) -> ChildSpec:
         """Fill in what each member needs: the tokenizer, its siblings, this supervisor."""

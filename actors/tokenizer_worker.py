@@ -46,6 +46,8 @@ from .messages import (
     BatchStrOutput,
     CheckFlush,
     CheckLoad,
+    Drain,
+    Draining,
     FlushCache,
     FlushReply,
     Generate,
@@ -578,6 +580,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if pending is not None:  # else a second reply to a request asked again
             with contextlib.suppress(TokenyardError):  # the caller may have left
                 await pending.reply_to.tell(msg)
+
+    @handler
+    async def drain(self, msg: Drain) -> Draining:
+        """Nothing to drain: a worker that serves no HTTP answers for its requests to its
+        callers, who decide when to stop (an HTTP worker overrides this)."""
+        return Draining(connections=0, requests=len(self.requests))
 
     @handler
     def stats(self, msg: GetWorkerStats) -> WorkerStats:

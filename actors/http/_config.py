@@ -34,6 +34,29 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         max_stop_bytes: Longest stop string in UTF-8 bytes, 256.
         max_stop_token_ids: Most ids in a request's ``stop_token_ids``, 64.
         max_messages: Most messages in a chat request, 1024.
+        max_header_bytes: Most bytes of a request's line and headers together, 64 KiB;
+            past it the request gets 431 and its connection closes. What is fed to the
+            parser is cut at the limit, so the cost of a head is linear in its size.
+        max_headers: Most header fields in a request, 100 (431 past it).
+        header_timeout: Seconds from a request's first byte until its headers have all
+            arrived, 10; past it the request gets 408 and its connection closes (a client
+            sending its headers a byte at a time holds a connection no longer).
+        body_timeout: Seconds a request body may go without a byte while the server waits
+            for it, 30; past it the request gets 408 (a Content-Length or chunk size that
+            lies, a client that stalls).
+        idle_timeout: Seconds a connection may stay open with no request: before its first
+            one, and between requests on a kept-alive connection, 5.
+        max_connections: Most connections one worker process serves at once, 2048; the
+            port's owner gives a worker no more, and keeps the rest waiting.
+        max_waiting: Most accepted connections the port's owner keeps waiting for a
+            worker to take them, 1024; past it a new connection is answered 503 with
+            ``Retry-After`` at once instead of waiting unseen in the listen backlog.
+        take_timeout: Seconds a worker may leave connections handed to it untaken, 10;
+            past it the worker counts as stuck: it is killed and restarted, and what it
+            had not taken goes to the others.
+        drain_timeout: Seconds in-flight requests get to finish after SIGTERM, 30; the
+            requests still running then are ended (a stream with an error event and
+            ``data: [DONE]``, any other answer with 503).
     """
 
     model_id: str | None = None
@@ -47,6 +70,16 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_stop_bytes: int = 256
     max_stop_token_ids: int = 64
     max_messages: int = 1024
+    # -- connections
+    max_header_bytes: int = 64 << 10
+    max_headers: int = 100
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    idle_timeout: float = 5.0
+    max_connections: int = 2048
+    max_waiting: int = 1024
+    take_timeout: float = 10.0
+    drain_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         positive = {
@@ -56,6 +89,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "default_max_tokens": self.default_max_tokens,
             "max_stop_bytes": self.max_stop_bytes,
             "max_messages": self.max_messages,
+            "max_header_bytes": self.max_header_bytes,
+            "max_headers": self.max_headers,
+            "max_connections": self.max_connections,
         }
         # One prompt token and one generated token is the smallest useful context.
         if self.context_length is not None and self.context_length < 2:
@@ -67,9 +103,22 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"ServeConfig.{name}={value}: it must be at least 1")
+        for name, seconds in {
+            "header_timeout": self.header_timeout,
+            "body_timeout": self.body_timeout,
+            "idle_timeout": self.idle_timeout,
+            "take_timeout": self.take_timeout,
+        }.items():
+            if not seconds > 0:
+                raise ValueError(f"ServeConfig.{name}={seconds}: it must be positive (seconds)")
+        if not self.drain_timeout >= 0:
+            raise ValueError(
+                f"ServeConfig.drain_timeout={self.drain_timeout}: it must be at least 0 (seconds)"
+            )
         for name, value in {
             "max_stop": self.max_stop,
             "max_stop_token_ids": self.max_stop_token_ids,
+            "max_waiting": self.max_waiting,
         }.items():
             if value < 0:
                 raise ValueError(f"ServeConfig.{name}={value}: it must be at least 0")

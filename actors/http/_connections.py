@@ -7,9 +7,9 @@ connection it took with ``+`` and each one that closed with ``-``, so the owner 
 many each worker serves, and which connections a worker that died had not taken yet (those
 it hands to another: a connection waiting for a worker is never lost).
 
-`ConnectionServer` is the worker's end: it feeds each connection to uvicorn's HTTP protocol
-(httptools when installed, else h11), as uvicorn's own server does for connections it
-accepts itself.
+`ConnectionServer` is the worker's end: it feeds each connection to uvicorn's httptools
+protocol, bounded (`actors.http._bounded`), as uvicorn's own server does for connections
+it accepts itself.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from uvicorn.server import ServerState
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from ._bounded import BoundedProtocol
+from ._config import ServeConfig
 
 __all__ = ("CLOSED", "TAKEN", "ConnectionServer", "receive_fds")
 
@@ -56,6 +56,13 @@ def receive_fds(channel: socket.socket) -> tuple[bytes, list[int]] | None:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             usable = len(payload) - len(payload) % fds.itemsize
             fds.frombytes(payload[:usable])
+    if _flags & socket.MSG_CTRUNC:
+        # The kernel could not give this process the descriptors (it has too many open):
+        # those connections are closed; their clients see them close.
+        logger.error(
+            "connections handed to this worker were lost: it has no descriptor left "
+            "(raise its RLIMIT_NOFILE, or lower ServeConfig.max_connections)"
+        )
     if not data and not fds:
         raise EOFError("the channel's other end closed")
     return data, list(fds)
@@ -67,12 +74,27 @@ class ConnectionServer:
     Args:
         app: The ASGI application.
         channel: This process's end of the channel (an inherited descriptor).
+        limits: The connections' bounds and timeouts.
         log_level: uvicorn's log level.
     """
 
-    def __init__(self, app: Any, channel: int, *, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: Any,
+        channel: int,
+        *,
+        limits: ServeConfig | None = None,
+        log_level: str = "warning",
+    ) -> None:
+        self.limits = limits = limits or ServeConfig()
         self.config = uvicorn.Config(
-            app, lifespan="off", log_level=log_level, access_log=False, server_header=False
+            app,
+            http="httptools",
+            lifespan="off",
+            log_level=log_level,
+            access_log=False,
+            server_header=False,
+            timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         )
         self.config.load()
         self.state = ServerState()
@@ -81,9 +103,13 @@ class ConnectionServer:
         self.channel.setblocking(False)
         self._fd = channel
         self.served = 0
-        self._protocol = _counted(self.config.http_protocol_class, self._closed_one)
+        #: Connections open now.
+        self.open = 0
+        self.draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._done = asyncio.Event()
+        self._none_open = asyncio.Event()
+        self._none_open.set()
         self._starting: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -120,46 +146,64 @@ class ConnectionServer:
                 self._send(TAKEN)
                 conn = socket.socket(fileno=fd)
                 conn.setblocking(False)
+                self.open += 1
+                self._none_open.clear()
                 task = loop.create_task(self._serve(conn))
                 self._starting.add(task)
                 task.add_done_callback(self._starting.discard)
 
+    def _protocol(self) -> BoundedProtocol:
+        return BoundedProtocol(
+            self.config,
+            self.state,
+            limits=self.limits,
+            draining=self._is_draining,
+            closed=self._closed_one,
+        )
+
+    def _is_draining(self) -> bool:
+        return self.draining
+
     async def _serve(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.connect_accepted_socket(lambda: self._protocol(self), conn)
+            await loop.connect_accepted_socket(self._protocol, conn)
         except OSError as err:
             logger.debug("a handed-over connection was gone already: %s", err)
             conn.close()
-            self._send(CLOSED)
+            self._closed_one()
             return
         self.served += 1
 
     def _closed_one(self) -> None:
+        self.open -= 1
+        if not self.open:
+            self._none_open.set()
         self._send(CLOSED)
 
     def _send(self, what: bytes) -> None:
         with contextlib.suppress(OSError):  # the owner is gone: nobody counts any more
             self.channel.send(what)
 
+    def drain(self) -> None:
+        """Close every connection with no request open, and every other one after the
+        answer to its request; connections still handed to this worker are served the same
+        way (one request each)."""
+        self.draining = True
+        for connection in list(self.state.connections):
+            connection.shutdown()
+
+    async def wait_closed(self) -> None:
+        """Wait until no connection is open."""
+        await self._none_open.wait()
+
     def close(self) -> None:
-        """Ask every connection to finish its response and close; stop taking new ones."""
+        """Stop taking connections and close every one now (answers unfinished or not)."""
+        self.draining = True
         self._done.set()
         self._stop_reading()
         for connection in list(self.state.connections):
-            connection.shutdown()
+            transport = connection.transport
+            if transport is not None:
+                transport.abort()
         self.channel.close()
-
-
-def _counted(base: type[Any], closed: Callable[[], None]) -> Callable[[ConnectionServer], Any]:
-    """A factory of ``base`` protocols that report their connection's end to ``closed``."""
-
-    class Counted(base):  # type: ignore[misc]
-        def connection_lost(self, exc: Exception | None) -> None:
-            super().connection_lost(exc)
-            closed()
-
-    def make(server: ConnectionServer) -> Any:
-        return Counted(config=server.config, server_state=server.state, app_state={})
-
-    return make

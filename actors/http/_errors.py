@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http
 import re
 
 import msgspec
@@ -56,6 +57,23 @@ class HTTPError(Exception):
         """The JSON error body."""
         detail = ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
         return _ENCODE(ErrorResponse(error=detail))
+
+    def response(self) -> bytes:
+        """The whole HTTP/1.1 answer, closing the connection: for a refusal written where no
+        application runs (the port's owner, the connection's own parser)."""
+        body = self.body()
+        try:
+            reason = http.HTTPStatus(self.status).phrase
+        except ValueError:
+            reason = ""
+        lines = [
+            f"HTTP/1.1 {self.status} {reason}".encode("latin-1"),
+            b"content-type: application/json",
+            b"content-length: " + str(len(body)).encode(),
+            *(name + b": " + value for name, value in self.headers),
+            b"connection: close",
+        ]
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 def from_validation_error(err: msgspec.ValidationError) -> HTTPError:

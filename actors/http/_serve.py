@@ -11,39 +11,51 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import signal
 import sys
-from dataclasses import dataclass
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
+from actors.messages import Drain
 from actors.pipeline import Pipeline
+from runtime import TokenyardError
 
+from ._config import ServeConfig
 from ._dispatch import Dispatcher, DispatchStatistics
+from ._worker import CUT_GRACE
 
 if TYPE_CHECKING:
+    import os
     from collections.abc import AsyncIterator, Sequence
-
-    from ._config import ServeConfig
 
 __all__ = ("Server", "main", "open_server")
 
 logger = logging.getLogger("tokenyard.http")
 
+#: Seconds a worker has to say it drains.
+DRAIN_ASK_TIMEOUT = 5.0
 
-@dataclass(frozen=True)
+
 class Server:
     """A running server: the pipeline behind it and the port's owner.
+
+    Args:
+        pipeline: The pipeline (its workers serve the HTTP).
+        dispatcher: Who owns the port and hands out the connections.
 
     Attributes:
         pipeline: The pipeline (its workers serve the HTTP).
         dispatcher: Who owns the port and hands out the connections.
     """
 
-    pipeline: Pipeline
-    dispatcher: Dispatcher
+    def __init__(self, pipeline: Pipeline, dispatcher: Dispatcher) -> None:
+        self.pipeline = pipeline
+        self.dispatcher = dispatcher
+        #: When the drain under way ends the requests still running (``None``: none).
+        self._cut_at: float | None = None
 
     @property
     def url(self) -> str:
@@ -55,6 +67,50 @@ class Server:
     def statistics(self) -> DispatchStatistics:
         """Connections accepted, and handed to each worker."""
         return self.dispatcher.statistics()
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop taking connections and let the requests in flight finish (SIGTERM's way).
+
+        The listener closes (new clients are refused), the connections accepted are still
+        served one request each, and idle ones close. Requests still running ``timeout``
+        seconds later are ended: a stream with an error event and ``data: [DONE]``, any
+        other answer with 503. Calling it again, during a drain, can only bring that
+        moment forward (a second Ctrl-C: ``drain(0)``).
+
+        Args:
+            timeout: Seconds the requests get (None: ``ServeConfig.drain_timeout``).
+
+        Returns:
+            Whether every request finished in time (nothing had to be ended).
+        """
+        if timeout is None:
+            timeout = self.dispatcher.config.drain_timeout
+        cut_at = time.monotonic() + timeout
+        if self._cut_at is not None and cut_at >= self._cut_at:
+            return False  # a drain under way ends sooner; it reports
+        self._cut_at = cut_at
+        self.dispatcher.stop_listening()
+        for k in range(self.pipeline.config.workers):
+            ref = self.pipeline.worker_ref(k)
+            if ref is None:
+                continue
+            try:
+                await ref.ask(Drain(timeout=timeout), timeout=DRAIN_ASK_TIMEOUT)
+            except TokenyardError as err:  # dead or stuck: its death ends its requests
+                logger.warning("worker %d was not told to drain: %s", k, err)
+        clean = True
+        while self._cut_at is not None:
+            deadline = self._cut_at
+            with anyio.move_on_after(deadline - time.monotonic()):
+                await self.dispatcher.wait_idle()
+                return clean
+            if self._cut_at == deadline:  # not brought forward: the deadline passed
+                clean = False
+                break
+        # The workers end what still runs; its last answers go out.
+        with anyio.move_on_after(CUT_GRACE + 1.0):
+            await self.dispatcher.wait_idle()
+        return False
 
 
 def default_detokenizers(workers: int) -> int:
@@ -138,60 +194,146 @@ def _parser() -> argparse.ArgumentParser:
         help="write the system's credentials here (mode 0600, removed on exit), for "
         "`python -m runtime top --credentials PATH`",
     )
+    _add_config_arguments(parser.add_argument_group("limits and timeouts (ServeConfig)"))
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    stop = anyio.Event()
-    received: list[int] = []
+#: `ServeConfig` fields the command line sets otherwise, or not at all.
+_NOT_FLAGS = frozenset({"model_id", "context_length"})
 
-    async def signals() -> None:
-        # Kept until the end: a second signal during the shutdown is ignored, not a crash.
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
-            async for signum in sigs:
-                received.append(signum)
-                stop.set()
+
+def _add_config_arguments(group: argparse._ArgumentGroup) -> None:
+    """One flag per `ServeConfig` field (``max_body_bytes`` is ``--max-body-bytes``), its
+    help and default from the struct itself: a field added there is a flag here."""
+    helps = _attribute_docs(ServeConfig.__doc__ or "")
+    defaults = ServeConfig()
+    for field in msgspec.structs.fields(ServeConfig):
+        if field.name in _NOT_FLAGS:
+            continue
+        default = getattr(defaults, field.name)
+        kind = float if isinstance(default, float) else int
+        text = helps.get(field.name, "").replace("``", "").replace("%", "%%")
+        group.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            type=kind,
+            default=None,
+            metavar="S" if kind is float else "N",
+            help=text if default is None else f"{text} (default {default})",
+        )
+
+
+def _attribute_docs(doc: str) -> dict[str, str]:
+    """Each attribute's text in a Google-style docstring's ``Attributes:`` section."""
+    docs: dict[str, str] = {}
+    name = None
+    inside = False
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped == "Attributes:":
+            inside = True
+            continue
+        if not inside or not stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        head, colon, rest = stripped.partition(":")
+        if indent <= 8 and colon and head.isidentifier():
+            name = head
+            docs[name] = rest.strip()
+        elif name is not None and indent > 8:
+            docs[name] += " " + stripped
+        else:
+            break
+    return docs
+
+
+def _config(args: argparse.Namespace) -> ServeConfig:
+    """The `ServeConfig` the flags ask for (the struct's defaults for the others).
+
+    Raises:
+        ValueError: A value the struct refuses (its message names the field).
+    """
+    given = {
+        f.name: getattr(args, f.name)
+        for f in msgspec.structs.fields(ServeConfig)
+        if f.name not in _NOT_FLAGS and getattr(args, f.name) is not None
+    }
+    return ServeConfig(**given)
+
+
+async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
+    signalled = anyio.Event()
+    drained: list[bool] = []
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(signals)
         async with open_server(
             args.workers,
             args.tokenizer,
             host=args.host,
             port=args.port,
             detokenizers=args.detokenizers,
+            config=config,
             model=args.model,
             step_time=args.step_time,
         ) as server:
+
+            async def signals() -> None:
+                # The first signal drains; the next ones end what still runs at once.
+                with anyio.open_signal_receiver(
+                    signal.SIGINT, signal.SIGTERM, signal.SIGHUP
+                ) as sigs:
+                    async for signum in sigs:
+                        if signalled.is_set():
+                            logger.warning(
+                                "%s again: ending the requests in flight now",
+                                signal.Signals(signum).name,
+                            )
+                            tg.start_soon(server.drain, 0.0)
+                            continue
+                        logger.warning(
+                            "%s: draining (new connections refused; requests in flight have "
+                            "%g s to finish)",
+                            signal.Signals(signum).name,
+                            config.drain_timeout,
+                        )
+                        signalled.set()
+
+            tg.start_soon(signals)
             if args.credentials:
                 pipeline = server.pipeline
-                pipeline.system.credentials(collector=pipeline.collector).save(args.credentials)
+                pipeline.system.save_credentials(args.credentials, collector=pipeline.collector)
             sys.stdout.write(
                 f"serving {server.url} with {args.workers} workers and "
-                f"{args.detokenizers} detokenizer(s); Ctrl-C stops\n"
+                f"{args.detokenizers} detokenizer(s); Ctrl-C or SIGTERM drains and stops\n"
             )
             sys.stdout.flush()
-            try:
-                await stop.wait()
-            finally:
-                if args.credentials:
-                    with contextlib.suppress(OSError):
-                        os.unlink(args.credentials)
+            await signalled.wait()
+            drained.append(await server.drain())
         tg.cancel_scope.cancel()
-    return 128 + received[0] if received else 0
+    return 0 if drained and drained[0] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP (exit 128 + it)."""
-    args = _parser().parse_args(argv)
+    """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP, then drain.
+
+    Returns:
+        0 after a drain in which every request finished; 1 when some had to be ended (or
+        the server could not start); 2 for bad arguments.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.detokenizers is None and args.workers >= 1:
         args.detokenizers = default_detokenizers(args.workers)
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
         return 2
+    try:
+        config = _config(args)
+    except ValueError as err:
+        parser.error(str(err))
     logging.basicConfig(level=args.log_level.upper())
     try:
-        return anyio.run(_serve, args)
+        return anyio.run(_serve, args, config)
     except OSError as err:
         sys.stderr.write(f"cannot serve on {args.host}:{args.port}: {err}\n")
         return 1

@@ -89,6 +89,7 @@ class ChunkFormat:
 
     @staticmethod
     def error(body: bytes) -> bytes:
-        """An error event (``body`` an OpenAI error object): the stream's last event when it
-        fails after it began. No ``[DONE]`` follows, so no client takes it for complete."""
-        return b"data: " + body + b"\n\n"
+        """An error event (``body`` an OpenAI error object), then ``[DONE]``: how a stream
+        that fails after it began ends (as vLLM's do). A client learns of the failure from
+        the error object; one that waits only for ``[DONE]`` is not left waiting."""
+        return b"data: " + body + b"\n\n" + DONE

@@ -44,8 +44,8 @@ async def send_stream(
         started: Called just before the status is sent.
 
     Returns:
-        The failure that ended the stream after it began (its last event said so, and no
-        ``[DONE]`` followed), or ``None`` when it ended well.
+        The failure that ended the stream after it began (its last event said so, before
+        ``[DONE]``), or ``None`` when it ended well.
 
     Raises:
         HTTPError: The engine failed before the first chunk (503 or 500).

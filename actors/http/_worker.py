@@ -10,14 +10,16 @@ connection: the CPU work of HTTP, tokenization and streaming is spread over the 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
 # Resolved at run time: the spawn arguments are decoded with __init__'s annotations.
-from actors.messages import PipelineSupervisorMessage  # noqa: TC001
+from actors.messages import Drain, Draining, PipelineSupervisorMessage
 from actors.tokenizer_worker import Limits, TokenizerWorker
-from runtime import ActorRef, GetMetrics
+from runtime import ActorRef, GetMetrics, handler
 
 from ._app import OpenAIApp
 from ._chat import ChatTemplate
@@ -91,6 +93,10 @@ class HttpWorker(TokenizerWorker):
         self.http = http
         self.server: ConnectionServer | None = None
         self.engine: WorkerEngine | None = None
+        #: When the requests still running are ended (``None``: not draining).
+        self._cut_at: float | None = None
+        #: Set when a later `Drain` brings the deadline forward.
+        self._cut_moved: anyio.Event | None = None
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -104,13 +110,54 @@ class HttpWorker(TokenizerWorker):
         )
         metrics = None if self.collector is None else self._metrics
         app = _Labelled(OpenAIApp(self.engine, config=http.config, metrics=metrics), self.worker_id)
-        self.server = ConnectionServer(app, http.channel, log_level=http.log_level)
+        self.server = ConnectionServer(
+            app, http.channel, limits=http.config, log_level=http.log_level
+        )
         self.start_soon(self.server.run)
 
     async def on_stop(self) -> None:
         if self.server is not None:
             self.server.close()
         await super().on_stop()
+
+    @handler
+    async def drain(self, msg: Drain) -> Draining:
+        """Begin to drain (see `Drain`): answered at once, the drain goes on meanwhile."""
+        assert self.server is not None
+        assert self.engine is not None
+        cut_at = time.monotonic() + max(msg.timeout, 0.0)
+        if self._cut_at is None:
+            self._cut_at = cut_at
+            self.server.drain()
+            self.start_soon(self._cut_when_due)
+        elif cut_at < self._cut_at:
+            self._cut_at = cut_at
+            if self._cut_moved is not None:
+                self._cut_moved.set()
+        return Draining(connections=self.server.open, requests=self.engine.in_flight)
+
+    async def _cut_when_due(self) -> None:
+        """At the drain's deadline, end what still runs, then close what is still open."""
+        assert self.server is not None
+        assert self.engine is not None
+        while self._cut_at is not None:
+            moved = self._cut_moved = anyio.Event()
+            with anyio.move_on_after(self._cut_at - time.monotonic()):
+                await moved.wait()
+                continue
+            break
+        cut = self.engine.cut(
+            "the server is shutting down: the request did not finish within its drain "
+            "timeout (ServeConfig.drain_timeout, serve --drain-timeout)"
+        )
+        if cut:
+            logger.warning(
+                "worker %d ended %d request(s) still running at shutdown", self.worker_id, cut
+            )
+        # Their last answers go out (a client that does not read them has CUT_GRACE).
+        with anyio.move_on_after(CUT_GRACE):
+            await self.server.wait_closed()
+        self.server.close()
 
     async def _metrics(self) -> tuple[bytes, str]:
         """The whole system's metrics, as the collector gathered them for every worker."""
@@ -120,6 +167,9 @@ class HttpWorker(TokenizerWorker):
         gathered = await self.collector.ask(GetMetrics(), timeout=METRICS_TIMEOUT)
         return render(gathered), CONTENT_TYPE
 
+
+#: Seconds the answers of requests ended at a drain's deadline get to go out.
+CUT_GRACE = 2.0
 
 #: Seconds ``GET /metrics`` waits for the collector (each process has 2 s to answer it).
 METRICS_TIMEOUT = 10.0

@@ -122,6 +122,8 @@ class WorkerEngine(TokenizerFacts):
         )
         self._worker = worker
         self._max_stream_buffer = max_stream_buffer
+        #: The outputs of every attempt in flight, by rid.
+        self._live: dict[str, _Outputs] = {}
         self.resubmitted = 0
         self._resubmissions = _metrics.RESUBMISSIONS.labels(worker._model)
 
@@ -129,18 +131,51 @@ class WorkerEngine(TokenizerFacts):
         self, prompt: str | list[int], params: SamplingParams, stream: bool
     ) -> tuple[str, _Outputs]:
         rid = uuid.uuid4().hex
-        outputs = _Outputs(rid, self._max_stream_buffer, self._worker.release_local)
+        outputs = self._live[rid] = _Outputs(rid, self._max_stream_buffer, self._release)
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-        await self._worker.submit_local(
-            rid,
-            outputs.put,
-            text=text,
-            input_ids=ids,
-            sampling=params,
-            stream=stream,
-            traceparent=_tracing.incoming.get(),
-        )
+        try:
+            await self._worker.submit_local(
+                rid,
+                outputs.put,
+                text=text,
+                input_ids=ids,
+                sampling=params,
+                stream=stream,
+                traceparent=_tracing.incoming.get(),
+            )
+        except BaseException:
+            self._live.pop(rid, None)
+            raise
         return rid, outputs
+
+    def _release(self, rid: str) -> None:
+        """Let an attempt go: the worker forgets it, the engine stops generating it."""
+        self._live.pop(rid, None)
+        self._worker.release_local(rid)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being generated now."""
+        return len(self._live)
+
+    def cut(self, reason: str) -> int:
+        """End every request in flight with ``reason`` as its error (a stream's last event,
+        or a 503): the server stops before they could finish. Returns how many."""
+        live, self._live = self._live, {}
+        for rid, outputs in live.items():
+            self._worker.release_local(rid)
+            outputs.put(
+                RequestOutput(
+                    rid=rid,
+                    worker=self._worker.worker_id,
+                    text="",
+                    output_ids=[],
+                    prompt_tokens=0,
+                    completion_tokens=0,
+                    error=reason,
+                )
+            )
+        return len(live)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
         """Generate a whole completion (cancelling the call lets the request go)."""
@@ -149,8 +184,9 @@ class WorkerEngine(TokenizerFacts):
             try:
                 out = await outputs.next()
             except BaseException:
-                self._worker.release_local(rid)
+                self._release(rid)
                 raise
+            self._live.pop(rid, None)
             if out.error is None:
                 return Completion(
                     text=out.text,
@@ -198,7 +234,8 @@ class WorkerEngine(TokenizerFacts):
                     return
             finally:
                 if not finished and not outputs.overflow:
-                    self._worker.release_local(rid)
+                    self._release(rid)
+                self._live.pop(rid, None)
             attempt += 1
             self.resubmitted += 1
             self._resubmissions.inc()
@@ -211,4 +248,4 @@ class WorkerEngine(TokenizerFacts):
             return EngineUnavailableError(
                 f"request {out.rid!r} lost its {out.lost_to.value}: {reason}"
             )
-        return EngineUnavailableError(f"the pipeline refused request {out.rid!r}: {reason}")
+        return EngineUnavailableError(f"request {out.rid!r} failed: {reason}")

@@ -537,9 +537,9 @@ class TestServerFaults:
             async with http.post("/v1/completions", json=body) as r:
                 assert r.status == 200
                 events = sse_events(await r.read())
-            assert "[DONE]" not in events
-            assert events[-1]["error"]["type"] == "server_error"
-            assert all("choices" in e for e in events[:-1])
+            assert events[-1] == "[DONE]"
+            assert events[-2]["error"]["type"] == "server_error"
+            assert all("choices" in e for e in events[:-2])
             await app.wait_idle()
         assert app.statistics().server_errors == 2
 
@@ -571,9 +571,9 @@ class TestServerFaults:
                     head = await read_events(r, 2)
                     killed = p.kill_worker(0)
                     events = sse_events(head + await r.read())
-                assert "[DONE]" not in events
-                assert events[-1]["error"]["code"] == "service_unavailable"
-                assert "lost its worker" in events[-1]["error"]["message"]
+                assert events[-1] == "[DONE]"
+                assert events[-2]["error"]["code"] == "service_unavailable"
+                assert "lost its worker" in events[-2]["error"]["message"]
                 assert "choices" in events[0]
                 await p.wait_worker(0, after=killed.incarnation, timeout=30)
                 await still_serves(http)

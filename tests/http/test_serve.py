@@ -8,14 +8,17 @@ connections arriving throughout, a detokenizer killed under load, bad requests, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import anyio
@@ -26,6 +29,10 @@ from openai import AsyncOpenAI
 from actors.http import open_server
 from actors.http._load import LoadResult, LoadSpec, run_load
 from tests.conftest import is_fork_server
+from tests.http._server import sse_events
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Tell me about the harbour of Yokohama.", "你好, 世界", "Bonjour à tous 😀")
@@ -190,34 +197,144 @@ class TestConnections:
 
 
 class TestTheCommand:
-    def test_serve_answers_until_sigterm_and_leaves_nothing_behind(self) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        with subprocess.Popen(
-            [sys.executable, "-m", "actors", "serve", "--workers", "2", "--port", str(port)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        ) as proc:
-            try:
-                assert proc.stdout is not None
-                assert "serving http://127.0.0.1" in proc.stdout.readline()
-                body = asyncio.run(_complete(port))
-                assert body["choices"][0]["text"]
-                children = [pid for pid in _children(proc.pid) if not is_fork_server(pid)]
-                assert len(children) == 5  # 2 workers, the scheduler, detokenizer and router
-                proc.send_signal(signal.SIGTERM)
-                assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+    def test_sigterm_drains_the_streams_in_flight_then_exits_0_leaving_nothing(
+        self, tmp_path: Path
+    ) -> None:
+        credentials = tmp_path / "credentials.json"
+        with _serve_command("--step-time", "0.01", "--credentials", str(credentials)) as run:
+            body = asyncio.run(_complete(run.port))
+            assert body["choices"][0]["text"]
+            children = [pid for pid in _children(run.proc.pid) if not is_fork_server(pid)]
+            assert len(children) == 5  # 2 workers, the scheduler, detokenizer and router
+            assert credentials.exists()
+            streams = asyncio.run(_streams_through_sigterm(run, count=12, max_tokens=80))
+            assert run.proc.wait(timeout=30) == 0
+        # Every stream in flight at the signal streamed to its end.
+        assert all(events[-1] == "[DONE]" for events in streams.finished), streams.finished
+        assert all("error" not in e for events in streams.finished for e in events[:-1])
+        assert len(streams.finished) == 12
+        # New connections were refused once the signal came.
+        assert streams.refused_after
         for pid in children:
             assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
+        assert not credentials.exists()
         with socket.socket() as again, pytest.raises(ConnectionRefusedError):
-            again.connect(("127.0.0.1", port))
+            again.connect(("127.0.0.1", run.port))
+
+    def test_requests_past_the_drain_timeout_end_with_an_error_event_and_done(self) -> None:
+        with _serve_command("--step-time", "0.01", "--drain-timeout", "0.5") as run:
+            streams = asyncio.run(_streams_through_sigterm(run, count=4, max_tokens=3000))
+            assert run.proc.wait(timeout=30) == 1  # not a clean drain: requests were ended
+        assert len(streams.finished) == 4
+        for events in streams.finished:
+            assert events[-1] == "[DONE]"
+            error = events[-2]["error"]
+            assert error["code"] == "service_unavailable"
+            assert "drain_timeout" in error["message"]
+        assert streams.unstreamed == [503]
+
+    def test_the_parents_sigkill_leaves_no_process_and_no_credentials_file(
+        self, tmp_path: Path
+    ) -> None:
+        credentials = tmp_path / "credentials.json"
+        with _serve_command("--credentials", str(credentials)) as run:
+            children = _children(run.proc.pid)
+            assert credentials.exists()
+            ipc_dirs = list(Path(tempfile.gettempdir()).glob(f"tokenyard-{run.proc.pid}-*"))
+            assert ipc_dirs
+            run.proc.kill()
+            run.proc.wait(timeout=10)
+            with anyio.from_thread.start_blocking_portal() as portal:
+                portal.call(_until_gone, credentials, children)
+                for path in ipc_dirs:  # the system's own guardian removes its directory
+                    portal.call(_until_gone, path, [])
+
+
+class _Run:
+    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
+        self.proc = proc
+        self.port = port
+
+
+@contextlib.contextmanager
+def _serve_command(*options: str) -> Iterator[_Run]:
+    """``python -m actors serve --workers 2`` on a free port, until the block ends."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = [sys.executable, "-m", "actors", "serve", "--workers", "2", "--port", str(port)]
+    with subprocess.Popen(
+        [*args, *options], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            assert "serving http://127.0.0.1" in proc.stdout.readline()
+            yield _Run(proc, port)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+class _Streams:
+    def __init__(self) -> None:
+        #: Each stream's events, for the streams begun before the signal.
+        self.finished: list[list[Any]] = []
+        #: The statuses of the requests without a stream in flight at the signal.
+        self.unstreamed: list[int] = []
+        #: Whether a new connection was refused after the signal.
+        self.refused_after = False
+
+
+async def _streams_through_sigterm(run: _Run, count: int, max_tokens: int) -> _Streams:
+    """Begin ``count`` streams and one request without a stream, SIGTERM the server once
+    each stream has its first event, and gather how each one ended."""
+    out = _Streams()
+    url = f"http://127.0.0.1:{run.port}/v1/completions"
+    body = {"prompt": "Hi", "max_tokens": max_tokens, "ignore_eos": True}
+    started = [anyio.Event() for _ in range(count)]
+
+    async def stream(http: aiohttp.ClientSession, began: anyio.Event) -> None:
+        async with http.post(url, json={**body, "stream": True}) as r:
+            assert r.status == 200
+            data = await r.content.readuntil(b"\n\n")
+            began.set()
+            data += await r.read()
+        out.finished.append(sse_events(data))
+
+    async def whole(http: aiohttp.ClientSession) -> None:
+        async with http.post(url, json=body) as r:
+            await r.read()
+            out.unstreamed.append(r.status)
+
+    with anyio.fail_after(60):
+        async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+            for began in started:
+                tg.start_soon(stream, http, began)
+            tg.start_soon(whole, http)
+            for began in started:
+                await began.wait()
+            run.proc.send_signal(signal.SIGTERM)
+            # The listener closes at once: a new client is refused, not left waiting.
+            for _ in range(200):
+                try:
+                    with socket.create_connection(("127.0.0.1", run.port), timeout=1):
+                        pass
+                except ConnectionRefusedError:
+                    out.refused_after = True
+                    break
+                await anyio.sleep(0.01)  # sync-ok: polling the port until it closes
+    return out
+
+
+async def _until_gone(path: Path, pids: list[int]) -> None:
+    """Wait until ``path`` is removed and every pid has ended (nothing announces either)."""
+    with anyio.fail_after(20):
+        for _ in itertools.count():
+            if not path.exists() and all(_zombie(p) for p in pids):
+                return
+            await anyio.sleep(0.05)  # sync-ok: polling the file system and /proc
 
 
 async def _complete(port: int) -> dict[str, Any]:

@@ -90,7 +90,7 @@ class TestUsage:
         assert all("usage" not in e for e in events[:-1])
 
 
-def test_an_error_event_is_the_error_object_and_no_done_follows() -> None:
+def test_an_error_event_is_the_error_object_and_done_follows() -> None:
     data = ChunkFormat.error(b'{"error":{"message":"x"}}')
-    assert sse_events(data) == [{"error": {"message": "x"}}]
-    assert DONE not in data
+    assert sse_events(data) == [{"error": {"message": "x"}}, "[DONE]"]
+    assert data.endswith(DONE)

@@ -107,7 +107,7 @@ async def test_an_empty_stream_is_a_server_fault() -> None:
         ((Chunk(text="a"), Chunk(text="b")), "ended unfinished"),
     ],
 )
-async def test_a_failure_after_the_status_is_the_last_event_and_no_done_follows(
+async def test_a_failure_after_the_status_is_an_error_event_then_done(
     items: tuple[Chunk | Exception, ...], message: str
 ) -> None:
     source, sent = Source(*items), Sent()
@@ -115,8 +115,8 @@ async def test_a_failure_after_the_status_is_the_last_event_and_no_done_follows(
     assert failure is not None
     assert message in str(failure)
     events = sent.events()
-    assert "[DONE]" not in events
-    assert message in events[-1]["error"]["message"]
+    assert events[-1] == "[DONE]"
+    assert message in events[-2]["error"]["message"]
     assert events[0]["choices"][0]["text"] == "a"
     assert sent.messages[-1].get("more_body", False) is False
     assert source.closed

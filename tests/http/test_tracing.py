@@ -234,7 +234,7 @@ class TestOpenTelemetrysOwnSetup:
                     assert_one_trace(await collector.wait_for(TRACE_ID, 4))
                     proc.send_signal(signal.SIGTERM)
                     with anyio.fail_after(30):
-                        assert await proc.wait() == 128 + signal.SIGTERM
+                        assert await proc.wait() == 0  # a clean drain
                 finally:
                     if proc.returncode is None:
                         proc.kill()

@@ -1,0 +1,263 @@
+"""``BoundedProtocol``: uvicorn's httptools protocol, with the bounds a server that faces
+any client needs.
+
+uvicorn's own protocol bounds neither the bytes nor the number of a request's headers, and
+times out only a kept-alive connection after a response: a client that sends its headers
+a byte at a time, opens connections and says nothing, or promises a body it never sends,
+holds its connection (and a worker's memory: the parser grows a header value by copying,
+so the cost of a long head is quadratic) for as long as it likes. Here:
+
+- **Head bytes and header count.** What is fed to the parser while a request's head is
+  incomplete is cut at `ServeConfig.max_header_bytes`: a head that does not end within it
+  gets 431, as does one with more than `ServeConfig.max_headers` fields. Nothing past the
+  limit is parsed, so a head costs time linear in its size.
+- **Timeouts.** A connection with no request open is closed after
+  `ServeConfig.idle_timeout` (before its first request too); a request whose headers have
+  not all arrived `ServeConfig.header_timeout` after its first byte gets 408; so does one
+  whose body goes `ServeConfig.body_timeout` without a byte while the server waits for it
+  (a Content-Length or chunk size that lies). Time the application leaves the body unread
+  (reading paused) does not count.
+- **Draining.** Once its server drains, a connection with no request open closes, and
+  every request answered from then on closes its connection after the answer.
+
+A refusal is an OpenAI-shaped JSON error with ``connection: close``, written by the
+protocol itself (no application task is started for a request that never completed its
+head), then the connection is closed lingering, as the port's owner closes its refusals
+(`actors.http._refuse`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ._errors import HTTPError
+from ._refuse import LINGER
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
+    from ._config import ServeConfig
+
+__all__ = ("BoundedProtocol",)
+
+
+#: What a connection's timer watches.
+_HEAD, _BODY = 1, 2
+
+
+class _TooManyHeadersError(Exception):
+    """Raised in the parser's header callback: the parser stops at once."""
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    """One HTTP/1.1 connection, bounded (see the module).
+
+    Args:
+        config: uvicorn's configuration (its ``timeout_keep_alive`` is the idle timeout).
+        server_state: uvicorn's shared state (the connections, the request tasks).
+        limits: The bounds.
+        draining: Whether the server drains (read when a request's headers complete).
+        closed: Called once when the connection is gone.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        *,
+        limits: ServeConfig,
+        draining: Callable[[], bool],
+        closed: Callable[[], None],
+    ) -> None:
+        super().__init__(config=config, server_state=server_state, app_state={})
+        self._max_head = limits.max_header_bytes
+        self._max_headers = limits.max_headers
+        self._header_timeout = limits.header_timeout
+        self._body_timeout = limits.body_timeout
+        self._draining = draining
+        self._closed = closed
+        #: Bytes received since the head being read began (or the last one completed).
+        self._head_bytes = 0
+        #: Heads completed on this connection: tells whether a feed completed the one open.
+        self._heads = 0
+        self._in_head = True
+        self._headers = 0
+        self._too_many = False
+        self._refused = False
+        self._timer: asyncio.TimerHandle | None = None
+        #: What the timer watches: `_HEAD`, `_BODY` or nothing.
+        self._watching = 0
+        #: When the head being read began (``None``: none is).
+        self._head_since: float | None = None
+        #: When the body being waited for last brought a byte (``None``: none waited for).
+        self._body_seen: float | None = None
+
+    # -- the connection -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # Before its first request, a connection is idle as between two requests.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        super().connection_lost(exc)
+        self._closed()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped until the client closes, or LINGER passes
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            if self._head_since is None:
+                # From its first byte (a blank line before a request included), a head has
+                # header_timeout to end.
+                self._head_since = self.loop.time()
+            room = self._max_head - self._head_bytes
+            if len(data) > room:
+                heads = self._heads
+                if not self._feed(data[:room]):
+                    return
+                self._watch()
+                if self._heads == heads:  # the head did not end within its limit
+                    self._refuse(431, f"the request's head is longer than {self._max_head} bytes")
+                    return
+                data = data[room:]
+            else:
+                self._head_bytes += len(data)
+        elif self._body_seen is not None:
+            self._body_seen = self.loop.time()
+        if self._feed(data):
+            self._watch()
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; ``False`` when the connection was refused for it."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError:
+            if self._too_many:
+                self._refuse(431, f"the request has more than {self._max_headers} header fields")
+            else:
+                self.send_400_response("Invalid HTTP request received.")
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        """Close now if no request is open; else close after the answer to the one open."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+        elif self._head_since is None:  # no head begun either
+            self.transport.close()
+        # A head being read: its request's answer closes the connection (`_draining`).
+
+    # -- parser callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._headers = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers += 1
+        if self._headers > self._max_headers:
+            self._too_many = True
+            raise _TooManyHeadersError
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._heads += 1
+        self._head_since = None
+        super().on_headers_complete()
+        if self._draining() and self.cycle is not None:
+            self.cycle.keep_alive = False
+        self._body_seen = self.loop.time()
+
+    def on_message_complete(self) -> None:
+        self._in_head = True
+        self._body_seen = None
+        super().on_message_complete()
+
+    # -- timeouts -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Arm the timer for what is awaited now, after a feed (most requests arrive whole
+        in one: they never arm one)."""
+        if self._head_since is not None:
+            if self._watching != _HEAD:
+                delay = self._head_since + self._header_timeout - self.loop.time()
+                self._arm(_HEAD, delay, self._head_expired)
+        elif self._body_seen is not None:
+            if self._watching != _BODY:
+                self._arm(_BODY, self._body_timeout, self._body_expired)
+        elif self._timer is not None:
+            self._cancel_timer()
+
+    def _arm(self, what: int, delay: float, then: Callable[[], None]) -> None:
+        self._cancel_timer()
+        self._watching = what
+        self._timer = self.loop.call_later(delay, then)
+
+    def _cancel_timer(self) -> None:
+        self._watching = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_expired(self) -> None:
+        self._timer, self._watching = None, 0
+        self._refuse(408, f"the request's headers did not arrive within {self._header_timeout:g} s")
+
+    def _body_expired(self) -> None:
+        self._timer, self._watching = None, 0
+        seen = self._body_seen
+        if seen is None:
+            return
+        now = self.loop.time()
+        if self.flow.read_paused:
+            # The application has not read what came: the client is not the one waiting.
+            self._body_seen = seen = now
+        if now - seen < self._body_timeout:
+            self._arm(_BODY, self._body_timeout - (now - seen), self._body_expired)
+            return
+        self._refuse(
+            408, f"the request body stopped arriving: no byte for {self._body_timeout:g} s"
+        )
+
+    # -- refusing -------------------------------------------------------------------------
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` unless an answer began, and close the connection."""
+        self._cancel_timer()
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        answered = cycle is not None and cycle.response_started and not cycle.response_complete
+        if cycle is not None and not cycle.response_complete:
+            # The application's request is over: it hears a disconnect, and what it
+            # might still send goes nowhere.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if answered:
+            self.transport.close()
+            return
+        code = "request_header_fields_too_large" if status == 431 else "request_timeout"
+        self.transport.write(HTTPError(status, message, code=code).response())
+        # Closed lingering: the answer, then our end shut; what the client still sends is
+        # read and dropped until it closes (or LINGER passes), so that unread bytes do not
+        # reset the connection before it has read the answer.
+        self._refused = True
+        self.transport.write_eof()
+        self.flow.resume_reading()
+        self._timer = self.loop.call_later(LINGER, self.transport.close)

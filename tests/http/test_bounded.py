@@ -1,0 +1,225 @@
+"""The bounds of every connection a serving worker takes (`actors.http._bounded`), tried
+from outside as an attacker would, over raw TCP against a real ``open_server``.
+
+Each finding this reproduces held a connection (or a worker's memory) without bound before:
+a head streamed for ever, too many headers, a head sent a byte at a time, a silent
+connection, a body promised and never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import pytest
+
+from actors.http import ServeConfig, open_server
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from actors.http import Server
+
+#: Short timeouts, so that each one is seen to fire within a test.
+CONFIG = ServeConfig(header_timeout=1.0, body_timeout=1.0, idle_timeout=1.0)
+HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+
+
+@pytest.fixture(scope="module")
+async def module_server() -> AsyncIterator[Server]:
+    async with open_server(workers=2, port=0, config=CONFIG) as server:
+        yield server
+
+
+@pytest.fixture
+async def server(module_server: Server) -> AsyncIterator[Server]:
+    yield module_server
+    # Each test leaves every worker serving: a request reaches the app.
+    status, _, _ = await exchange(module_server, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert status == 200
+
+
+async def connect(server: Server) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = server.dispatcher.address
+    return await asyncio.open_connection(host, port)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP answer: status, headers, body (by its Content-Length)."""
+    status_line = await reader.readline()
+    assert status_line.startswith(b"HTTP/1.1 "), status_line
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int((await reader.readline()).strip(), 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+        await reader.readline()
+    else:
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(status_line.split()[1]), headers, body
+
+
+async def exchange(server: Server, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await connect(server)
+    try:
+        writer.write(request)
+        with anyio.fail_after(10):
+            return await read_answer(reader)
+    finally:
+        writer.close()
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """What arrives until the server closes the connection (failing after ``seconds``)."""
+    with anyio.fail_after(seconds):
+        return await reader.read()
+
+
+def worker_rss(server: Server) -> int:
+    """The resident bytes of every worker process together."""
+    total = 0
+    for k in range(server.pipeline.config.workers):
+        ref = server.pipeline.worker_ref(k)
+        assert ref is not None
+        pid = server.pipeline.system.pid_of(ref)
+        status = Path(f"/proc/{pid}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))
+        total += int(kib) << 10
+    return total
+
+
+class TestHeads:
+    async def test_a_head_streamed_without_end_is_refused_431_before_a_megabyte(
+        self, server: Server
+    ) -> None:
+        rss = worker_rss(server)
+        reader, writer = await connect(server)
+        writer.write(HEAD + b"x-long: ")
+        sent = 0
+        chunk = b"a" * 4096
+        answer = asyncio.ensure_future(read_answer(reader))
+        with anyio.fail_after(60):  # the finding: one header value streamed for 60 s
+            while not answer.done() and sent < 4 << 20:
+                writer.write(chunk)
+                sent += len(chunk)
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    break
+                await anyio.lowlevel.checkpoint()
+            status, headers, body = await answer
+            assert await reader.read() == b""  # and it closed the connection
+        writer.close()
+        assert status == 431
+        assert headers["connection"] == "close"
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_header_fields_too_large"
+        # Refused at the limit (what the client sent past it sat unread in socket buffers).
+        assert "65536 bytes" in error["message"]
+        assert worker_rss(server) - rss < 16 << 20
+
+    async def test_a_head_just_under_the_limit_is_served(self, server: Server) -> None:
+        value = b"v" * (CONFIG.max_header_bytes - 200)
+        request = b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + value + b"\r\n\r\n"
+        status, _, _ = await exchange(server, request)
+        assert status == 200
+
+    async def test_more_header_fields_than_max_headers_are_refused_431(
+        self, server: Server
+    ) -> None:
+        many = b"".join(b"x-h%d: 1\r\n" % i for i in range(CONFIG.max_headers + 1))
+        status, _, body = await exchange(server, b"GET /health HTTP/1.1\r\n" + many + b"\r\n")
+        assert status == 431
+        assert (
+            f"more than {CONFIG.max_headers} header fields" in json.loads(body)["error"]["message"]
+        )
+        fewer = b"".join(b"x-h%d: 1\r\n" % i for i in range(CONFIG.max_headers - 1))
+        status, _, _ = await exchange(
+            server, b"GET /health HTTP/1.1\r\nhost: x\r\n" + fewer + b"\r\n"
+        )
+        assert status == 200
+
+    async def test_a_head_sent_a_byte_at_a_time_gets_408_at_the_header_timeout(
+        self, server: Server
+    ) -> None:
+        reader, writer = await connect(server)
+        started = time.monotonic()
+        answer = asyncio.ensure_future(read_answer(reader))
+        with anyio.fail_after(10):
+            for byte in HEAD + b"x-slow: " + b"z" * 1000:
+                if answer.done():
+                    break
+                writer.write(bytes([byte]))
+                with anyio.move_on_after(0.1):  # sync-ok: a slowloris client's pace
+                    await asyncio.shield(answer)
+            status, _, body = await answer
+        writer.close()
+        elapsed = time.monotonic() - started
+        assert status == 408
+        assert "did not arrive within 1 s" in json.loads(body)["error"]["message"]
+        assert CONFIG.header_timeout <= elapsed < CONFIG.header_timeout + 2
+
+
+class TestIdleAndBodies:
+    async def test_a_silent_connection_is_closed_at_the_idle_timeout(self, server: Server) -> None:
+        reader, writer = await connect(server)
+        started = time.monotonic()
+        assert await closed_within(reader, CONFIG.idle_timeout + 3) == b""
+        assert time.monotonic() - started >= CONFIG.idle_timeout * 0.9
+        writer.close()
+
+    async def test_a_kept_alive_connection_is_closed_at_the_idle_timeout(
+        self, server: Server
+    ) -> None:
+        reader, writer = await connect(server)
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, _, _ = await read_answer(reader)
+        assert status == 200
+        assert await closed_within(reader, CONFIG.idle_timeout + 3) == b""
+        writer.close()
+
+    @pytest.mark.parametrize(
+        "promise",
+        [
+            b"content-length: 100\r\n\r\n" + b'{"prompt": ',
+            b"transfer-encoding: chunked\r\n\r\nffff\r\n" + b'{"prompt": ',
+        ],
+        ids=["content-length", "chunk-size"],
+    )
+    async def test_a_body_that_stops_arriving_gets_408_at_the_body_timeout(
+        self, server: Server, promise: bytes
+    ) -> None:
+        reader, writer = await connect(server)
+        writer.write(HEAD + promise)
+        started = time.monotonic()
+        with anyio.fail_after(CONFIG.body_timeout + 5):
+            status, headers, body = await read_answer(reader)
+            assert await reader.read() == b""  # then it closes
+        writer.close()
+        assert status == 408
+        assert headers["connection"] == "close"
+        assert "stopped arriving" in json.loads(body)["error"]["message"]
+        assert time.monotonic() - started >= CONFIG.body_timeout * 0.9
+
+    async def test_a_body_arriving_slowly_but_steadily_is_read_whole(self, server: Server) -> None:
+        body = json.dumps({"prompt": "Hello there", "max_tokens": 2}).encode()
+        reader, writer = await connect(server)
+        writer.write(HEAD + b"content-length: %d\r\n\r\n" % len(body))
+        # Each byte well within the body timeout, the whole body well past it.
+        pace = CONFIG.body_timeout / 8
+        with anyio.fail_after(30):
+            for i in range(0, len(body), 2):
+                writer.write(body[i : i + 2])
+                await writer.drain()
+                if i < 24:
+                    await anyio.sleep(pace)  # sync-ok: a slow client's pace
+            status, _, _ = await read_answer(reader)
+        writer.close()
+        assert status == 200
