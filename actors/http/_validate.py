@@ -133,7 +133,10 @@ class Validator:
             assert req.prompt is not None
             text = req.prompt
             self._check_bytes(text, "prompt")
-        return self.engine.encode(text) if text else []
+        special = req.add_special_tokens
+        if special is None:
+            special = req.messages is None
+        return self.engine.encode(text, add_special_tokens=special)
 
     def detokenize(self, req: DetokenizeRequest) -> list[int]:
         """The token ids of a ``/detokenize`` body, checked against the vocabulary."""

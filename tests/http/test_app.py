@@ -20,13 +20,16 @@ import pytest
 from openai import AsyncOpenAI
 
 from actors import Pipeline, _tracing
+from actors._tokenizer import BOS_TOKEN
 from actors.http import EngineError, OpenAIApp, PipelineEngine, ServeConfig
 from actors.http._pipeline_engine import BUNDLED_MODEL_ID
 
 from ._server import Served, serve, serve_pipeline, sse_events
+from ._tokenizer import write_bos_tokenizer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
+    from pathlib import Path
 
     from openai.types.chat import ChatCompletionMessageParam
 
@@ -453,6 +456,57 @@ class TestOtherEndpoints:
                     }
                 ],
             }
+
+    async def test_tokenize_adds_no_special_token_the_bundled_tokenizer_lacks(
+        self, http: aiohttp.ClientSession, server: Served
+    ) -> None:
+        engine = server.app.engine
+        assert engine is not None
+        ids = engine.encode(PROMPT)
+        for special in (True, False, None):
+            body = {"prompt": PROMPT, "add_special_tokens": special}
+            assert (await post(http, "/tokenize", body))[1]["tokens"] == ids
+        status, error = await post(http, "/tokenize", {"prompt": "x", "add_special_tokens": 1})
+        assert status == 400
+        assert_error(error, "add_special_tokens")
+
+
+class TestTokenizeWithSpecialTokens:
+    async def test_add_special_tokens_defaults_as_vllms_and_is_honoured(
+        self, tmp_path: Path
+    ) -> None:
+        """With a tokenizer that adds a BOS: a prompt gets it unless told not to, chat
+        messages (whose template writes its own) only when told to."""
+        path = write_bos_tokenizer(tmp_path)
+        async with (
+            serve_pipeline(workers=1, tokenizer=str(path)) as served,
+            aiohttp.ClientSession(base_url=served.url) as http,
+        ):
+            engine = served.app.engine
+            assert engine is not None
+            assert engine.model == "bos-model"
+            bos = engine.encode(BOS_TOKEN)
+            plain = engine.encode(PROMPT)
+            chat = engine.encode(engine.chat_template.render(CHAT))
+            assert bos == [1]
+            for body, expected in [
+                ({"prompt": PROMPT}, bos + plain),
+                ({"prompt": PROMPT, "add_special_tokens": True}, bos + plain),
+                ({"prompt": PROMPT, "add_special_tokens": False}, plain),
+                ({"prompt": ""}, bos),
+                ({"prompt": "", "add_special_tokens": False}, []),
+                ({"messages": CHAT}, chat),
+                ({"messages": CHAT, "add_special_tokens": False}, chat),
+                ({"messages": CHAT, "add_special_tokens": True}, bos + chat),
+            ]:
+                status, answer = await post(http, "/tokenize", body)
+                assert status == 200, answer
+                assert answer["tokens"] == expected, body
+                assert answer["count"] == len(expected)
+            # Generation is unchanged: its prompt is tokenized without special tokens.
+            status, done = await post(http, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+            assert status == 200
+            assert done["usage"]["prompt_tokens"] == len(plain)
 
 
 async def read_events(response: aiohttp.ClientResponse, count: int) -> bytes:
