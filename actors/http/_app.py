@@ -20,6 +20,8 @@ once per request (`actors.http._sse`).
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 import time
 import uuid
@@ -136,7 +138,8 @@ class OpenAIApp:
 
     Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (JSON, or
     server-sent events with ``"stream": true``), ``GET /v1/models`` and
-    ``GET /v1/models/{id}``, ``POST /tokenize``, ``POST /detokenize`` and ``GET /health``.
+    ``GET /v1/models/{id}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``
+    and ``GET /health``.
 
     Give either an open ``engine``, or ``open_engine``, an async context manager factory
     that the ASGI lifespan enters at startup and leaves at shutdown (in one task, as a
@@ -150,6 +153,8 @@ class OpenAIApp:
         config: Limits and names (`ServeConfig`'s defaults when ``None``).
         open_engine: Opens the engine for the server's lifetime instead.
         metrics: Returns the body and content type of ``GET /metrics``.
+        created: The model's ``created`` in ``/v1/models``, Unix seconds: when the server
+            started (``None``: when the app was made).
 
     Raises:
         ValueError: Both or neither of ``engine`` and ``open_engine`` were given, or the
@@ -168,18 +173,21 @@ class OpenAIApp:
         config: ServeConfig | None = None,
         open_engine: Callable[[], AbstractAsyncContextManager[Engine]] | None = None,
         metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+        created: int | None = None,
     ) -> None:
         if (engine is None) == (open_engine is None):
             raise ValueError("OpenAIApp needs exactly one of `engine` and `open_engine`")
         self.config = config or ServeConfig()
         self._open_engine = open_engine
         self._bound = None if engine is None else _Bound(engine, self.config)
+        self._created = int(time.time()) if created is None else created
         self._routes: dict[str, tuple[frozenset[str], _Handler]] = {
             "/v1/completions": (frozenset({"POST"}), OpenAIApp._completions),
             "/v1/chat/completions": (frozenset({"POST"}), OpenAIApp._chat),
             "/v1/models": (frozenset({"GET", "HEAD"}), OpenAIApp._models),
             "/tokenize": (frozenset({"POST"}), OpenAIApp._tokenize),
             "/detokenize": (frozenset({"POST"}), OpenAIApp._detokenize),
+            "/version": (frozenset({"GET", "HEAD"}), OpenAIApp._version),
             "/health": (frozenset({"GET", "HEAD"}), OpenAIApp._health),
         }
         self._metrics = metrics
@@ -197,6 +205,11 @@ class OpenAIApp:
     def engine(self) -> Engine | None:
         """The engine served now (``None`` before the lifespan opened it)."""
         return None if self._bound is None else self._bound.engine
+
+    @property
+    def created(self) -> int:
+        """The model's ``created`` in ``/v1/models``: when the server started, Unix seconds."""
+        return self._created
 
     def statistics(self) -> HTTPStatistics:
         """The app's counters."""
@@ -406,6 +419,9 @@ class OpenAIApp:
         )
         await ex.send({"type": "http.response.body", "body": body})
 
+    async def _version(self, ex: _Exchange, bound: _Bound) -> None:
+        await send_json(ex.send, 200, _version_body())
+
     async def _health(self, ex: _Exchange, bound: _Bound) -> None:
         await ex.send({"type": "http.response.start", "status": 200, "headers": []})
         await ex.send({"type": "http.response.body", "body": b""})
@@ -425,7 +441,7 @@ class OpenAIApp:
             raise HTTPError(400, "the request body's JSON nests too deeply") from None
 
     def _card(self, bound: _Bound) -> ModelCard:
-        return ModelCard(id=bound.model, created=0)
+        return ModelCard(id=bound.model, created=self._created)
 
     async def _generate(self, ex: _Exchange, bound: _Bound, prepared: Prepared) -> Completion:
         engine = bound.engine
@@ -470,3 +486,13 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
 
 def _what(ex: _Exchange) -> tuple[str, str]:
     return ex.scope["method"], ex.scope["path"]
+
+
+@functools.cache
+def _version_body() -> bytes:
+    """``{"version": ...}``: the installed tokenyard's version, read once."""
+    try:
+        version = importlib.metadata.version("tokenyard")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"  # run from a source tree that was never installed
+    return _ENCODE({"version": version})

@@ -27,6 +27,7 @@ import collections
 import contextlib
 import logging
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,6 +90,10 @@ class Dispatcher:
         context_length: Most prompt plus completion tokens of one request.
         max_stream_buffer: Most bytes of a stream held for a client that does not read.
         backlog: Connections the listener keeps waiting.
+
+    Attributes:
+        created: When it started listening, Unix seconds: the model's ``created`` that
+            every worker reports in ``/v1/models``.
     """
 
     def __init__(
@@ -113,12 +118,14 @@ class Dispatcher:
             raise
         self.listener.setblocking(False)
         self.address: tuple[str, int] = self.listener.getsockname()[:2]
+        self.created = int(time.time())
         self._template = HttpSettings(
             channel=-1,
             config=config or ServeConfig(),
             model=model,
             context_length=context_length or DEFAULT_CONTEXT_LENGTH,
             max_stream_buffer=max_stream_buffer,
+            created=self.created,
         )
         self._pending: dict[int, tuple[socket.socket, socket.socket]] = {}
         #: Accepted connections no live worker could take yet (all were down).

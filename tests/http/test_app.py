@@ -9,6 +9,8 @@ close the pipeline make their own.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,8 @@ CHAT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "你好，请介绍一下你自己。"},  # noqa: RUF001 (CJK punctuation)
 ]
 JSON = {"content-type": "application/json"}
+#: Before the module's server started.
+STARTED = int(time.time())
 
 
 @pytest.fixture(scope="module")
@@ -443,7 +447,9 @@ class TestOtherEndpoints:
         async with http.head("/health") as r:
             assert r.status == 200
 
-    async def test_models_is_openais_list(self, http: aiohttp.ClientSession) -> None:
+    async def test_models_is_openais_list(
+        self, http: aiohttp.ClientSession, server: Served
+    ) -> None:
         async with http.get("/v1/models") as r:
             assert await r.json() == {
                 "object": "list",
@@ -451,11 +457,25 @@ class TestOtherEndpoints:
                     {
                         "id": BUNDLED_MODEL_ID,
                         "object": "model",
-                        "created": 0,
+                        "created": server.app.created,
                         "owned_by": "tokenyard",
                     }
                 ],
             }
+
+    async def test_the_model_was_created_when_the_server_started(
+        self, http: aiohttp.ClientSession, server: Served
+    ) -> None:
+        assert STARTED <= server.app.created <= time.time()
+        async with http.get(f"/v1/models/{BUNDLED_MODEL_ID}") as r:
+            assert (await r.json())["created"] == server.app.created
+
+    async def test_version_is_the_installed_packages(self, http: aiohttp.ClientSession) -> None:
+        async with http.get("/version") as r:
+            assert r.status == 200
+            assert await r.json() == {"version": importlib.metadata.version("tokenyard")}
+        async with http.head("/version") as r:
+            assert (r.status, await r.read()) == (200, b"")
 
     async def test_tokenize_adds_no_special_token_the_bundled_tokenizer_lacks(
         self, http: aiohttp.ClientSession, server: Served
