@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from setproctitle import setproctitle
 
 from actors.pipeline import Pipeline
 
+from ._auth import API_KEY_ENV, ApiKey
+from ._config import ServeConfig
 from ._dispatch import Dispatcher, DispatchStatistics
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
-
-    from ._config import ServeConfig
 
 __all__ = ("Server", "main", "open_server")
 
@@ -138,10 +139,59 @@ def _parser() -> argparse.ArgumentParser:
         help="write the system's credentials here (mode 0600, removed on exit), for "
         "`python -m runtime top --credentials PATH`",
     )
+    _add_access_arguments(parser)
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """Who may call the server, from which web pages, and how answers name requests."""
+    defaults = ServeConfig()
+    access = parser.add_argument_group("access")
+    access.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on every route but /health (default: "
+        f"${API_KEY_ENV}, else no key); prefer the variable, which `ps` does not show",
+    )
+    access.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages of ORIGIN (scheme://host[:port], or '*' for any) call the "
+        "server; repeat for more (default: none, CORS off)",
+    )
+    access.add_argument(
+        "--max-request-id-length",
+        type=int,
+        default=defaults.max_request_id_length,
+        metavar="N",
+        help="longest X-Request-Id echoed; a longer one is replaced (default "
+        f"{defaults.max_request_id_length})",
+    )
+
+
+def _access_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The `ServeConfig` settings of `_add_access_arguments`'s flags.
+
+    Raises:
+        ValueError: A setting is refused (an empty key, say); the message names it.
+    """
+    key = args.api_key
+    if key is None:
+        key = os.environ.get(API_KEY_ENV)
+        if key is not None and not key:
+            raise ValueError(
+                f"{API_KEY_ENV} is set but empty: unset it to serve without a key, or set a key"
+            )
+    return {
+        "api_key": None if key is None else ApiKey(key),
+        "cors_origins": tuple(args.cors_origin),
+        "max_request_id_length": args.max_request_id_length,
+    }
+
+
+async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
     stop = anyio.Event()
     received: list[int] = []
 
@@ -160,15 +210,17 @@ async def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             detokenizers=args.detokenizers,
+            config=config,
             model=args.model,
             step_time=args.step_time,
         ) as server:
             if args.credentials:
                 pipeline = server.pipeline
                 pipeline.system.credentials(collector=pipeline.collector).save(args.credentials)
+            keyed = ", API key required" if config.api_key is not None else ""
             sys.stdout.write(
                 f"serving {server.url} with {args.workers} workers and "
-                f"{args.detokenizers} detokenizer(s); Ctrl-C stops\n"
+                f"{args.detokenizers} detokenizer(s){keyed}; Ctrl-C stops\n"
             )
             sys.stdout.flush()
             try:
@@ -189,9 +241,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
         return 2
+    try:
+        config = ServeConfig(**_access_config(args))
+    except ValueError as err:
+        sys.stderr.write(f"python -m actors serve: {err}\n")
+        return 2
+    if args.api_key is not None:
+        # The key was on the command line, which every user of the host can read in
+        # /proc/<pid>/cmdline: the process's title replaces it from here on.
+        setproctitle(f"tokenyard::serve:{os.getpid()}")
     logging.basicConfig(level=args.log_level.upper())
     try:
-        return anyio.run(_serve, args)
+        return anyio.run(_serve, args, config)
     except OSError as err:
         sys.stderr.write(f"cannot serve on {args.host}:{args.port}: {err}\n")
         return 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import re
 import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,17 @@ CHAT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "你好，请介绍一下你自己。"},  # noqa: RUF001 (CJK punctuation)
 ]
 JSON = {"content-type": "application/json"}
+#: Each route, and the methods it takes as its Allow header says them.
+ROUTES = {
+    "/v1/completions": "POST",
+    "/v1/chat/completions": "POST",
+    "/v1/models": "GET, HEAD",
+    f"/v1/models/{BUNDLED_MODEL_ID}": "GET, HEAD",
+    "/tokenize": "POST",
+    "/detokenize": "POST",
+    "/version": "GET, HEAD",
+    "/health": "GET, HEAD",
+}
 #: Before the module's server started.
 STARTED = int(time.time())
 
@@ -490,6 +502,22 @@ class TestOtherEndpoints:
         assert status == 400
         assert_error(error, "add_special_tokens")
 
+    @pytest.mark.parametrize(("path", "methods"), ROUTES.items())
+    async def test_head_and_options_on_each_route_without_cors(
+        self, http: aiohttp.ClientSession, path: str, methods: str
+    ) -> None:
+        async with http.head(path) as r:
+            assert r.status == (200 if "HEAD" in methods else 405)
+            assert await r.read() == b""
+        preflight = {"origin": "https://app.example.com", "access-control-request-method": "GET"}
+        for headers in ({}, preflight):
+            async with http.options(path, headers=headers) as r:
+                assert r.status == 405
+                assert r.headers["allow"] == methods
+                assert not [h for h in r.headers if h.lower().startswith("access-control-")]
+                assert "vary" not in r.headers
+                assert_error(await r.json(), code="method_not_allowed")
+
 
 class TestTokenizeWithSpecialTokens:
     async def test_add_special_tokens_defaults_as_vllms_and_is_honoured(
@@ -527,6 +555,76 @@ class TestTokenizeWithSpecialTokens:
             status, done = await post(http, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
             assert status == 200
             assert done["usage"]["prompt_tokens"] == len(plain)
+
+
+class TestRequestIds:
+    async def test_a_requests_id_is_echoed_on_answers_errors_and_streams(
+        self, http: aiohttp.ClientSession
+    ) -> None:
+        rid = {"x-request-id": "req-42_ABC.def~" + "x" * 113}  # 128 characters
+        async with http.get("/health", headers=rid) as r:
+            assert r.headers["x-request-id"] == rid["x-request-id"]
+        async with http.get("/nowhere", headers=rid) as r:
+            assert (r.status, r.headers["x-request-id"]) == (404, rid["x-request-id"])
+        status, _ = await post(http, "/v1/completions", {"prompt": ""}, headers=rid)
+        assert status == 400
+        for stream in (False, True):
+            body = {"prompt": PROMPT, "max_tokens": 3, "stream": stream}
+            async with http.post("/v1/completions", json=body, headers=rid) as r:
+                assert r.status == 200
+                assert r.headers["x-request-id"] == rid["x-request-id"]
+                await r.read()
+
+    async def test_the_openai_client_sees_the_id(self, client: AsyncOpenAI) -> None:
+        raw = await client.completions.with_raw_response.create(
+            model=BUNDLED_MODEL_ID,
+            prompt=PROMPT,
+            max_tokens=3,
+            extra_headers={"X-Request-Id": "abc"},
+        )
+        assert raw.headers["x-request-id"] == "abc"
+
+    async def test_without_an_id_each_request_gets_a_new_one(
+        self, http: aiohttp.ClientSession
+    ) -> None:
+        ids = []
+        for _ in range(3):
+            async with http.get("/health") as r:
+                ids.append(r.headers["x-request-id"])
+        assert len(set(ids)) == 3
+        assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids)
+
+    @pytest.mark.parametrize(
+        "given",
+        [
+            b"x" * 129,
+            b"caf\xc3\xa9",
+            b"a b",
+            b"tab\there",
+            b"\xff\xfe",
+            b"",
+        ],
+    )
+    async def test_an_id_too_long_or_not_visible_ascii_is_replaced(
+        self, server: Served, given: bytes
+    ) -> None:
+        head = b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-request-id: "
+        answer = await raw_request(server, head + given + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        echoed = re.search(rb"\r\nx-request-id: ([^\r]*)\r\n", answer)
+        assert echoed is not None
+        assert re.fullmatch(rb"[0-9a-f]{32}", echoed.group(1))
+
+    async def test_the_bound_is_a_setting(self, module_server: Served) -> None:
+        assert module_server.pipeline is not None
+        config = ServeConfig(max_request_id_length=4)
+        app = OpenAIApp(PipelineEngine(module_server.pipeline), config=config)
+        async with serve(app) as (_, url), aiohttp.ClientSession(base_url=url) as http:
+            async with http.get("/health", headers={"x-request-id": "abcd"}) as r:
+                assert r.headers["x-request-id"] == "abcd"
+            async with http.get("/health", headers={"x-request-id": "abcde"}) as r:
+                assert len(r.headers["x-request-id"]) == 32
+            await app.wait_idle()
 
 
 async def read_events(response: aiohttp.ClientResponse, count: int) -> bytes:
