@@ -15,6 +15,7 @@ from runtime._message import publish as _publish
 
 from ._app import HTTPStatistics as HTTPStatistics
 from ._app import OpenAIApp as OpenAIApp
+from ._auth import ApiKey as ApiKey
 from ._chat import DEFAULT_CHAT_TEMPLATE as DEFAULT_CHAT_TEMPLATE
 from ._chat import ChatTemplate as ChatTemplate
 from ._chat import ChatTemplateError as ChatTemplateError
@@ -35,6 +36,7 @@ from ._worker_engine import WorkerEngine as WorkerEngine
 
 __all__ = (
     "DEFAULT_CHAT_TEMPLATE",
+    "ApiKey",
     "ChatTemplate",
     "ChatTemplateError",
     "Chunk",

@@ -12,6 +12,10 @@ once per request (`actors.http._sse`).
 - **Disconnects.** While a request is generated, one task waits on ``receive`` for the
   client's disconnect; when it comes, the generation is cancelled, which abandons the
   request at the engine.
+- **Access.** Every answer carries the request's ``X-Request-Id`` (or a new one). With
+  `ServeConfig.cors_origins`, CORS preflights are answered first (`actors.http._cors`);
+  with `ServeConfig.api_key`, every other request but ``/health`` must then present the
+  key (`actors.http._auth`).
 - **Push-back.** A stream's chunks are sent one ``await send(...)`` at a time: the server
   holds ``send`` while a client does not read, and the engine's stream is not read
   meanwhile (the pipeline keeps a stream's undelivered text, bounded by its
@@ -20,6 +24,8 @@ once per request (`actors.http._sse`).
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 import time
 import uuid
@@ -38,11 +44,14 @@ from ._asgi import (
     Scope,
     Send,
     read_body,
+    request_id,
     send_error,
     send_json,
     until_disconnect,
 )
+from ._auth import BearerCheck
 from ._config import ServeConfig
+from ._cors import CorsPolicy, is_preflight
 from ._engine import Engine, EngineError
 from ._errors import HTTPError, engine_failure, from_validation_error
 from ._openai import (
@@ -66,7 +75,7 @@ from ._stream import send_stream
 from ._validate import Prepared, Validator
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, MutableMapping
     from contextlib import AbstractAsyncContextManager
 
     from ._engine import Chunk, Completion
@@ -82,6 +91,8 @@ _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     for t in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
 }
 _MODELS_PREFIX = "/v1/models/"
+_MODEL_ROUTE = frozenset({"GET", "HEAD"})
+_HEALTH = "/health"
 
 
 class HTTPStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,14 +128,15 @@ class _Bound:
 
 
 class _Exchange:
-    """One request: its ASGI callables, and whether its answer has begun."""
+    """One request: its ASGI callables, its id, and whether its answer has begun."""
 
-    __slots__ = ("receive", "scope", "send", "started")
+    __slots__ = ("receive", "request_id", "scope", "send", "started")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
         self.receive = receive
         self.send = send
+        self.request_id = ""
         self.started = False
 
 
@@ -136,7 +148,8 @@ class OpenAIApp:
 
     Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (JSON, or
     server-sent events with ``"stream": true``), ``GET /v1/models`` and
-    ``GET /v1/models/{id}``, ``POST /tokenize``, ``POST /detokenize`` and ``GET /health``.
+    ``GET /v1/models/{id}``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``
+    and ``GET /health``.
 
     Give either an open ``engine``, or ``open_engine``, an async context manager factory
     that the ASGI lifespan enters at startup and leaves at shutdown (in one task, as a
@@ -150,6 +163,8 @@ class OpenAIApp:
         config: Limits and names (`ServeConfig`'s defaults when ``None``).
         open_engine: Opens the engine for the server's lifetime instead.
         metrics: Returns the body and content type of ``GET /metrics``.
+        created: The model's ``created`` in ``/v1/models``, Unix seconds: when the server
+            started (``None``: when the app was made).
 
     Raises:
         ValueError: Both or neither of ``engine`` and ``open_engine`` were given, or the
@@ -168,19 +183,26 @@ class OpenAIApp:
         config: ServeConfig | None = None,
         open_engine: Callable[[], AbstractAsyncContextManager[Engine]] | None = None,
         metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
+        created: int | None = None,
     ) -> None:
         if (engine is None) == (open_engine is None):
             raise ValueError("OpenAIApp needs exactly one of `engine` and `open_engine`")
         self.config = config or ServeConfig()
         self._open_engine = open_engine
         self._bound = None if engine is None else _Bound(engine, self.config)
+        self._created = int(time.time()) if created is None else created
+        key = self.config.api_key
+        self._auth = None if key is None else BearerCheck(key)
+        origins = self.config.cors_origins
+        self._cors = CorsPolicy(origins) if origins else None
         self._routes: dict[str, tuple[frozenset[str], _Handler]] = {
             "/v1/completions": (frozenset({"POST"}), OpenAIApp._completions),
             "/v1/chat/completions": (frozenset({"POST"}), OpenAIApp._chat),
             "/v1/models": (frozenset({"GET", "HEAD"}), OpenAIApp._models),
             "/tokenize": (frozenset({"POST"}), OpenAIApp._tokenize),
             "/detokenize": (frozenset({"POST"}), OpenAIApp._detokenize),
-            "/health": (frozenset({"GET", "HEAD"}), OpenAIApp._health),
+            "/version": (frozenset({"GET", "HEAD"}), OpenAIApp._version),
+            _HEALTH: (frozenset({"GET", "HEAD"}), OpenAIApp._health),
         }
         self._metrics = metrics
         if metrics is not None:
@@ -197,6 +219,11 @@ class OpenAIApp:
     def engine(self) -> Engine | None:
         """The engine served now (``None`` before the lifespan opened it)."""
         return None if self._bound is None else self._bound.engine
+
+    @property
+    def created(self) -> int:
+        """The model's ``created`` in ``/v1/models``: when the server started, Unix seconds."""
+        return self._created
 
     def statistics(self) -> HTTPStatistics:
         """The app's counters."""
@@ -240,8 +267,18 @@ class OpenAIApp:
                 traceparent = _tracing.parse_traceparent(value.decode("latin-1"))
                 break
         _tracing.incoming.set(traceparent)
+        rid = request_id(ex.scope, self.config.max_request_id_length)
+        ex.request_id = rid.decode("ascii")
+        extra = [(b"x-request-id", rid)]
+        preflight = self._cors is not None and is_preflight(ex.scope)
+        if self._cors is not None and not preflight:
+            extra += self._cors.headers(ex.scope)
+        ex.send = _adding_headers(ex.send, extra)
         try:
-            await self._route(ex)
+            if preflight:
+                await self._preflight(ex)
+            else:
+                await self._route(ex)
         except HTTPError as err:
             await self._refuse(ex, err)
         except ClientGoneError:
@@ -249,7 +286,7 @@ class OpenAIApp:
         # The last line of defence: a bug answers 500 (and is logged) instead of
         # leaving the request unanswered or killing the server.
         except Exception:
-            logger.exception("%s %s failed", ex.scope["method"], ex.scope["path"])
+            logger.exception("%s %s (request %s) failed", *_what(ex))
             await self._refuse(ex, HTTPError(500, "internal server error", code="internal_error"))
         finally:
             self._active -= 1
@@ -257,15 +294,29 @@ class OpenAIApp:
                 self._idle.set()
                 self._idle = None
 
+    def _lookup(self, path: str, method: str) -> tuple[frozenset[str], _Handler]:
+        route = self._routes.get(path)
+        if route is None and path.startswith(_MODELS_PREFIX):
+            route = (_MODEL_ROUTE, OpenAIApp._model)
+        if route is None:
+            raise HTTPError(404, f"no such endpoint: {method} {path}", code="not_found", close=True)
+        return route
+
+    async def _preflight(self, ex: _Exchange) -> None:
+        """A CORS preflight: answered without the API key, which browsers do not send."""
+        assert self._cors is not None
+        methods, _ = self._lookup(ex.scope["path"], ex.scope["method"])
+        headers = self._cors.preflight(ex.scope, methods)
+        await ex.send({"type": "http.response.start", "status": 204, "headers": headers})
+        await ex.send({"type": "http.response.body", "body": b""})
+
     async def _route(self, ex: _Exchange) -> None:
         path: str = ex.scope["path"]
         method: str = ex.scope["method"]
-        route = self._routes.get(path)
-        if route is None and path.startswith(_MODELS_PREFIX):
-            route = (frozenset({"GET", "HEAD"}), OpenAIApp._model)
-        if route is None:
-            raise HTTPError(404, f"no such endpoint: {method} {path}", code="not_found", close=True)
-        methods, handler = route
+        # Before the route is looked up: without the key, not even which paths exist.
+        if self._auth is not None and path != _HEALTH:
+            self._auth.check(ex.scope)
+        methods, handler = self._lookup(path, method)
         if method not in methods:
             allow = ", ".join(sorted(methods)).encode()
             raise HTTPError(
@@ -294,7 +345,9 @@ class OpenAIApp:
         if ex.started:
             # Nothing more can be said once an answer began; the server closes the
             # connection of an unfinished answer.
-            logger.error("%s %s failed after its answer began: %s", *_what(ex), err.message)
+            logger.error(
+                "%s %s (request %s) failed after its answer began: %s", *_what(ex), err.message
+            )
             return
         await send_error(ex.send, err)
 
@@ -406,6 +459,9 @@ class OpenAIApp:
         )
         await ex.send({"type": "http.response.body", "body": body})
 
+    async def _version(self, ex: _Exchange, bound: _Bound) -> None:
+        await send_json(ex.send, 200, _version_body())
+
     async def _health(self, ex: _Exchange, bound: _Bound) -> None:
         await ex.send({"type": "http.response.start", "status": 200, "headers": []})
         await ex.send({"type": "http.response.body", "body": b""})
@@ -425,7 +481,7 @@ class OpenAIApp:
             raise HTTPError(400, "the request body's JSON nests too deeply") from None
 
     def _card(self, bound: _Bound) -> ModelCard:
-        return ModelCard(id=bound.model, created=0)
+        return ModelCard(id=bound.model, created=self._created)
 
     async def _generate(self, ex: _Exchange, bound: _Bound, prepared: Prepared) -> Completion:
         engine = bound.engine
@@ -457,7 +513,7 @@ class OpenAIApp:
         failure = await send_stream(ex.send, chunks, fmt, started)
         if failure is not None:
             self._server_errors += 1
-            logger.warning("%s %s: the stream failed: %s", *_what(ex), failure)
+            logger.warning("%s %s (request %s): the stream failed: %s", *_what(ex), failure)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -468,5 +524,26 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
-def _what(ex: _Exchange) -> tuple[str, str]:
-    return ex.scope["method"], ex.scope["path"]
+def _what(ex: _Exchange) -> tuple[str, str, str]:
+    return ex.scope["method"], ex.scope["path"], ex.request_id
+
+
+def _adding_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    """``send``, with ``headers`` added to the response's start."""
+
+    async def adding(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return adding
+
+
+@functools.cache
+def _version_body() -> bytes:
+    """``{"version": ...}``: the installed tokenyard's version, read once."""
+    try:
+        version = importlib.metadata.version("tokenyard")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"  # run from a source tree that was never installed
+    return _ENCODE({"version": version})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +21,7 @@ __all__ = (
     "Send",
     "header",
     "read_body",
+    "request_id",
     "send_error",
     "send_json",
     "until_disconnect",
@@ -34,6 +37,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _T = TypeVar("_T")
 _JSON = b"application/json"
 _CLOSE = ((b"connection", b"close"),)
+# What may be echoed in a response header as it came: visible ASCII, nothing else.
+_VISIBLE = re.compile(rb"[\x21-\x7e]+")
 
 
 class ClientGoneError(Exception):
@@ -46,6 +51,16 @@ def header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def request_id(scope: Scope, limit: int) -> bytes:
+    """The request's ``X-Request-Id`` when it is 1 to ``limit`` visible ASCII characters;
+    otherwise (none, too long, a space, a control or non-ASCII byte) a new one, a uuid4's
+    32 hex digits."""
+    given = header(scope, b"x-request-id")
+    if given is not None and len(given) <= limit and _VISIBLE.fullmatch(given):
+        return given
+    return uuid.uuid4().hex.encode()
 
 
 def _check_content_type(scope: Scope) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+from ._auth import ApiKey
+from ._cors import check_origins
+
 __all__ = ("ServeConfig",)
 
 _MIB = 1 << 20
@@ -57,6 +60,13 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         drain_timeout: Seconds in-flight requests get to finish after SIGTERM, 30; the
             requests still running then are ended (a stream with an error event and
             ``data: [DONE]``, any other answer with 503).
+        api_key: The key every route but ``/health`` asks for, as ``Authorization: Bearer
+            <key>`` (401 without it). ``None``: no key is asked for.
+        cors_origins: Origins (``scheme://host[:port]``, or ``*`` for any) whose web pages
+            may call the server: preflights are answered and answers carry
+            ``Access-Control-Allow-Origin``. Empty: CORS is off (``OPTIONS`` gets 405).
+        max_request_id_length: Longest ``X-Request-Id`` echoed, 128 visible ASCII
+            characters; a longer or other one is replaced by a new id.
     """
 
     model_id: str | None = None
@@ -80,6 +90,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting: int = 1024
     take_timeout: float = 10.0
     drain_timeout: float = 30.0
+    # Access: who may call, from which web pages, and how an answer names its request.
+    api_key: ApiKey | None = None
+    cors_origins: tuple[str, ...] = ()
+    max_request_id_length: int = 128
 
     def __post_init__(self) -> None:
         positive = {
@@ -129,6 +143,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.model_id is not None and not self.model_id:
             raise ValueError("ServeConfig.model_id is empty: name the model, or pass None")
+        self._check_access()
 
     def limits(self, engine_context: int) -> Limits:
         """The limits in force in front of an engine whose context holds ``engine_context``.
@@ -150,6 +165,14 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"context of {context} tokens: make it at most {context - 1}"
             )
         return Limits(context_length=context, max_prompt_tokens=prompt)
+
+    def _check_access(self) -> None:
+        if self.max_request_id_length < 1:
+            raise ValueError(
+                f"ServeConfig.max_request_id_length={self.max_request_id_length}: it must be "
+                "at least 1"
+            )
+        check_origins(self.cors_origins)
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import logging
 import socket
 from typing import Any
@@ -27,7 +26,7 @@ from uvicorn.server import ServerState
 from ._bounded import BoundedProtocol
 from ._config import ServeConfig
 
-__all__ = ("CLOSED", "TAKEN", "ConnectionServer", "receive_fds")
+__all__ = ("CLOSED", "MARKS_PER_MESSAGE", "TAKEN", "ConnectionServer", "receive_fds")
 
 logger = logging.getLogger("tokenyard.http")
 
@@ -37,6 +36,8 @@ TAKEN = b"+"
 CLOSED = b"-"
 #: Most descriptors one channel message carries.
 MAX_FDS = 64
+#: Most marks (`TAKEN`, `CLOSED`) in one channel message; the owner reads up to this.
+MARKS_PER_MESSAGE = 4096
 
 
 def receive_fds(channel: socket.socket) -> tuple[bytes, list[int]] | None:
@@ -111,6 +112,10 @@ class ConnectionServer:
         self._none_open = asyncio.Event()
         self._none_open.set()
         self._starting: set[asyncio.Task[None]] = set()
+        #: Marks not yet sent to the owner, oldest first.
+        self._marks = bytearray()
+        self._flush_soon = False
+        self._waiting_to_send = False
 
     async def run(self) -> None:
         """Serve until the channel's other end closes (this worker's task)."""
@@ -125,6 +130,9 @@ class ConnectionServer:
     def _stop_reading(self) -> None:
         if self._loop is not None:
             self._loop.remove_reader(self._fd)
+            if self._waiting_to_send:
+                self._waiting_to_send = False
+                self._loop.remove_writer(self._fd)
             self._loop = None
 
     def _on_readable(self) -> None:
@@ -181,9 +189,34 @@ class ConnectionServer:
             self._none_open.set()
         self._send(CLOSED)
 
-    def _send(self, what: bytes) -> None:
-        with contextlib.suppress(OSError):  # the owner is gone: nobody counts any more
-            self.channel.send(what)
+    def _send(self, mark: bytes) -> None:
+        """Tell the owner ``mark``: in order, never dropped. Marks go out together once this
+        loop iteration is over, and wait here while the channel is full (an owner busy
+        elsewhere), so the owner's counts never drift from what this worker serves."""
+        self._marks += mark
+        if not self._flush_soon and self._loop is not None:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush_marks)
+
+    def _flush_marks(self) -> None:
+        self._flush_soon = False
+        marks = self._marks
+        while marks:
+            chunk = bytes(marks[:MARKS_PER_MESSAGE])
+            try:
+                self.channel.send(chunk)
+            except (BlockingIOError, InterruptedError):
+                if not self._waiting_to_send and self._loop is not None:
+                    self._waiting_to_send = True
+                    self._loop.add_writer(self._fd, self._flush_marks)
+                return
+            except OSError:  # the owner is gone: nobody counts any more
+                marks.clear()
+                break
+            del marks[: len(chunk)]
+        if self._waiting_to_send and self._loop is not None:
+            self._waiting_to_send = False
+            self._loop.remove_writer(self._fd)
 
     def drain(self) -> None:
         """Close every connection with no request open, and every other one after the

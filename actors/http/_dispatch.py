@@ -47,7 +47,7 @@ import msgspec
 from runtime._throttle import Throttle
 
 from ._config import ServeConfig
-from ._connections import CLOSED, TAKEN
+from ._connections import CLOSED, MARKS_PER_MESSAGE, TAKEN
 from ._errors import HTTPError
 from ._pipeline_engine import DEFAULT_CONTEXT_LENGTH
 from ._refuse import Refuser
@@ -135,6 +135,10 @@ class Dispatcher:
         context_length: Most prompt plus completion tokens of one request.
         max_stream_buffer: Most bytes of a stream held for a client that does not read.
         backlog: Connections the listener keeps waiting.
+
+    Attributes:
+        created: When it started listening, Unix seconds: the model's ``created`` that
+            every worker reports in ``/v1/models``.
     """
 
     def __init__(
@@ -160,12 +164,14 @@ class Dispatcher:
         self.listener.setblocking(False)
         self.address: tuple[str, int] = self.listener.getsockname()[:2]
         self.config = config = config or ServeConfig()
+        self.created = int(time.time())
         self._template = HttpSettings(
             channel=-1,
             config=config,
             model=model,
             context_length=context_length or DEFAULT_CONTEXT_LENGTH,
             max_stream_buffer=max_stream_buffer,
+            created=self.created,
         )
         self._pending: dict[int, tuple[socket.socket, socket.socket]] = {}
         #: Accepted connections no worker could take yet, oldest first.
@@ -360,7 +366,7 @@ class Dispatcher:
         room = False
         while True:
             try:
-                data = channel.sock.recv(64)
+                data = channel.sock.recv(MARKS_PER_MESSAGE)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:

@@ -111,9 +111,10 @@ class Engine(Protocol):
     @property
     def chat_template(self) -> ChatTemplate: ...
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without special tokens added (a chat template writes its
-        own)."""
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; by default without the special tokens the tokenizer's
+        post-processor would add (a chat template writes its own), with them when
+        ``add_special_tokens`` (``/tokenize`` asks for them)."""
         ...
 
     def decode(self, ids: list[int]) -> str:
@@ -190,17 +191,18 @@ class TokenizerFacts:
         """The chat template beside the tokenizer (or the default)."""
         return self._chat_template
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, no special tokens added (as the workers encode).
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``: by default no special tokens added (as the workers
+        encode), else those the tokenizer's post-processor adds (a BOS, say).
 
         A long text goes through the batch call: HF ``tokenizers`` holds the GIL for the
         whole of a single ``encode`` (half a second for a MiB), and lets go of it while it
         works on a batch, so another thread (the event loop) runs meanwhile.
         """
         if len(text) <= _SHORT:
-            ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+            ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
             return ids
-        batch = self._tokenizer.encode_batch([text], add_special_tokens=False)
+        batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
         long_ids: list[int] = batch[0].ids
         return long_ids
 

@@ -99,12 +99,15 @@ class ChatCompletionRequest(_Sampling, kw_only=True, forbid_unknown_fields=True)
 
 class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The body of ``POST /tokenize``: a ``prompt``, or chat ``messages`` rendered by the
-    chat template first."""
+    chat template first. ``add_special_tokens`` adds what the tokenizer's post-processor
+    adds (a BOS, say); unset, it is true for a prompt and false for messages, whose
+    template writes its own, as vLLM's ``/tokenize`` has it."""
 
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     model: str | None = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -18,17 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
+from setproctitle import setproctitle
 
 from actors.messages import Drain
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
 
+from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig
 from ._dispatch import Dispatcher, DispatchStatistics
 from ._worker import CUT_GRACE
 
 if TYPE_CHECKING:
-    import os
     from collections.abc import AsyncIterator, Sequence
 
 __all__ = ("Server", "main", "open_server")
@@ -195,11 +197,63 @@ def _parser() -> argparse.ArgumentParser:
         "`python -m runtime top --credentials PATH`",
     )
     _add_config_arguments(parser.add_argument_group("limits and timeouts (ServeConfig)"))
+    _add_access_arguments(parser)
     return parser
 
 
-#: `ServeConfig` fields the command line sets otherwise, or not at all.
-_NOT_FLAGS = frozenset({"model_id", "context_length"})
+def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """Who may call the server, from which web pages, and how answers name requests."""
+    defaults = ServeConfig()
+    access = parser.add_argument_group("access")
+    access.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require `Authorization: Bearer KEY` on every route but /health (default: "
+        f"${API_KEY_ENV}, else no key); prefer the variable, which `ps` does not show",
+    )
+    access.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages of ORIGIN (scheme://host[:port], or '*' for any) call the "
+        "server; repeat for more (default: none, CORS off)",
+    )
+    access.add_argument(
+        "--max-request-id-length",
+        type=int,
+        default=defaults.max_request_id_length,
+        metavar="N",
+        help="longest X-Request-Id echoed; a longer one is replaced (default "
+        f"{defaults.max_request_id_length})",
+    )
+
+
+def _access_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The `ServeConfig` settings of `_add_access_arguments`'s flags.
+
+    Raises:
+        ValueError: A setting is refused (an empty key, say); the message names it.
+    """
+    key = args.api_key
+    if key is None:
+        key = os.environ.get(API_KEY_ENV)
+        if key is not None and not key:
+            raise ValueError(
+                f"{API_KEY_ENV} is set but empty: unset it to serve without a key, or set a key"
+            )
+    return {
+        "api_key": None if key is None else ApiKey(key),
+        "cors_origins": tuple(args.cors_origin),
+        "max_request_id_length": args.max_request_id_length,
+    }
+
+
+#: `ServeConfig` fields the command line sets otherwise (`_add_access_arguments`), or not
+#: at all.
+_NOT_FLAGS = frozenset(
+    {"model_id", "context_length", "api_key", "cors_origins", "max_request_id_length"}
+)
 
 
 def _add_config_arguments(group: argparse._ArgumentGroup) -> None:
@@ -258,7 +312,7 @@ def _config(args: argparse.Namespace) -> ServeConfig:
         for f in msgspec.structs.fields(ServeConfig)
         if f.name not in _NOT_FLAGS and getattr(args, f.name) is not None
     }
-    return ServeConfig(**given)
+    return ServeConfig(**given, **_access_config(args))
 
 
 async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
@@ -302,9 +356,11 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
             if args.credentials:
                 pipeline = server.pipeline
                 pipeline.system.save_credentials(args.credentials, collector=pipeline.collector)
+            keyed = ", API key required" if config.api_key is not None else ""
             sys.stdout.write(
                 f"serving {server.url} with {args.workers} workers and "
-                f"{args.detokenizers} detokenizer(s); Ctrl-C or SIGTERM drains and stops\n"
+                f"{args.detokenizers} detokenizer(s){keyed}; Ctrl-C or SIGTERM drains and "
+                "stops\n"
             )
             sys.stdout.flush()
             await signalled.wait()
@@ -330,7 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = _config(args)
     except ValueError as err:
-        parser.error(str(err))
+        sys.stderr.write(f"python -m actors serve: {err}\n")
+        return 2
+    if args.api_key is not None:
+        # The key was on the command line, which every user of the host can read in
+        # /proc/<pid>/cmdline: the process's title replaces it from here on.
+        setproctitle(f"tokenyard::serve:{os.getpid()}")
     logging.basicConfig(level=args.log_level.upper())
     try:
         return anyio.run(_serve, args, config)

@@ -8,6 +8,7 @@ engine still refuses is a server fault, not the caller's.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,11 +90,12 @@ class Validator:
         self.vocab_size = engine.vocab_size
         self._threads: anyio.CapacityLimiter | None = None
 
-    async def encode(self, text: str) -> list[int]:
+    async def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """``text``'s token ids; a long text is tokenized off the event loop."""
         if len(text) <= INLINE_CHARS:
-            return self.engine.encode(text)
-        return await anyio.to_thread.run_sync(self.engine.encode, text, limiter=self._limiter())
+            return self.engine.encode(text, add_special_tokens=add_special_tokens)
+        encode = functools.partial(self.engine.encode, add_special_tokens=add_special_tokens)
+        return await anyio.to_thread.run_sync(encode, text, limiter=self._limiter())
 
     async def decode(self, ids: list[int]) -> str:
         """The text of ``ids``; many are decoded off the event loop."""
@@ -163,7 +165,10 @@ class Validator:
             assert req.prompt is not None
             text = req.prompt
             self._check_bytes(text, "prompt")
-        return await self.encode(text) if text else []
+        special = req.add_special_tokens
+        if special is None:
+            special = req.messages is None
+        return await self.encode(text, add_special_tokens=special)
 
     def detokenize(self, req: DetokenizeRequest) -> list[int]:
         """The token ids of a ``/detokenize`` body, checked against the vocabulary."""

@@ -48,6 +48,9 @@ class HttpSettings(msgspec.Struct, frozen=True, kw_only=True):
         context_length: Most prompt plus completion tokens of one request.
         max_stream_buffer: Most bytes of a stream held for a client that does not read.
         log_level: uvicorn's log level.
+        created: When the server started, Unix seconds: the model's ``created`` in
+            ``/v1/models``, the same from every worker and every incarnation (``None``:
+            when the worker started).
     """
 
     channel: int
@@ -56,6 +59,7 @@ class HttpSettings(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int = DEFAULT_CONTEXT_LENGTH
     max_stream_buffer: int = 4 << 20
     log_level: str = "warning"
+    created: int | None = None
 
 
 class HttpWorker(TokenizerWorker):
@@ -109,7 +113,10 @@ class HttpWorker(TokenizerWorker):
             max_stream_buffer=http.max_stream_buffer,
         )
         metrics = None if self.collector is None else self._metrics
-        app = _Labelled(OpenAIApp(self.engine, config=http.config, metrics=metrics), self.worker_id)
+        app = _Labelled(
+            OpenAIApp(self.engine, config=http.config, metrics=metrics, created=http.created),
+            self.worker_id,
+        )
         self.server = ConnectionServer(
             app, http.channel, limits=http.config, log_level=http.log_level
         )

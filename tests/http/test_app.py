@@ -9,6 +9,9 @@ close the pipeline make their own.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import re
+import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +23,16 @@ import pytest
 from openai import AsyncOpenAI
 
 from actors import Pipeline, _tracing
+from actors._tokenizer import BOS_TOKEN
 from actors.http import EngineError, OpenAIApp, PipelineEngine, ServeConfig
 from actors.http._pipeline_engine import BUNDLED_MODEL_ID
 
 from ._server import Served, serve, serve_pipeline, sse_events
+from ._tokenizer import write_bos_tokenizer
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
+    from pathlib import Path
 
     from openai.types.chat import ChatCompletionMessageParam
 
@@ -49,6 +55,19 @@ CHAT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "你好，请介绍一下你自己。"},  # noqa: RUF001 (CJK punctuation)
 ]
 JSON = {"content-type": "application/json"}
+#: Each route, and the methods it takes as its Allow header says them.
+ROUTES = {
+    "/v1/completions": "POST",
+    "/v1/chat/completions": "POST",
+    "/v1/models": "GET, HEAD",
+    f"/v1/models/{BUNDLED_MODEL_ID}": "GET, HEAD",
+    "/tokenize": "POST",
+    "/detokenize": "POST",
+    "/version": "GET, HEAD",
+    "/health": "GET, HEAD",
+}
+#: Before the module's server started.
+STARTED = int(time.time())
 
 
 @pytest.fixture(scope="module")
@@ -440,7 +459,9 @@ class TestOtherEndpoints:
         async with http.head("/health") as r:
             assert r.status == 200
 
-    async def test_models_is_openais_list(self, http: aiohttp.ClientSession) -> None:
+    async def test_models_is_openais_list(
+        self, http: aiohttp.ClientSession, server: Served
+    ) -> None:
         async with http.get("/v1/models") as r:
             assert await r.json() == {
                 "object": "list",
@@ -448,11 +469,162 @@ class TestOtherEndpoints:
                     {
                         "id": BUNDLED_MODEL_ID,
                         "object": "model",
-                        "created": 0,
+                        "created": server.app.created,
                         "owned_by": "tokenyard",
                     }
                 ],
             }
+
+    async def test_the_model_was_created_when_the_server_started(
+        self, http: aiohttp.ClientSession, server: Served
+    ) -> None:
+        assert STARTED <= server.app.created <= time.time()
+        async with http.get(f"/v1/models/{BUNDLED_MODEL_ID}") as r:
+            assert (await r.json())["created"] == server.app.created
+
+    async def test_version_is_the_installed_packages(self, http: aiohttp.ClientSession) -> None:
+        async with http.get("/version") as r:
+            assert r.status == 200
+            assert await r.json() == {"version": importlib.metadata.version("tokenyard")}
+        async with http.head("/version") as r:
+            assert (r.status, await r.read()) == (200, b"")
+
+    async def test_tokenize_adds_no_special_token_the_bundled_tokenizer_lacks(
+        self, http: aiohttp.ClientSession, server: Served
+    ) -> None:
+        engine = server.app.engine
+        assert engine is not None
+        ids = engine.encode(PROMPT)
+        for special in (True, False, None):
+            body = {"prompt": PROMPT, "add_special_tokens": special}
+            assert (await post(http, "/tokenize", body))[1]["tokens"] == ids
+        status, error = await post(http, "/tokenize", {"prompt": "x", "add_special_tokens": 1})
+        assert status == 400
+        assert_error(error, "add_special_tokens")
+
+    @pytest.mark.parametrize(("path", "methods"), ROUTES.items())
+    async def test_head_and_options_on_each_route_without_cors(
+        self, http: aiohttp.ClientSession, path: str, methods: str
+    ) -> None:
+        async with http.head(path) as r:
+            assert r.status == (200 if "HEAD" in methods else 405)
+            assert await r.read() == b""
+        preflight = {"origin": "https://app.example.com", "access-control-request-method": "GET"}
+        for headers in ({}, preflight):
+            async with http.options(path, headers=headers) as r:
+                assert r.status == 405
+                assert r.headers["allow"] == methods
+                assert not [h for h in r.headers if h.lower().startswith("access-control-")]
+                assert "vary" not in r.headers
+                assert_error(await r.json(), code="method_not_allowed")
+
+
+class TestTokenizeWithSpecialTokens:
+    async def test_add_special_tokens_defaults_as_vllms_and_is_honoured(
+        self, tmp_path: Path
+    ) -> None:
+        """With a tokenizer that adds a BOS: a prompt gets it unless told not to, chat
+        messages (whose template writes its own) only when told to."""
+        path = write_bos_tokenizer(tmp_path)
+        async with (
+            serve_pipeline(workers=1, tokenizer=str(path)) as served,
+            aiohttp.ClientSession(base_url=served.url) as http,
+        ):
+            engine = served.app.engine
+            assert engine is not None
+            assert engine.model == "bos-model"
+            bos = engine.encode(BOS_TOKEN)
+            plain = engine.encode(PROMPT)
+            chat = engine.encode(engine.chat_template.render(CHAT))
+            assert bos == [1]
+            for body, expected in [
+                ({"prompt": PROMPT}, bos + plain),
+                ({"prompt": PROMPT, "add_special_tokens": True}, bos + plain),
+                ({"prompt": PROMPT, "add_special_tokens": False}, plain),
+                ({"prompt": ""}, bos),
+                ({"prompt": "", "add_special_tokens": False}, []),
+                ({"messages": CHAT}, chat),
+                ({"messages": CHAT, "add_special_tokens": False}, chat),
+                ({"messages": CHAT, "add_special_tokens": True}, bos + chat),
+            ]:
+                status, answer = await post(http, "/tokenize", body)
+                assert status == 200, answer
+                assert answer["tokens"] == expected, body
+                assert answer["count"] == len(expected)
+            # Generation is unchanged: its prompt is tokenized without special tokens.
+            status, done = await post(http, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+            assert status == 200
+            assert done["usage"]["prompt_tokens"] == len(plain)
+
+
+class TestRequestIds:
+    async def test_a_requests_id_is_echoed_on_answers_errors_and_streams(
+        self, http: aiohttp.ClientSession
+    ) -> None:
+        rid = {"x-request-id": "req-42_ABC.def~" + "x" * 113}  # 128 characters
+        async with http.get("/health", headers=rid) as r:
+            assert r.headers["x-request-id"] == rid["x-request-id"]
+        async with http.get("/nowhere", headers=rid) as r:
+            assert (r.status, r.headers["x-request-id"]) == (404, rid["x-request-id"])
+        status, _ = await post(http, "/v1/completions", {"prompt": ""}, headers=rid)
+        assert status == 400
+        for stream in (False, True):
+            body = {"prompt": PROMPT, "max_tokens": 3, "stream": stream}
+            async with http.post("/v1/completions", json=body, headers=rid) as r:
+                assert r.status == 200
+                assert r.headers["x-request-id"] == rid["x-request-id"]
+                await r.read()
+
+    async def test_the_openai_client_sees_the_id(self, client: AsyncOpenAI) -> None:
+        raw = await client.completions.with_raw_response.create(
+            model=BUNDLED_MODEL_ID,
+            prompt=PROMPT,
+            max_tokens=3,
+            extra_headers={"X-Request-Id": "abc"},
+        )
+        assert raw.headers["x-request-id"] == "abc"
+
+    async def test_without_an_id_each_request_gets_a_new_one(
+        self, http: aiohttp.ClientSession
+    ) -> None:
+        ids = []
+        for _ in range(3):
+            async with http.get("/health") as r:
+                ids.append(r.headers["x-request-id"])
+        assert len(set(ids)) == 3
+        assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids)
+
+    @pytest.mark.parametrize(
+        "given",
+        [
+            b"x" * 129,
+            b"caf\xc3\xa9",
+            b"a b",
+            b"tab\there",
+            b"\xff\xfe",
+            b"",
+        ],
+    )
+    async def test_an_id_too_long_or_not_visible_ascii_is_replaced(
+        self, server: Served, given: bytes
+    ) -> None:
+        head = b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-request-id: "
+        answer = await raw_request(server, head + given + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        echoed = re.search(rb"\r\nx-request-id: ([^\r]*)\r\n", answer)
+        assert echoed is not None
+        assert re.fullmatch(rb"[0-9a-f]{32}", echoed.group(1))
+
+    async def test_the_bound_is_a_setting(self, module_server: Served) -> None:
+        assert module_server.pipeline is not None
+        config = ServeConfig(max_request_id_length=4)
+        app = OpenAIApp(PipelineEngine(module_server.pipeline), config=config)
+        async with serve(app) as (_, url), aiohttp.ClientSession(base_url=url) as http:
+            async with http.get("/health", headers={"x-request-id": "abcd"}) as r:
+                assert r.headers["x-request-id"] == "abcd"
+            async with http.get("/health", headers={"x-request-id": "abcde"}) as r:
+                assert len(r.headers["x-request-id"]) == 32
+            await app.wait_idle()
 
 
 async def read_events(response: aiohttp.ClientResponse, count: int) -> bytes:

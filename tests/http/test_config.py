@@ -20,6 +20,11 @@ class TestDefaults:
             None,
             None,
         )
+        assert (config.api_key, config.cors_origins, config.max_request_id_length) == (
+            None,
+            (),
+            128,
+        )
 
     def test_the_engines_context_is_used_when_none_is_configured(self) -> None:
         limits = ServeConfig().limits(8192)
@@ -42,6 +47,7 @@ class TestRefusals:
             ("max_messages", 0),
             ("max_stop", -1),
             ("context_length", 1),
+            ("max_request_id_length", 0),
         ],
     )
     def test_a_limit_out_of_range_is_refused_by_name(self, field: str, value: int) -> None:

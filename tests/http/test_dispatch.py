@@ -82,8 +82,15 @@ def worker_pid(server: Server, k: int) -> int:
 async def every_worker_serves(server: Server) -> None:
     """Each worker answers requests again (new connections spread over all, once the
     owner has heard that the earlier ones closed)."""
-    with anyio.fail_after(10):
+    with anyio.move_on_after(10):
         await server.dispatcher.wait_idle()
+    assert not server.dispatcher.busy(), (
+        server.statistics(),
+        {
+            k: (len(c.untaken), c.open, c.blocked, c.stuck)
+            for k, c in server.dispatcher._channels.items()
+        },
+    )
     served = await burst(server, 40)
     workers = server.pipeline.config.workers
     assert set(served) == {str(k) for k in range(workers)}, served

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,11 +24,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import anyio
 import anyio.lowlevel
+import msgspec
+import openai
 import pytest
 from openai import AsyncOpenAI
 
-from actors.http import open_server
+from actors.http import ApiKey, ServeConfig, open_server
+from actors.http._auth import API_KEY_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
+from actors.http._serve import _access_config, _config, _parser
+from actors.http._serve import main as serve_main
 from tests.conftest import is_fork_server
 from tests.http._server import sse_events
 
@@ -36,6 +42,9 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Tell me about the harbour of Yokohama.", "你好, 世界", "Bonjour à tous 😀")
+KEY = "tk-serve-5e8c2a9f0d"
+APP = "https://app.example.com"
+ENV_KEY = "tk-the-environments"
 
 
 def balance(counts: Counter[int], workers: int) -> float:
@@ -196,6 +205,150 @@ class TestConnections:
             assert back.incarnation == victim.incarnation + 1
 
 
+class TestAccess:
+    async def test_every_worker_asks_for_the_key_echoes_ids_and_tells_one_start_time(
+        self,
+    ) -> None:
+        config = ServeConfig(api_key=ApiKey(KEY), cors_origins=(APP,))
+        before = int(time.time())
+        auth = {"authorization": f"Bearer {KEY}", "origin": APP}
+        async with (
+            open_server(workers=2, port=0, config=config) as server,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s,
+        ):
+            started = server.dispatcher.created
+            assert before <= started <= time.time()
+
+            async def created_by_each_worker(n: int) -> dict[int, int]:
+                """Ask on new connections until both workers answered ``n`` times each."""
+                answers: dict[int, list[int]] = {0: [], 1: []}
+                with anyio.fail_after(30):
+                    while min(map(len, answers.values())) < n:
+                        rid = f"serve-{len(answers[0])}-{len(answers[1])}"
+                        headers = {**auth, "x-request-id": rid}
+                        async with s.get(f"{server.url}/v1/models", headers=headers) as r:
+                            assert r.status == 200
+                            assert r.headers["x-request-id"] == rid
+                            assert r.headers["access-control-allow-origin"] == APP
+                            worker = int(r.headers["x-tokenyard-worker"])
+                            answers[worker].append((await r.json())["data"][0]["created"])
+                        async with s.get(f"{server.url}/v1/models") as r:
+                            assert r.status == 401
+                        preflight = {"origin": APP, "access-control-request-method": "POST"}
+                        async with s.options(
+                            f"{server.url}/v1/completions", headers=preflight
+                        ) as r:
+                            assert r.status == 204
+                return {k: v for k, values in answers.items() for v in values}
+
+            assert set((await created_by_each_worker(2)).values()) == {started}
+            # A restarted worker tells the same time.
+            killed = server.pipeline.kill_worker(1)
+            await server.pipeline.wait_worker(1, after=killed.incarnation)
+            assert set((await created_by_each_worker(2)).values()) == {started}
+            async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY) as client:
+                done = await client.completions.create(
+                    model="tokenyard-bundled-bpe", prompt="Hi", max_tokens=4
+                )
+                assert done.choices[0].text
+            async with AsyncOpenAI(
+                base_url=f"{server.url}/v1", api_key=KEY[:-1], max_retries=0
+            ) as client:
+                with pytest.raises(openai.AuthenticationError):
+                    await client.models.list()
+
+
+class TestTheAccessFlags:
+    def config(self, *argv: str) -> ServeConfig:
+        return ServeConfig(**_access_config(_parser().parse_args(list(argv))))
+
+    def test_none_given_asks_for_no_key_and_keeps_cors_off(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.delenv(API_KEY_ENV, raising=False)
+        config = self.config()
+        assert (config.api_key, config.cors_origins, config.max_request_id_length) == (
+            None,
+            (),
+            128,
+        )
+
+    def test_each_flag_sets_its_setting(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv(API_KEY_ENV, "from-the-environment")
+        config = self.config(
+            "--api-key",
+            KEY,
+            "--cors-origin",
+            APP,
+            "--cors-origin",
+            "http://localhost:3000",
+            "--max-request-id-length",
+            "64",
+        )
+        assert config.api_key == ApiKey(KEY)  # the flag wins
+        assert config.cors_origins == (APP, "http://localhost:3000")
+        assert config.max_request_id_length == 64
+
+    def test_the_key_comes_from_the_environment_without_the_flag(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv(API_KEY_ENV, KEY)
+        assert self.config().api_key == ApiKey(KEY)
+
+    @pytest.mark.parametrize(
+        ("argv", "env", "message"),
+        [
+            ([], "", f"{API_KEY_ENV} is set but empty"),
+            (["--api-key", ""], None, "the API key is empty"),
+            (["--api-key", "two words"], None, "visible ASCII"),
+            (["--cors-origin", f"{APP}/"], None, "is not an origin"),
+            (["--max-request-id-length", "0"], None, "max_request_id_length=0"),
+        ],
+    )
+    def test_a_refused_setting_stops_the_command_before_it_starts_anything(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        argv: list[str],
+        env: str | None,
+        message: str,
+    ) -> None:
+        if env is None:
+            monkeypatch.delenv(API_KEY_ENV, raising=False)
+        else:
+            monkeypatch.setenv(API_KEY_ENV, env)
+        assert serve_main(argv) == 2
+        assert message in capsys.readouterr().err
+
+
+class TestTheLimitFlags:
+    def test_every_limit_of_serve_config_is_a_flag_with_its_default_in_the_help(self) -> None:
+        help_text = " ".join(_parser().format_help().split())
+        defaults = ServeConfig()
+        # The access settings have flags of their own names (--api-key, --cors-origin).
+        named = {"cors_origins": "--cors-origin"}
+        for field in msgspec.structs.fields(ServeConfig):
+            if field.name in ("model_id", "context_length"):
+                continue
+            flag = named.get(field.name, "--" + field.name.replace("_", "-"))
+            assert flag in help_text, flag
+            default = getattr(defaults, field.name)
+            if isinstance(default, int | float) and not isinstance(default, bool):
+                assert f"(default {default})" in help_text, flag
+
+    def test_a_flag_sets_its_field_and_the_others_keep_their_defaults(self) -> None:
+        args = _parser().parse_args(["--header-timeout", "2.5", "--max-waiting", "7"])
+        config = _config(args)
+        assert (config.header_timeout, config.max_waiting) == (2.5, 7)
+        assert config.body_timeout == ServeConfig().body_timeout
+
+    def test_a_refused_limit_stops_the_command_naming_it(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert serve_main(["--header-timeout", "0"]) == 2
+        assert "ServeConfig.header_timeout=0.0: it must be positive" in capsys.readouterr().err
+
+
 class TestTheCommand:
     def test_sigterm_drains_the_streams_in_flight_then_exits_0_leaving_nothing(
         self, tmp_path: Path
@@ -347,6 +500,50 @@ async def _complete(port: int) -> dict[str, Any]:
         assert r.status == 200
         body: dict[str, Any] = await r.json()
         return body
+
+
+class TestTheCommandWithAKey:
+    def test_the_flags_key_is_asked_for_and_hidden_from_the_process_list(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **{API_KEY_ENV: ENV_KEY})
+        argv = ["--workers", "1", "--port", str(port), "--api-key", KEY, "--cors-origin", APP]
+        with subprocess.Popen(
+            [sys.executable, "-m", "actors", "serve", *argv],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                line = proc.stdout.readline()
+                assert "serving http://127.0.0.1" in line
+                assert "API key required" in line
+                assert KEY.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+                statuses = asyncio.run(_access_statuses(port))
+                assert statuses == {"none": 401, "environment's": 401, "flag's": 200, "pre": 204}
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(timeout=30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+
+
+async def _access_statuses(port: int) -> dict[str, int]:
+    url = f"http://127.0.0.1:{port}"
+    statuses: dict[str, int] = {}
+    async with aiohttp.ClientSession() as s:
+        keys = {"none": None, "environment's": ENV_KEY, "flag's": KEY}
+        for name, key in keys.items():
+            headers = {} if key is None else {"authorization": f"Bearer {key}"}
+            async with s.get(f"{url}/v1/models", headers=headers) as r:
+                statuses[name] = r.status
+        preflight = {"origin": APP, "access-control-request-method": "POST"}
+        async with s.options(f"{url}/v1/completions", headers=preflight) as r:
+            statuses["pre"] = r.status
+    return statuses
 
 
 def _children(pid: int) -> list[int]:

@@ -6,12 +6,13 @@ uses its tokenizer, vocabulary and chat template.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
 
 from actors import Pipeline
+from actors._tokenizer import BOS_TOKEN
 from actors.http import PipelineEngine, ServeConfig
 from actors.http._errors import HTTPError
 from actors.http._openai import (
@@ -22,6 +23,11 @@ from actors.http._openai import (
 )
 from actors.http._validate import MAX_SEED, Prepared, Validator
 from actors.messages import SamplingParams
+
+from ._tokenizer import write_bos_tokenizer
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 ENGINE = PipelineEngine(Pipeline(workers=1), context_length=256)
 MODEL = ENGINE.model
@@ -263,6 +269,29 @@ class TestTokenize:
         assert await validator().tokenize(req) == ENGINE.encode(
             ENGINE.chat_template.render(messages)
         )
+
+    async def test_special_tokens_are_added_to_a_prompt_unless_refused_and_to_messages_if_asked(
+        self, tmp_path: Path
+    ) -> None:
+        engine = PipelineEngine(Pipeline(workers=1, tokenizer=write_bos_tokenizer(tmp_path)))
+        cfg = ServeConfig()
+        v = Validator(engine, cfg, cfg.limits(engine.context_length), engine.model)
+        messages = [{"role": "user", "content": "Hello"}]
+        chat = engine.encode(engine.chat_template.render(messages))
+        hello = engine.encode("Hello there")
+        bos = engine.encode(BOS_TOKEN)
+
+        async def tokenize(**body: Any) -> list[int]:
+            return await v.tokenize(msgspec.convert(body, TokenizeRequest))
+
+        assert await tokenize(prompt="Hello there") == bos + hello
+        assert await tokenize(prompt="Hello there", add_special_tokens=False) == hello
+        assert await tokenize(messages=messages) == chat
+        assert await tokenize(messages=messages, add_special_tokens=True) == bos + chat
+        # A long prompt, tokenized off the event loop, gets them the same way.
+        long = "Hello there " * 400
+        assert await tokenize(prompt=long) == bos + engine.encode(long)
+        assert engine.encode("Hello there", add_special_tokens=True) == bos + hello
 
     @pytest.mark.parametrize("body", [{}, {"prompt": "x", "messages": []}])
     async def test_it_takes_exactly_one_of_prompt_and_messages(self, body: dict[str, Any]) -> None:
