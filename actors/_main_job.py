@@ -47,6 +47,7 @@ try:
 except ImportError as err:  # the `bench` extra; `make run` installs it
     raise SystemExit(
         f"python -m actors needs rich ({err}); install it with: pip install 'tokenyard[bench]'"
+        " (python -m actors serve, the server, needs only the serve extra)"
     ) from err
 
 from ._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
@@ -341,13 +342,28 @@ async def main_job(args: argparse.Namespace, console: Console) -> int:
     return status
 
 
+USAGE = """python -m actors [options]          the main job (what `make run` runs)
+       python -m actors serve [options]    the OpenAI-compatible server"""
+
+COMMANDS = """\
+commands:
+  python -m actors        start the server on the bundled tokenizer, stream a few chat
+                          completions over HTTP, then a streaming load with one worker
+                          killed midway; exit 0 only if no waiting connection was lost
+                          (python -m actors --help: its options, below)
+  python -m actors serve  serve the OpenAI-compatible API on one port until Ctrl-C
+                          (python -m actors serve --help: its options)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actors``."""
     parser = argparse.ArgumentParser(
         prog="python -m actors",
-        description="Run tokenyard's OpenAI-compatible server: stream a few chat "
-        "completions over HTTP, then a streaming load with one worker killed midway; exit 0 "
-        "only if no waiting connection was lost.",
+        usage=USAGE,
+        description=COMMANDS,
+        epilog="The options above are the main job's; python -m actors serve --help lists "
+        "the server's.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workers", type=int, default=4, help="tokenizer workers (4)")
     parser.add_argument("--requests", type=int, default=2_000, help="requests in the load (2000)")
