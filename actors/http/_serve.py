@@ -129,7 +129,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", help="the model id (default: from the tokenizer)")
     parser.add_argument(
-        "--step-time", type=float, default=0.0, help="seconds per step of the stand-in engine"
+        "--step-time",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds per step (one token per request) of the stand-in engine. The default, "
+        "0, leaves no pause between steps: a whole reply is generated at once, and a streaming "
+        "client gets it in one chunk or a few. --step-time 0.02 (20 ms a token) streams "
+        "token by token, as a real model does",
     )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     parser.add_argument(

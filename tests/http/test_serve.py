@@ -190,6 +190,18 @@ class TestConnections:
 
 
 class TestTheCommand:
+    def test_its_help_says_what_step_time_0_means_and_what_to_pass_instead(self) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "actors", "serve", "--help"],
+            capture_output=True, text=True, timeout=30, check=False,
+            env=dict(os.environ, COLUMNS="400"),  # one line per option: no wrapped words
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (line,) = [x for x in done.stdout.splitlines() if x.lstrip().startswith("--step-time")]
+        assert "The default, 0, leaves no pause between steps" in line
+        assert "a streaming client gets it in one chunk or a few" in line
+        assert "--step-time 0.02 (20 ms a token) streams token by token" in line
+
     def test_serve_answers_until_sigterm_and_leaves_nothing_behind(self) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
