@@ -50,7 +50,7 @@ except ImportError as err:  # the `bench` extra; `make run` installs it
         " (python -m actors serve, the server, needs only the serve extra)"
     ) from err
 
-from ._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
+from ._tokenizer import DEFAULT_TOKENIZER_PATH, tokenizer_option_error
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -399,10 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
-    try:
-        load_tokenizer(args.tokenizer)  # fail here, clearly, rather than in every worker
-    except (OSError, ValueError) as err:
-        console.print(f"[red]bad --tokenizer:[/] {escape(str(err))}", soft_wrap=True)
+    problem = tokenizer_option_error(args.tokenizer)  # here, clearly, not in every worker
+    if problem is not None:
+        console.print(f"[red]{escape(problem)}[/]", soft_wrap=True)
         return 2
     try:
         return anyio.run(main_job, args, console)

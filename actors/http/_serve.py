@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from actors._tokenizer import tokenizer_option_error
 from actors.pipeline import Pipeline
 
 from ._dispatch import Dispatcher, DispatchStatistics
@@ -138,7 +141,13 @@ def _parser() -> argparse.ArgumentParser:
         "client gets it in one chunk or a few. --step-time 0.02 (20 ms a token) streams "
         "token by token, as a real model does",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="logging level (default WARNING)",
+    )
     parser.add_argument(
         "--credentials",
         metavar="PATH",
@@ -149,56 +158,74 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    stop = anyio.Event()
-    received: list[int] = []
-
-    async def signals() -> None:
-        # Kept until the end: a second signal during the shutdown is ignored, not a crash.
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
-            async for signum in sigs:
-                received.append(signum)
-                stop.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(signals)
-        async with open_server(
-            args.workers,
-            args.tokenizer,
-            host=args.host,
-            port=args.port,
-            detokenizers=args.detokenizers,
-            model=args.model,
-            step_time=args.step_time,
-        ) as server:
-            if args.credentials:
-                pipeline = server.pipeline
-                pipeline.system.credentials(collector=pipeline.collector).save(args.credentials)
-            sys.stdout.write(
-                f"serving {server.url} with {args.workers} workers and "
-                f"{args.detokenizers} detokenizer(s); Ctrl-C stops\n"
-            )
-            sys.stdout.flush()
-            try:
-                await stop.wait()
-            finally:
+    # Open before the server starts and kept until the end: a signal during the start is
+    # acted on once it is up; a second one during the shutdown is ignored, not a crash.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        started = False
+        try:
+            async with open_server(
+                args.workers,
+                args.tokenizer,
+                host=args.host,
+                port=args.port,
+                detokenizers=args.detokenizers,
+                model=args.model,
+                step_time=args.step_time,
+            ) as server:
+                started = True
                 if args.credentials:
-                    with contextlib.suppress(OSError):
-                        os.unlink(args.credentials)
-        tg.cancel_scope.cancel()
-    return 128 + received[0] if received else 0
+                    pipeline = server.pipeline
+                    pipeline.system.credentials(collector=pipeline.collector).save(args.credentials)
+                sys.stdout.write(
+                    f"serving {server.url} with {args.workers} workers and "
+                    f"{args.detokenizers} detokenizer(s); Ctrl-C stops\n"
+                )
+                sys.stdout.flush()
+                try:
+                    async for signum in signals:
+                        return 128 + signum
+                finally:
+                    if args.credentials:
+                        with contextlib.suppress(OSError):
+                            os.unlink(args.credentials)
+        except OSError as err:
+            if started:
+                raise
+            sys.stderr.write(_cannot_serve(args.host, args.port, err) + "\n")
+            return 1
+    return 0
+
+
+def _cannot_serve(host: str, port: int, err: OSError) -> str:
+    """The one line that says why the server could not start, and what to change."""
+    reason = (err.strerror or str(err)).lower()
+    if err.errno == errno.EADDRINUSE:
+        hint = " (another server? pick another --port)"
+    elif err.errno == errno.EACCES:
+        hint = " (a port below 1024 needs privileges: pick another --port)"
+    elif err.errno == errno.EADDRNOTAVAIL or isinstance(err, socket.gaierror):
+        hint = " (is --host an address of this machine?)"
+    else:
+        hint = ""
+    return f"cannot serve on {host}:{port}: {reason}{hint}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP (exit 128 + it)."""
+    """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP (exit 128 + it).
+
+    A problem found before anything starts is one line on standard error: a bad argument
+    (exit 2; a ``--tokenizer`` that does not load is one, found before any process starts)
+    or a port it cannot listen on (exit 1).
+    """
     args = _parser().parse_args(argv)
     if args.detokenizers is None and args.workers >= 1:
         args.detokenizers = default_detokenizers(args.workers)
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
         return 2
-    logging.basicConfig(level=args.log_level.upper())
-    try:
-        return anyio.run(_serve, args)
-    except OSError as err:
-        sys.stderr.write(f"cannot serve on {args.host}:{args.port}: {err}\n")
-        return 1
+    problem = tokenizer_option_error(args.tokenizer)
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
+        return 2
+    logging.basicConfig(level=args.log_level)
+    return anyio.run(_serve, args)

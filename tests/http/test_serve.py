@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,85 @@ class TestConnections:
             assert back.incarnation == victim.incarnation + 1
 
 
+def serve_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m actors serve ARGS`` run to its end, and checked to leave no process
+    behind: every process it started carries a mark in its environment, and none with the
+    mark is alive (or a zombie) once it has exited."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENYARD_TEST_MARK=mark, COLUMNS="400")
+    done = subprocess.run(
+        [sys.executable, "-m", "actors", "serve", *args],
+        capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd=ROOT,
+    )  # fmt: skip
+    left = _pids_with(f"TOKENYARD_TEST_MARK={mark}".encode())
+    assert not left, f"serve {args} left processes behind: {left}"
+    return done
+
+
+def _pids_with(entry: bytes) -> list[int]:
+    """Processes whose environment has ``entry``."""
+    found: list[int] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if entry in environ.split(b"\0"):
+            found.append(int(proc.name))
+    return found
+
+
 class TestTheCommand:
+    def test_a_busy_port_is_one_line_naming_it_and_the_fix_and_status_1(self) -> None:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            done = serve_command("--workers", "1", "--port", str(port))
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert done.stderr.splitlines() == [
+            f"cannot serve on 127.0.0.1:{port}: address already in use "
+            "(another server? pick another --port)"
+        ]
+
+    def test_an_address_not_of_this_machine_is_one_line_and_status_1(self) -> None:
+        done = serve_command("--workers", "1", "--host", "192.0.2.1", "--port", "0")
+        assert done.returncode == 1
+        assert done.stderr.splitlines() == [
+            "cannot serve on 192.0.2.1:0: cannot assign requested address "
+            "(is --host an address of this machine?)"
+        ]
+
+    @pytest.mark.parametrize("what", ["missing", "directory", "not-json"])
+    def test_a_bad_tokenizer_is_one_line_and_status_2_before_any_process_starts(
+        self, tmp_path: Path, what: str
+    ) -> None:
+        if what == "missing":
+            path, expected = tmp_path / "nonexistent", f"{tmp_path / 'nonexistent'} does not exist"
+        elif what == "directory":
+            path, expected = tmp_path, f"{tmp_path / 'tokenizer.json'} does not exist"
+        else:
+            path = tmp_path / "tokenizer.json"
+            path.write_text("not json", encoding="utf-8")
+            expected = f"{path} is not a valid tokenizer.json"
+        # A pipeline that started would bind this port: the check comes first.
+        done = serve_command("--workers", "1", "--port", "0", "--tokenizer", str(path))
+        assert done.returncode == 2
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"bad --tokenizer: {expected}"), line
+        if what != "not-json":
+            assert line.endswith("leave --tokenizer out for the bundled one)"), line
+
+    def test_a_bad_log_level_is_a_bad_argument(self) -> None:
+        done = serve_command("--log-level", "chatty")
+        assert done.returncode == 2
+        assert "argument --log-level: invalid choice: 'CHATTY'" in done.stderr
+        assert "Traceback" not in done.stderr
+
     def test_its_help_says_what_step_time_0_means_and_what_to_pass_instead(self) -> None:
         done = subprocess.run(
             [sys.executable, "-m", "actors", "serve", "--help"],
