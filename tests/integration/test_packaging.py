@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,9 +122,41 @@ def test_the_wheel_and_the_sdist_carry_the_tokenizer_and_the_type_markers(dist: 
     for dependency in ("pyzmq", "anyio", "msgspec", "setproctitle"):
         assert any(r.startswith(dependency) and "extra" not in r for r in requires), requires
     assert any(r.startswith("tokenizers") and "extra == " in r for r in requires), requires
+    assert any(r.startswith("prometheus-client") and 'extra == "serve"' in r for r in requires), (
+        requires
+    )
     with tarfile.open(dist.sdist) as sdist:
         members = {m.name.partition("/")[2] for m in sdist.getmembers()}
     assert {*DATA_FILES, "pyproject.toml", "README.md"} <= members, sorted(members)
+
+
+def extras() -> dict[str, list[str]]:
+    """The optional dependencies of pyproject.toml, by extra, as project names."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        declared = tomllib.load(f)["project"]["optional-dependencies"]
+    return {
+        extra: [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements]
+        for extra, requirements in declared.items()
+    }
+
+
+def make_run_extras() -> list[str]:
+    """The extras ``make run`` installs (its pip line in the Makefile)."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    match = re.search(
+        r"^\$\(VENV\)/\.installed-run:.*\n\t.*pip install .*'\.\[([\w,]+)\]'", makefile, re.M
+    )
+    assert match is not None, "no pip install line under .installed-run"
+    return match.group(1).split(",")
+
+
+def test_the_serve_extra_and_make_run_bring_what_metrics_needs() -> None:
+    # Without prometheus-client, /metrics of `python -m actors serve` answers 501.
+    found = extras()
+    assert "prometheus-client" in found["serve"]
+    assert "serve" in make_run_extras()
+    for package in ("uvicorn", "httptools", "jinja2", "tokenizers"):
+        assert package in found["serve"]
 
 
 def test_the_readme_example_runs_from_the_installed_wheel(installed: Installed) -> None:
