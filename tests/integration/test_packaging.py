@@ -10,6 +10,7 @@ package index, through pip's cache.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -128,6 +129,37 @@ def test_the_wheel_and_the_sdist_carry_the_tokenizer_and_the_type_markers(dist: 
     with tarfile.open(dist.sdist) as sdist:
         members = {m.name.partition("/")[2] for m in sdist.getmembers()}
     assert {*DATA_FILES, "pyproject.toml", "README.md"} <= members, sorted(members)
+
+
+#: The MD5 of apache.org's https://www.apache.org/licenses/LICENSE-2.0.txt, the text the
+#: Apache License asks to be copied unchanged.
+APACHE_2_0_MD5 = "3b83ef96387f14655fc854ddc3c6bd57"
+
+
+def test_the_license_file_is_the_apache_license_2_0_verbatim() -> None:
+    text = (ROOT / "LICENSE").read_bytes()
+    assert hashlib.md5(text, usedforsecurity=False).hexdigest() == APACHE_2_0_MD5
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        project = tomllib.load(f)["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+
+
+def test_the_wheel_and_the_sdist_carry_the_license(dist: Dist) -> None:
+    text = (ROOT / "LICENSE").read_bytes()
+    with zipfile.ZipFile(dist.wheel) as wheel:
+        names = wheel.namelist()
+        (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
+        (license_file,) = (n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        assert wheel.read(license_file) == text
+        fields = wheel.read(metadata).decode().splitlines()
+    assert "License-Expression: Apache-2.0" in fields
+    assert "License-File: LICENSE" in fields
+    with tarfile.open(dist.sdist) as sdist:
+        (member,) = (m for m in sdist.getmembers() if m.name.partition("/")[2] == "LICENSE")
+        extracted = sdist.extractfile(member)
+        assert extracted is not None
+        assert extracted.read() == text
 
 
 def extras() -> dict[str, list[str]]:
