@@ -50,6 +50,8 @@ except ImportError as err:  # the `bench` extra; `make run` installs it
         " (python -m actors serve, the server, needs only the serve extra)"
     ) from err
 
+from runtime._logging import configure_logging
+
 from ._tokenizer import DEFAULT_TOKENIZER_PATH, tokenizer_option_error
 
 if TYPE_CHECKING:
@@ -386,6 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_handler(console: Console) -> logging.Handler:
+    """Where the main job's own log lines go: printed by its console (so that they do not
+    tear the progress bar), in the format of every process of the system (the handler adds
+    no time or level of its own)."""
+    return RichHandler(console=console, show_time=False, show_level=False, show_path=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m actors``."""
     parser = build_parser()
@@ -394,11 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     console = Console(width=None if sys.stdout.isatty() else 100)
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
+    configure_logging(logging.WARNING, "main job", handler=log_handler(console))
     problem = tokenizer_option_error(args.tokenizer)  # here, clearly, not in every worker
     if problem is not None:
         console.print(f"[red]{escape(problem)}[/]", soft_wrap=True)

@@ -71,8 +71,15 @@ class ConnectionServer:
     """
 
     def __init__(self, app: Any, channel: int, *, log_level: str = "warning") -> None:
+        # log_config=None: uvicorn's lines go to the process's own handler, in the format
+        # of every process of the system (runtime._logging), not in uvicorn's.
         self.config = uvicorn.Config(
-            app, lifespan="off", log_level=log_level, access_log=False, server_header=False
+            app,
+            lifespan="off",
+            log_level=log_level,
+            log_config=None,
+            access_log=False,
+            server_header=False,
         )
         self.config.load()
         self.state = ServerState()

@@ -219,11 +219,11 @@ class Dispatcher:
                 )
             except (BlockingIOError, InterruptedError):
                 # Its channel is full (it is stuck): the others take the connection.
-                logger.warning("worker %s takes no connections: trying another", channel.origin)
+                logger.warning("%s takes no connections: trying another", channel.origin)
                 self._remove(channel)
                 continue
             except OSError as err:
-                logger.info("worker %s is gone (%s): trying another", channel.origin, err)
+                logger.info("%s is gone (%s): trying another", channel.origin, err)
                 self._remove(channel)
                 continue
             channel.untaken.append(conn)

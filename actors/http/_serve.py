@@ -23,6 +23,7 @@ import anyio
 
 from actors._tokenizer import tokenizer_option_error
 from actors.pipeline import Pipeline
+from runtime._logging import configure_logging
 
 from ._dispatch import Dispatcher, DispatchStatistics
 
@@ -227,5 +228,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         sys.stderr.write(problem + "\n")
         return 2
-    logging.basicConfig(level=args.log_level)
+    configure_logging(args.log_level, "serve")
     return anyio.run(_serve, args)

@@ -8,7 +8,9 @@ connections arriving throughout, a detokenizer killed under load, bad requests, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import anyio
@@ -27,6 +29,9 @@ from openai import AsyncOpenAI
 from actors.http import open_server
 from actors.http._load import LoadResult, LoadSpec, run_load
 from tests.conftest import is_fork_server
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Tell me about the harbour of Yokohama.", "你好, 世界", "Bonjour à tous 😀")
@@ -220,7 +225,74 @@ def _pids_with(entry: bytes) -> list[int]:
     return found
 
 
+#: A log line of any process of the system (runtime._logging).
+LOG_LINE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\[[^\]]+\] [\w.]+: .*"
+)
+
+
+class Lines:
+    """The lines a process writes to one of its pipes, read as they come."""
+
+    def __init__(self, stream: ByteReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+        self.lines: list[str] = []
+
+    async def until(self, needle: str) -> str:
+        """Read up to the first line with ``needle`` (the end of the pipe fails)."""
+        while True:
+            for line in self.lines:
+                if needle in line:
+                    return line
+            chunk = await self.stream.receive()
+            *full, self.buffer = (self.buffer + chunk).split(b"\n")
+            self.lines += [line.decode() for line in full]
+
+    async def rest(self) -> list[str]:
+        """Every line, once the pipe has ended."""
+        with contextlib.suppress(anyio.EndOfStream):
+            while True:
+                self.buffer += await self.stream.receive()
+        self.lines += [line.decode() for line in self.buffer.split(b"\n") if line]
+        self.buffer = b""
+        return self.lines
+
+
 class TestTheCommand:
+    async def test_every_process_logs_one_format_and_a_worker_reads_as_one(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        command = [sys.executable, "-m", "actors", "serve", "--workers", "2", "--port", "0"]
+        async with await anyio.open_process([*command, "--log-level", "info"], env=env) as proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            out, err = Lines(proc.stdout), Lines(proc.stderr)
+            try:
+                with anyio.fail_after(60):
+                    port = int((await out.until("serving http://")).split(":")[2].split()[0])
+                    # uvicorn, in a worker process, refuses a request that is not HTTP.
+                    async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+                        await conn.send(b"\x00 not http\r\n\r\n")
+                        assert b"400 Bad Request" in await conn.receive()
+                    await err.until("Invalid HTTP request received.")
+                    (worker,) = [p for p in _children(proc.pid) if _title(p).startswith(
+                        "tokenyard::tokenizer_worker:0:"
+                    )]  # fmt: skip
+                    os.kill(worker, signal.SIGKILL)
+                    await err.until("worker 0 (incarnation 2) registered")
+            finally:
+                proc.terminate()
+            lines = await err.rest()
+            assert await proc.wait() == 128 + signal.SIGTERM
+        assert lines
+        assert [line for line in lines if not LOG_LINE.fullmatch(line)] == []
+        assert not [line for line in lines if "Origin(" in line]
+        assert any("uvicorn.error: Invalid HTTP request received." in x for x in lines), lines
+        died = [x for x in lines if "worker 0 (incarnation 1) died (killed by SIGKILL)" in x]
+        assert len(died) == 1, lines
+        assert "INFO [serve] tokenyard.pipeline: " in died[0]
+
     def test_a_busy_port_is_one_line_naming_it_and_the_fix_and_status_1(self) -> None:
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", 0))
@@ -335,3 +407,11 @@ def _zombie(pid: int) -> bool:
         return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
+
+
+def _title(pid: int) -> str:
+    """A process's title (setproctitle rewrites its command line)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
