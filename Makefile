@@ -18,22 +18,29 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
-$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+# lint, typecheck and pytest: the dev extras, and the docs' (a test builds the site).
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	touch $@
+
+# The site alone: mkdocs, its theme and mkdocstrings, which reads the sources without
+# importing them (not Ray, nor the dev extra's test tools).
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[docs]'
 	touch $@
 
 run: $(VENV)/.installed-run
 	$(BIN)/python -m actors
 
-lint: $(VENV)/.installed-docs
+lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@! grep -rnE "send_pyobj|recv_pyobj" runtime actors || { echo "pickle on the wire is forbidden"; exit 1; }
 
-typecheck: $(VENV)/.installed-docs
+typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-docs
+pytest: $(VENV)/.installed-test
 	$(BIN)/pytest
 
 test: lint typecheck pytest
