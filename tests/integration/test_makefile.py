@@ -49,6 +49,15 @@ class TestMakeDocs:
         # mkdocstrings formats the separated signatures with ruff.
         assert names == {"mkdocs", "mkdocs-material", "mkdocstrings", "ruff"}
 
+    def test_it_puts_mermaid_in_the_built_site(self, tmp_path: Path) -> None:
+        commands = dry_run("docs", tmp_path / "venv")
+        build = next(i for i, c in enumerate(commands) if c.endswith("mkdocs build --strict"))
+        fetch = next(i for i, c in enumerate(commands) if "docs/tools/mermaid.py" in c)
+        copy = next(i for i, c in enumerate(commands) if c.startswith("cp "))
+        assert fetch < build < copy
+        assert "mermaid.min.js" in commands[copy]
+        assert commands[copy].endswith(" site/assets/javascripts/")
+
     @pytest.mark.parametrize("target", ["lint", "typecheck", "pytest"])
     def test_the_checks_keep_the_dev_and_docs_extras(self, tmp_path: Path, target: str) -> None:
         commands = dry_run(target, tmp_path / "venv")
