@@ -1,8 +1,16 @@
 # Every target creates .venv when it is missing and installs what it needs, so a fresh
-# machine needs only Python 3.11+, make and a compiler.
+# machine needs only Python 3.11+, make and a compiler (and npm for `make docs`, below).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+
+# The site draws its diagrams with mermaid.js, which mkdocs-material loads from a CDN (its
+# major version, 11) unless the page has it: `make docs` puts this copy in the built site,
+# so that the diagrams render without network access. Fetched once with npm, checked
+# (docs/tools/mermaid.py); to move on, pin the new version's hash of dist/mermaid.min.js.
+MERMAID        := 11.17.2
+MERMAID_SHA256 := 581ed7d74bd9048d0e3a91363927d72ef22942d7722546b27f7cc29e35390eb8
+MERMAID_DIR    := $(VENV)/mermaid-$(MERMAID)
 
 .PHONY: run test lint typecheck pytest bench docs clean
 
@@ -18,22 +26,29 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
-$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+# lint, typecheck and pytest: the dev extras, and the docs' (a test builds the site).
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	touch $@
+
+# The site alone: mkdocs, its theme and mkdocstrings, which reads the sources without
+# importing them (not Ray, nor the dev extra's test tools).
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[docs]'
 	touch $@
 
 run: $(VENV)/.installed-run
 	$(BIN)/python -m actors
 
-lint: $(VENV)/.installed-docs
+lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@! grep -rnE "send_pyobj|recv_pyobj" runtime actors || { echo "pickle on the wire is forbidden"; exit 1; }
 
-typecheck: $(VENV)/.installed-docs
+typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
-pytest: $(VENV)/.installed-docs
+pytest: $(VENV)/.installed-test
 	$(BIN)/pytest
 
 test: lint typecheck pytest
@@ -42,8 +57,12 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python -m benchmarks all --json bench-results/results.json
 	$(BIN)/python -m benchmarks plot bench-results/results.json --out docs/img
 
-docs: $(VENV)/.installed-docs
+$(MERMAID_DIR)/mermaid.min.js: | $(BIN)/python
+	$(BIN)/python docs/tools/mermaid.py $(MERMAID) $(MERMAID_SHA256) $(MERMAID_DIR)
+
+docs: $(VENV)/.installed-docs $(MERMAID_DIR)/mermaid.min.js
 	$(BIN)/mkdocs build --strict
+	cp $(MERMAID_DIR)/mermaid.min.js $(MERMAID_DIR)/mermaid.LICENSE site/assets/javascripts/
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -299,7 +299,7 @@ class DetokenizerStates(Generic[OriginT]):
         """
         key = (origin, rid)
         if key in self._states:
-            raise KeyError(f"request {rid!r} from {origin!r} already has a detokenizer state")
+            raise KeyError(f"request {rid!r} from {origin} already has a detokenizer state")
         if len(self._states) >= self._max_states:
             raise TooManyRequestsError(self._max_states)
         state = IncrementalDetokenizer(

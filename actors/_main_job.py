@@ -47,9 +47,12 @@ try:
 except ImportError as err:  # the `bench` extra; `make run` installs it
     raise SystemExit(
         f"python -m actors needs rich ({err}); install it with: pip install 'tokenyard[bench]'"
+        " (python -m actors serve, the server, needs only the serve extra)"
     ) from err
 
-from ._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
+from runtime._logging import configure_logging
+
+from ._tokenizer import DEFAULT_TOKENIZER_PATH, tokenizer_option_error
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -341,13 +344,28 @@ async def main_job(args: argparse.Namespace, console: Console) -> int:
     return status
 
 
+USAGE = """python -m actors [options]          the main job (what `make run` runs)
+       python -m actors serve [options]    the OpenAI-compatible server"""
+
+COMMANDS = """\
+commands:
+  python -m actors        start the server on the bundled tokenizer, stream a few chat
+                          completions over HTTP, then a streaming load with one worker
+                          killed midway; exit 0 only if no waiting connection was lost
+                          (python -m actors --help: its options, below)
+  python -m actors serve  serve the OpenAI-compatible API on one port until Ctrl-C
+                          (python -m actors serve --help: its options)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actors``."""
     parser = argparse.ArgumentParser(
         prog="python -m actors",
-        description="Run tokenyard's OpenAI-compatible server: stream a few chat "
-        "completions over HTTP, then a streaming load with one worker killed midway; exit 0 "
-        "only if no waiting connection was lost.",
+        usage=USAGE,
+        description=COMMANDS,
+        epilog="The options above are the main job's; python -m actors serve --help lists "
+        "the server's.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workers", type=int, default=4, help="tokenizer workers (4)")
     parser.add_argument("--requests", type=int, default=2_000, help="requests in the load (2000)")
@@ -370,6 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_handler(console: Console) -> logging.Handler:
+    """Where the main job's own log lines go: printed by its console (so that they do not
+    tear the progress bar), in the format of every process of the system (the handler adds
+    no time or level of its own)."""
+    return RichHandler(console=console, show_time=False, show_level=False, show_path=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m actors``."""
     parser = build_parser()
@@ -378,15 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     console = Console(width=None if sys.stdout.isatty() else 100)
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
-    try:
-        load_tokenizer(args.tokenizer)  # fail here, clearly, rather than in every worker
-    except (OSError, ValueError) as err:
-        console.print(f"[red]bad --tokenizer:[/] {escape(str(err))}", soft_wrap=True)
+    configure_logging(logging.WARNING, "main job", handler=log_handler(console))
+    problem = tokenizer_option_error(args.tokenizer)  # here, clearly, not in every worker
+    if problem is not None:
+        console.print(f"[red]{escape(problem)}[/]", soft_wrap=True)
         return 2
     try:
         return anyio.run(main_job, args, console)

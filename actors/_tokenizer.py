@@ -20,6 +20,7 @@ __all__ = (
     "eos_token_id",
     "load_tokenizer",
     "model_id_of",
+    "tokenizer_option_error",
 )
 
 # "token" as in vocabulary entry, not credential: hence the S105 (hardcoded password) waivers.
@@ -120,4 +121,26 @@ def eos_token_id(tokenizer: Any, candidates: tuple[str, ...] = EOS_TOKEN_CANDIDA
         token_id = tokenizer.token_to_id(token)
         if token_id is not None:
             return int(token_id)
+    return None
+
+
+def tokenizer_option_error(path: str | None) -> str | None:
+    """What is wrong with a command's ``--tokenizer PATH``, as the one line the command
+    prints before it starts anything; ``None`` when the tokenizer loads.
+
+    Args:
+        path: The option's value (``None``: the bundled tokenizer).
+    """
+    if path is not None:
+        file = Path(path)
+        file = file / "tokenizer.json" if file.is_dir() else file
+        if not file.is_file():
+            return (
+                f"bad --tokenizer: {file} does not exist (name a Hugging Face tokenizer.json, "
+                "or a directory holding one; leave --tokenizer out for the bundled one)"
+            )
+    try:
+        load_tokenizer(path)
+    except (OSError, ValueError) as err:
+        return "bad --tokenizer: " + " ".join(str(err).split())
     return None

@@ -437,7 +437,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         if backlog is not None:
             self._undeliverable += len(backlog.queue)
             backlog.queue.clear()
-        logger.warning("worker %s is stuck: %s", origin, why)
+        logger.warning("%s is stuck: %s", origin, why)
         if self._supervisor is not None:
             try:
                 await self._supervisor.tell(MemberStuck(origin=origin, reason=why))

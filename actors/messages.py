@@ -50,6 +50,11 @@ class Origin(msgspec.Struct, frozen=True, array_like=True):
     worker: int
     incarnation: int
 
+    def __str__(self) -> str:
+        """``worker 3 (incarnation 1)``, for log lines and error messages (``repr`` stays
+        the struct's own, ``Origin(worker=3, incarnation=1)``, for debugging)."""
+        return f"worker {self.worker} (incarnation {self.incarnation})"
+
 
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True):
     """What to generate; the stand-in engine honours all of it deterministically.

@@ -331,7 +331,9 @@ class Pipeline:
     Args:
         workers: Number of tokenizer workers.
         tokenizer: Path of a ``tokenizer.json`` (None: the bundled byte-level BPE).
-        step_time: Seconds per step of the stand-in engine.
+        step_time: Seconds per step of the stand-in engine (a step is one token of each
+            running request). 0, the default, pauses nowhere: a reply is generated at once,
+            and streams arrive in one piece or a few; 0.02 paces them as a real model does.
         max_batch_size: Most requests the engine runs at once.
         ready_timeout: Seconds to wait for every worker to register.
         channels: Have the workers serve HTTP on the connections these channels bring

@@ -340,7 +340,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         if known is not None:
             self.duplicate_registrations += 1
             logger.warning(
-                "duplicate registration of worker %s at %s ignored: it is registered at %s",
+                "duplicate registration of %s at %s ignored: it is registered at %s",
                 origin,
                 msg.address.address,
                 known.address,
@@ -348,12 +348,13 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             return ack
         current = self.child(worker_name(msg.worker_id))
         if current is None or current.incarnation != msg.incarnation:
-            raise TokenyardError(f"registration from a stale worker incarnation {origin}")
+            raise TokenyardError(f"registration from a stale incarnation: {origin}")
         await self._publish(origin, msg.address)
         self.routes[origin] = msg.address
         if self.channels is not None:
             self.channels.up(origin)
         await self._tell(self.client, WorkerUp(worker_id=msg.worker_id, ref=msg.address))
+        logger.info("%s registered: it serves", origin)
         return ack
 
     async def _publish(self, origin: Origin, address: ActorRef[WorkerMessage]) -> None:
@@ -376,7 +377,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 for other in asked:  # queued behind the update: a late one is undone too
                     await self._tell(other, RouteUpdate(origin=origin, ref=None))
                 raise TokenyardError(
-                    f"worker {origin} not registered: the {ref.name} did not take its "
+                    f"{origin} not registered: the {ref.name} did not take its "
                     f"route within {timeout:g} s, a quarter of register_timeout ({err}); the "
                     "worker restarts and registers again (raise "
                     "PipelineConfig.register_timeout if members are this slow)"
@@ -401,11 +402,11 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         if ref is None or ref.incarnation != msg.origin.incarnation:
             return  # already gone
         self.killed_stuck += 1
-        logger.warning("killing worker %s: %s", msg.origin, msg.reason)
+        logger.warning("killing %s: %s", msg.origin, msg.reason)
         try:
             await self.system.kill(ref, f"stuck: {msg.reason}")
         except TokenyardError as err:
-            logger.debug("worker %s was gone before it could be killed: %s", msg.origin, err)
+            logger.debug("%s was gone before it could be killed: %s", msg.origin, err)
 
     async def on_child_died(self, name: str, down: Down) -> None:
         # Every member is permanent: each death is followed by its restart.
@@ -413,6 +414,11 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         worker_id = self.worker_ids.get(name)
         if worker_id is not None:
             origin = Origin(worker_id, down.ref.incarnation)
+            logger.info(
+                "%s died (%s): its requests are resubmitted or failed, and it restarts",
+                origin,
+                down.reason,
+            )
             if self.channels is not None:
                 self.channels.down(origin)
             if self.routes.pop(origin, None) is not None:

@@ -73,7 +73,9 @@ class Router(Actor[RouterMessage]):
         try:
             await ref.ask(msg, timeout=self.forward_timeout)
         except RemoteActorError as err:
-            self._failing.warning("router: the worker of %s failed on %r: %s", msg.origin, msg, err)
+            self._failing.warning(
+                "router: %s failed on %s: %s", msg.origin, type(msg).__name__, err
+            )
         except TokenyardError as err:
             self.dropped += 1
             logger.debug("router: reply for %s dropped: %s", msg.origin, err)

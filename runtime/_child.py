@@ -30,6 +30,7 @@ import msgspec
 from setproctitle import setproctitle
 
 from ._errors import sole_error
+from ._logging import configure_logging
 from ._protocol import ErrorBody, Kind, ReadyBody, body_encoder
 from ._spawn import SpawnSpec, read_spec, resolve_class
 
@@ -204,9 +205,7 @@ def main() -> None:
     ).start()
     setproctitle(f"tokenyard::{spec.name}:{os.getpid()}")
     sys.path[:] = spec.sys_path
-    logging.basicConfig(
-        level=spec.log_level, format=f"%(levelname)s [{spec.name}] %(name)s: %(message)s"
-    )
+    configure_logging(spec.log_level, spec.name)
     # Import the actor's module (and __main__) before the loop starts, as a script's own
     # top level would: a script that runs a loop at import time must guard it with
     # `if __name__ == "__main__":`, exactly as with multiprocessing's spawn.

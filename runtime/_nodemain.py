@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._launcher import DEFAULT_START
+from ._logging import configure_logging
 from ._nodes import NodeService
 from ._system import ActorSystem
 
@@ -50,9 +51,7 @@ def node_main(argv: list[str]) -> int:
     )
     parser.add_argument("--stdin-eof", action="store_true", help="stop when standard input ends")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(levelname)s [node {args.name}] %(name)s: %(message)s"
-    )
+    configure_logging(logging.INFO, f"node {args.name}")
     try:
         anyio.run(_serve_node, args)
     except KeyboardInterrupt:

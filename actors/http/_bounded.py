@@ -149,6 +149,7 @@ class BoundedProtocol(HttpToolsProtocol):
             if self._too_many:
                 self._refuse(431, f"the request has more than {self._max_headers} header fields")
             else:
+                self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
             return False
         return True

@@ -88,11 +88,14 @@ class ConnectionServer:
         log_level: str = "warning",
     ) -> None:
         self.limits = limits = limits or ServeConfig()
+        # log_config=None: uvicorn's lines go to the process's own handler, in the format
+        # of every process of the system (runtime._logging), not in uvicorn's.
         self.config = uvicorn.Config(
             app,
             http="httptools",
             lifespan="off",
             log_level=log_level,
+            log_config=None,
             access_log=False,
             server_header=False,
             timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]

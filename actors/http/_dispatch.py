@@ -333,7 +333,7 @@ class Dispatcher:
                 channel.blocked = True  # back-pressure: another worker, or wait
                 continue
             except OSError as err:
-                logger.info("worker %s is gone (%s): trying another", channel.origin, err)
+                logger.info("%s is gone (%s): trying another", channel.origin, err)
                 self._remove(channel)
                 continue
             if not channel.untaken:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,9 +23,11 @@ import anyio
 import msgspec
 from setproctitle import setproctitle
 
+from actors._tokenizer import tokenizer_option_error
 from actors.messages import Drain
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
+from runtime._logging import configure_logging
 
 from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig
@@ -187,13 +191,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", help="the model id (default: from the tokenizer)")
     parser.add_argument(
-        "--step-time", type=float, default=0.0, help="seconds per step of the stand-in engine"
+        "--step-time",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds per step (one token per request) of the stand-in engine. The default, "
+        "0, leaves no pause between steps: a whole reply is generated at once, and a streaming "
+        "client gets it in one chunk or a few. --step-time 0.02 (20 ms a token) streams "
+        "token by token, as a real model does",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        help="logging level (default WARNING)",
+    )
     parser.add_argument(
         "--credentials",
         metavar="PATH",
-        help="write the system's credentials here (mode 0600, removed on exit), for "
+        help="write the system's credentials here (mode 0600, removed when the server ends, "
+        "however it ends), for "
         "`python -m runtime top --credentials PATH`",
     )
     _add_config_arguments(parser.add_argument_group("limits and timeouts (ServeConfig)"))
@@ -316,65 +334,90 @@ def _config(args: argparse.Namespace) -> ServeConfig:
 
 
 async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
-    signalled = anyio.Event()
+    # Open before the server starts and kept until the end: a signal during the start is
+    # acted on once it is up.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        started = False
+        try:
+            async with open_server(
+                args.workers,
+                args.tokenizer,
+                host=args.host,
+                port=args.port,
+                detokenizers=args.detokenizers,
+                config=config,
+                model=args.model,
+                step_time=args.step_time,
+            ) as server:
+                started = True
+                if args.credentials:
+                    pipeline = server.pipeline
+                    pipeline.system.save_credentials(args.credentials, collector=pipeline.collector)
+                keyed = ", API key required" if config.api_key is not None else ""
+                sys.stdout.write(
+                    f"serving {server.url} with {args.workers} workers and "
+                    f"{args.detokenizers} detokenizer(s){keyed}; Ctrl-C or SIGTERM drains "
+                    "and stops\n"
+                )
+                sys.stdout.flush()
+                return await _until_drained(server, signals)
+        except OSError as err:
+            if started:
+                raise
+            sys.stderr.write(_cannot_serve(args.host, args.port, err) + "\n")
+            return 1
+
+
+async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:
+    """Serve until a signal, then drain; a signal during the drain ends what still runs
+    at once. 0 after a clean drain, else 1."""
+    async for signum in signals:
+        logger.warning(
+            "%s: draining (new connections refused; requests in flight have %g s to finish)",
+            signal.Signals(signum).name,
+            server.dispatcher.config.drain_timeout,
+        )
+        break
     drained: list[bool] = []
-
     async with anyio.create_task_group() as tg:
-        async with open_server(
-            args.workers,
-            args.tokenizer,
-            host=args.host,
-            port=args.port,
-            detokenizers=args.detokenizers,
-            config=config,
-            model=args.model,
-            step_time=args.step_time,
-        ) as server:
 
-            async def signals() -> None:
-                # The first signal drains; the next ones end what still runs at once.
-                with anyio.open_signal_receiver(
-                    signal.SIGINT, signal.SIGTERM, signal.SIGHUP
-                ) as sigs:
-                    async for signum in sigs:
-                        if signalled.is_set():
-                            logger.warning(
-                                "%s again: ending the requests in flight now",
-                                signal.Signals(signum).name,
-                            )
-                            tg.start_soon(server.drain, 0.0)
-                            continue
-                        logger.warning(
-                            "%s: draining (new connections refused; requests in flight have "
-                            "%g s to finish)",
-                            signal.Signals(signum).name,
-                            config.drain_timeout,
-                        )
-                        signalled.set()
-
-            tg.start_soon(signals)
-            if args.credentials:
-                pipeline = server.pipeline
-                pipeline.system.save_credentials(args.credentials, collector=pipeline.collector)
-            keyed = ", API key required" if config.api_key is not None else ""
-            sys.stdout.write(
-                f"serving {server.url} with {args.workers} workers and "
-                f"{args.detokenizers} detokenizer(s){keyed}; Ctrl-C or SIGTERM drains and "
-                "stops\n"
-            )
-            sys.stdout.flush()
-            await signalled.wait()
+        async def drain() -> None:
             drained.append(await server.drain())
-        tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(drain)
+        async for signum in signals:
+            logger.warning(
+                "%s again: ending the requests in flight now", signal.Signals(signum).name
+            )
+            tg.start_soon(server.drain, 0.0)
     return 0 if drained and drained[0] else 1
+
+
+def _cannot_serve(host: str, port: int, err: OSError) -> str:
+    """The one line that says why the server could not start, and what to change."""
+    reason = (err.strerror or str(err)).lower()
+    if err.errno == errno.EADDRINUSE:
+        hint = " (another server? pick another --port)"
+    elif err.errno == errno.EACCES:
+        hint = " (a port below 1024 needs privileges: pick another --port)"
+    elif err.errno == errno.EADDRNOTAVAIL or isinstance(err, socket.gaierror):
+        hint = " (is --host an address of this machine?)"
+    else:
+        hint = ""
+    return f"cannot serve on {host}:{port}: {reason}{hint}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m actors serve``: serve until SIGINT, SIGTERM or SIGHUP, then drain.
 
+    A problem found before anything starts is one line on standard error: a bad argument
+    (exit 2; a ``--tokenizer`` that does not load is one, found before any process starts)
+    or a port it cannot listen on (exit 1).
+
     Returns:
-        0 after a drain in which every request finished; 1 when some had to be ended (or
-        the server could not start); 2 for bad arguments.
+        0 after a drain in which every request finished; 1 when some had to be ended, or
+        the server could not start; 2 for bad arguments.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -382,6 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.detokenizers = default_detokenizers(args.workers)
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
+        return 2
+    problem = tokenizer_option_error(args.tokenizer)
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
         return 2
     try:
         config = _config(args)
@@ -392,9 +439,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The key was on the command line, which every user of the host can read in
         # /proc/<pid>/cmdline: the process's title replaces it from here on.
         setproctitle(f"tokenyard::serve:{os.getpid()}")
-    logging.basicConfig(level=args.log_level.upper())
-    try:
-        return anyio.run(_serve, args, config)
-    except OSError as err:
-        sys.stderr.write(f"cannot serve on {args.host}:{args.port}: {err}\n")
-        return 1
+    configure_logging(args.log_level, "serve")
+    return anyio.run(_serve, args, config)

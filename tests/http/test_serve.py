@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +40,9 @@ from tests.http._server import sse_events
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteReceiveStream
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Tell me about the harbour of Yokohama.", "你好, 世界", "Bonjour à tous 😀")
@@ -349,7 +353,164 @@ class TestTheLimitFlags:
         assert "ServeConfig.header_timeout=0.0: it must be positive" in capsys.readouterr().err
 
 
+def serve_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m actors serve ARGS`` run to its end, and checked to leave no process
+    behind: every process it started carries a mark in its environment, and none with the
+    mark is alive (or a zombie) once it has exited."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENYARD_TEST_MARK=mark, COLUMNS="400")
+    done = subprocess.run(
+        [sys.executable, "-m", "actors", "serve", *args],
+        capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd=ROOT,
+    )  # fmt: skip
+    left = _pids_with(f"TOKENYARD_TEST_MARK={mark}".encode())
+    assert not left, f"serve {args} left processes behind: {left}"
+    return done
+
+
+def _pids_with(entry: bytes) -> list[int]:
+    """Processes whose environment has ``entry``."""
+    found: list[int] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if entry in environ.split(b"\0"):
+            found.append(int(proc.name))
+    return found
+
+
+#: A log line of any process of the system (runtime._logging).
+LOG_LINE = re.compile(
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\[[^\]]+\] [\w.]+: .*"
+)
+
+
+class Lines:
+    """The lines a process writes to one of its pipes, read as they come."""
+
+    def __init__(self, stream: ByteReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+        self.lines: list[str] = []
+
+    async def until(self, needle: str) -> str:
+        """Read up to the first line with ``needle`` (the end of the pipe fails)."""
+        while True:
+            for line in self.lines:
+                if needle in line:
+                    return line
+            chunk = await self.stream.receive()
+            *full, self.buffer = (self.buffer + chunk).split(b"\n")
+            self.lines += [line.decode() for line in full]
+
+    async def rest(self) -> list[str]:
+        """Every line, once the pipe has ended."""
+        with contextlib.suppress(anyio.EndOfStream):
+            while True:
+                self.buffer += await self.stream.receive()
+        self.lines += [line.decode() for line in self.buffer.split(b"\n") if line]
+        self.buffer = b""
+        return self.lines
+
+
 class TestTheCommand:
+    async def test_every_process_logs_one_format_and_a_worker_reads_as_one(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        command = [sys.executable, "-m", "actors", "serve", "--workers", "2", "--port", "0"]
+        async with await anyio.open_process([*command, "--log-level", "info"], env=env) as proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            out, err = Lines(proc.stdout), Lines(proc.stderr)
+            try:
+                with anyio.fail_after(60):
+                    port = int((await out.until("serving http://")).split(":")[2].split()[0])
+                    # uvicorn, in a worker process, refuses a request that is not HTTP.
+                    async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+                        await conn.send(b"\x00 not http\r\n\r\n")
+                        assert b"400 Bad Request" in await conn.receive()
+                    await err.until("Invalid HTTP request received.")
+                    (worker,) = [p for p in _children(proc.pid) if _title(p).startswith(
+                        "tokenyard::tokenizer_worker:0:"
+                    )]  # fmt: skip
+                    os.kill(worker, signal.SIGKILL)
+                    await err.until("worker 0 (incarnation 2) registered")
+            finally:
+                proc.terminate()
+            lines = await err.rest()
+            assert await proc.wait() == 0  # a clean drain
+        assert lines
+        assert [line for line in lines if not LOG_LINE.fullmatch(line)] == []
+        assert not [line for line in lines if "Origin(" in line]
+        assert any("uvicorn.error: Invalid HTTP request received." in x for x in lines), lines
+        died = [x for x in lines if "worker 0 (incarnation 1) died (killed by SIGKILL)" in x]
+        assert len(died) == 1, lines
+        assert "INFO [serve] tokenyard.pipeline: " in died[0]
+
+    def test_a_busy_port_is_one_line_naming_it_and_the_fix_and_status_1(self) -> None:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            done = serve_command("--workers", "1", "--port", str(port))
+        assert done.returncode == 1
+        assert done.stdout == ""
+        assert done.stderr.splitlines() == [
+            f"cannot serve on 127.0.0.1:{port}: address already in use "
+            "(another server? pick another --port)"
+        ]
+
+    def test_an_address_not_of_this_machine_is_one_line_and_status_1(self) -> None:
+        done = serve_command("--workers", "1", "--host", "192.0.2.1", "--port", "0")
+        assert done.returncode == 1
+        assert done.stderr.splitlines() == [
+            "cannot serve on 192.0.2.1:0: cannot assign requested address "
+            "(is --host an address of this machine?)"
+        ]
+
+    @pytest.mark.parametrize("what", ["missing", "directory", "not-json"])
+    def test_a_bad_tokenizer_is_one_line_and_status_2_before_any_process_starts(
+        self, tmp_path: Path, what: str
+    ) -> None:
+        if what == "missing":
+            path, expected = tmp_path / "nonexistent", f"{tmp_path / 'nonexistent'} does not exist"
+        elif what == "directory":
+            path, expected = tmp_path, f"{tmp_path / 'tokenizer.json'} does not exist"
+        else:
+            path = tmp_path / "tokenizer.json"
+            path.write_text("not json", encoding="utf-8")
+            expected = f"{path} is not a valid tokenizer.json"
+        # A pipeline that started would bind this port: the check comes first.
+        done = serve_command("--workers", "1", "--port", "0", "--tokenizer", str(path))
+        assert done.returncode == 2
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"bad --tokenizer: {expected}"), line
+        if what != "not-json":
+            assert line.endswith("leave --tokenizer out for the bundled one)"), line
+
+    def test_a_bad_log_level_is_a_bad_argument(self) -> None:
+        done = serve_command("--log-level", "chatty")
+        assert done.returncode == 2
+        assert "argument --log-level: invalid choice: 'CHATTY'" in done.stderr
+        assert "Traceback" not in done.stderr
+
+    def test_its_help_says_what_step_time_0_means_and_what_to_pass_instead(self) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "actors", "serve", "--help"],
+            capture_output=True, text=True, timeout=30, check=False,
+            env=dict(os.environ, COLUMNS="400"),  # one line per option: no wrapped words
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (line,) = [x for x in done.stdout.splitlines() if x.lstrip().startswith("--step-time")]
+        assert "The default, 0, leaves no pause between steps" in line
+        assert "a streaming client gets it in one chunk or a few" in line
+        assert "--step-time 0.02 (20 ms a token) streams token by token" in line
+
     def test_sigterm_drains_the_streams_in_flight_then_exits_0_leaving_nothing(
         self, tmp_path: Path
     ) -> None:
@@ -558,3 +719,11 @@ def _zombie(pid: int) -> bool:
         return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
+
+
+def _title(pid: int) -> str:
+    """A process's title (setproctitle rewrites its command line)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""

@@ -54,8 +54,13 @@ What is a reference (anything else is prose, and is not checked):
 6. In a diagram (a ``mermaid`` block, or a docstring's ``::`` literal block), every
    CamelCase identifier with at least two capitals (``TokenizedGenerate``): as 1e.
 
-Never a reference: a code span that names an existing file or directory (from the root,
-``docs/`` or the file's own directory), one whose last dotted part is a file extension
+7. A code span that is a path into one of the project's directories (it starts with
+   ``runtime/``, ``actors/``, ``benchmarks/``, ``tests/`` or ``docs/``, as
+   ``actors/http/_load.py`` or ``tests/integration/test_top.py::TestTop``): the file or
+   directory must exist, from the root, ``docs/`` or the file's own directory.
+
+Never a reference: any other code span that names an existing file or directory (from the
+root, ``docs/`` or the file's own directory), one whose last dotted part is a file extension
 (``results.json``), and the spans of ``ALLOWLIST``, each with its reason.
 
 ``KNOWN_STALE`` holds the stale references in ``runtime/`` and ``actors/`` that only the
@@ -84,6 +89,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("runtime", "actors", "benchmarks")
+#: A span starting with one of these is a path in the repository (rule 7).
+PROJECT_DIRS = ("runtime/", "actors/", "benchmarks/", "tests/", "docs/")
 #: What ``system.x``, ``ref.x`` and (in Markdown) ``self.x`` stand for.
 CONVENTIONAL = {"system": "runtime.ActorSystem", "ref": "runtime.ActorRef"}
 MARKDOWN_SELF = "runtime.Actor"
@@ -330,14 +337,28 @@ def is_path(span: str, context: Context) -> bool:
     return "." in text and text.rsplit(".", 1)[-1] in FILE_EXTENSIONS
 
 
+def check_repo_path(span: str, context: Context) -> str | None:
+    """Rule 7: a path into one of the project's directories must exist."""
+    text = span.strip().split("::")[0]
+    if not text.startswith(PROJECT_DIRS) or any(c in text for c in " \n*<>?{}"):
+        return None
+    for base in (ROOT, ROOT / "docs", context.path.parent):
+        if (base / text).exists():
+            return None
+    return f"no file or directory {text} in the repository"
+
+
 def check_span(span: str, context: Context) -> str | None:
-    """Rules 1 and 3 for one code span; ``None`` when it is not a reference or exists."""
+    """Rules 1, 3 and 7 for one code span; ``None`` when it is not a reference or exists."""
     if span in ALLOWLIST:
         return None
     for module in PYTHON_M.findall(span):
         why = check_python_m(module)
         if why:
             return why
+    why = check_repo_path(span, context)
+    if why:
+        return why
     if is_path(span, context):
         return None
     text = bare(span)
@@ -703,6 +724,12 @@ class TestWhatIsAReference:
             (6, "from runtime import Actor, Nowhere"),
             (13, "ControlReply"),
         ]
+
+    def test_a_path_into_the_project_must_exist(self) -> None:
+        assert stale_in(
+            "`benchmarks/_http_load.py`, `actors/http/_load.py`, `docs/img/`, `docs/img/*.png`,"
+            " `tests/integration/test_top.py::TestTop`, `tests/gone.py::test_x`, `bench.py`"
+        ) == ["benchmarks/_http_load.py", "tests/gone.py::test_x"]
 
     def test_a_stale_reference_is_reported_on_its_own_line(self) -> None:
         assert [s.line for s in scan_text("one\ntwo `runtime.Nope`\nthree", 10, HERE)] == [11]

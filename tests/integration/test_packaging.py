@@ -10,6 +10,7 @@ package index, through pip's cache.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,9 +123,72 @@ def test_the_wheel_and_the_sdist_carry_the_tokenizer_and_the_type_markers(dist: 
     for dependency in ("pyzmq", "anyio", "msgspec", "setproctitle"):
         assert any(r.startswith(dependency) and "extra" not in r for r in requires), requires
     assert any(r.startswith("tokenizers") and "extra == " in r for r in requires), requires
+    assert any(r.startswith("prometheus-client") and 'extra == "serve"' in r for r in requires), (
+        requires
+    )
     with tarfile.open(dist.sdist) as sdist:
         members = {m.name.partition("/")[2] for m in sdist.getmembers()}
     assert {*DATA_FILES, "pyproject.toml", "README.md"} <= members, sorted(members)
+
+
+#: The MD5 of apache.org's https://www.apache.org/licenses/LICENSE-2.0.txt, the text the
+#: Apache License asks to be copied unchanged.
+APACHE_2_0_MD5 = "3b83ef96387f14655fc854ddc3c6bd57"
+
+
+def test_the_license_file_is_the_apache_license_2_0_verbatim() -> None:
+    text = (ROOT / "LICENSE").read_bytes()
+    assert hashlib.md5(text, usedforsecurity=False).hexdigest() == APACHE_2_0_MD5
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        project = tomllib.load(f)["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+
+
+def test_the_wheel_and_the_sdist_carry_the_license(dist: Dist) -> None:
+    text = (ROOT / "LICENSE").read_bytes()
+    with zipfile.ZipFile(dist.wheel) as wheel:
+        names = wheel.namelist()
+        (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
+        (license_file,) = (n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+        assert wheel.read(license_file) == text
+        fields = wheel.read(metadata).decode().splitlines()
+    assert "License-Expression: Apache-2.0" in fields
+    assert "License-File: LICENSE" in fields
+    with tarfile.open(dist.sdist) as sdist:
+        (member,) = (m for m in sdist.getmembers() if m.name.partition("/")[2] == "LICENSE")
+        extracted = sdist.extractfile(member)
+        assert extracted is not None
+        assert extracted.read() == text
+
+
+def extras() -> dict[str, list[str]]:
+    """The optional dependencies of pyproject.toml, by extra, as project names."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        declared = tomllib.load(f)["project"]["optional-dependencies"]
+    return {
+        extra: [re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements]
+        for extra, requirements in declared.items()
+    }
+
+
+def make_run_extras() -> list[str]:
+    """The extras ``make run`` installs (its pip line in the Makefile)."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    match = re.search(
+        r"^\$\(VENV\)/\.installed-run:.*\n\t.*pip install .*'\.\[([\w,]+)\]'", makefile, re.M
+    )
+    assert match is not None, "no pip install line under .installed-run"
+    return match.group(1).split(",")
+
+
+def test_the_serve_extra_and_make_run_bring_what_metrics_needs() -> None:
+    # Without prometheus-client, /metrics of `python -m actors serve` answers 501.
+    found = extras()
+    assert "prometheus-client" in found["serve"]
+    assert "serve" in make_run_extras()
+    for package in ("uvicorn", "httptools", "jinja2", "tokenizers"):
+        assert package in found["serve"]
 
 
 def test_the_readme_example_runs_from_the_installed_wheel(installed: Installed) -> None:

@@ -65,9 +65,11 @@ def rows_of(shown: str, actor: str) -> list[list[str]]:
     ]
 
 
-def start_top(path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Screen]:
+def start_top(
+    path: Path, *extra: str, columns: int = 180
+) -> tuple[subprocess.Popen[bytes], Screen]:
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     env = {**os.environ, "TERM": "xterm-256color"}
     env.pop("COLUMNS", None)
     proc = subprocess.Popen(
@@ -83,19 +85,42 @@ def start_top(path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Screen]
     return proc, Screen(master)
 
 
-async def stop_top(proc: subprocess.Popen[bytes], screen: Screen) -> int:
-    proc.send_signal(signal.SIGINT)
+async def stop_top(
+    proc: subprocess.Popen[bytes], screen: Screen, *, keys: bytes | None = None, close: bool = True
+) -> int:
+    """Stop top with SIGINT, or by typing ``keys`` at its terminal; its exit status. The
+    terminal is closed unless ``close`` is false (its modes outlive top: the test reads
+    them, then closes it)."""
+    if keys is None:
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.write(screen.fd, keys)
+    await until_exited(proc, screen)
+    if close:
+        os.close(screen.fd)
+    code: int = proc.returncode
+    return code
+
+
+async def until_exited(proc: subprocess.Popen[bytes], screen: Screen) -> None:
+    """Read top's terminal until it closes, as top exits; reap it."""
     with anyio.fail_after(10):
-        while proc.poll() is None:
+        while True:
             await anyio.wait_readable(screen.fd)  # its terminal closes as it exits
             try:
-                if not os.read(screen.fd, 65536):
-                    break
-            except OSError:
+                chunk = os.read(screen.fd, 65536)
+            except OSError:  # EIO: no process has the terminal open any more
                 break
-    code = proc.wait(timeout=10)
-    os.close(screen.fd)
-    return code
+            if not chunk:
+                break
+            screen.raw += chunk
+    proc.wait(timeout=10)
+
+
+def line_mode(fd: int) -> int:
+    """The ICANON and ECHO bits of the terminal's local modes (both set: a shell's mode)."""
+    lflag: int = termios.tcgetattr(fd)[3]
+    return lflag & (termios.ICANON | termios.ECHO)
 
 
 class TestTop:
@@ -129,6 +154,63 @@ class TestTop:
             finally:
                 code = await stop_top(proc, screen)
             assert code == 0
+
+    async def test_at_80_columns_it_fits_and_cuts_no_number_and_q_quits(
+        self, tmp_path: Path
+    ) -> None:
+        async with ActorSystem(name="demo") as system:
+            collector = await system.spawn(MetricsCollector, name="metrics", process=False)
+            await system.spawn(
+                Supervisor, children=[ChildSpec(Echo, name="echo")], period=30.0, name="sup"
+            )
+            path = tmp_path / "credentials.json"
+            system.credentials(collector=collector).save(path)
+            proc, screen = start_top(path, "--interval", "0.3", columns=80)
+            shell_mode = line_mode(screen.fd)
+            assert shell_mode == termios.ICANON | termios.ECHO
+            try:
+                shown = await screen.wait_for("tokenyard top", "echo", "p99", "not shown")
+                assert line_mode(screen.fd) == 0  # cbreak: each key as typed, not echoed
+                lines = shown.splitlines()
+                assert all(len(line) <= 80 for line in lines), lines
+                assert not [line for line in lines if re.search(r"\d…", line)], shown
+                header = next(x.split() for x in lines if "actor" in x.split())
+                core = ["actor", "queued", "done/s", "p99", "restarts", "last", "reason"]
+                assert [word for word in header if word in core] == core, header
+            except BaseException:
+                await stop_top(proc, screen)
+                raise
+            code = await stop_top(proc, screen, keys=b"q", close=False)
+        try:
+            assert code == 0, screen.text
+            assert line_mode(screen.fd) == shell_mode  # as top found it
+        finally:
+            os.close(screen.fd)
+
+    async def test_the_terminal_is_restored_when_the_system_stops_answering(
+        self, tmp_path: Path
+    ) -> None:
+        async with ActorSystem(name="demo") as system:
+            collector = await system.spawn(MetricsCollector, name="metrics", process=False)
+            path = tmp_path / "credentials.json"
+            system.credentials(collector=collector).save(path)
+            proc, screen = start_top(path, "--interval", "0.2", "--timeout", "1")
+            try:
+                await screen.wait_for("tokenyard top", "metrics")
+                assert line_mode(screen.fd) == 0
+            except BaseException:
+                await stop_top(proc, screen)
+                raise
+        # The system is gone: top's next gathering fails, and it ends.
+        try:
+            await until_exited(proc, screen)
+            shown = screen.text
+            assert proc.returncode == 1, shown
+            assert "the system does not answer" in shown
+            assert "Traceback" not in shown
+            assert line_mode(screen.fd) == termios.ICANON | termios.ECHO
+        finally:
+            os.close(screen.fd)
 
     async def test_top_refuses_credentials_others_can_read(self, tmp_path: Path) -> None:
         async with ActorSystem(name="demo") as system:
