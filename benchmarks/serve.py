@@ -22,6 +22,11 @@ on keep-alive connections streaming ``/v1/completions`` with ``stream_options.in
 * **serve 2, context passed**: tracing off, but every request comes with a ``traceparent``
   header (which a worker that records nothing carries no further), against **serve 2**:
   what a client's context costs a server that does not trace.
+* **serve 2, slow clients held**: the same load while another process holds
+  `SLOW_CLIENTS` slowloris connections against the server (``benchmarks._slowloris``: each
+  sends its headers a byte a second and never ends them; one the server's header timeout
+  closes is opened again at once), against **serve 2**: what the normal clients' latency
+  pays for a server held by slow ones.
 * **serve kills**: serve with 2 workers under load (keep-alive clients, and clients opening a
   new connection for every request) while the server SIGKILLs a worker, in turn, 20 times:
   every failed request is checked against the server's record of which worker each
@@ -78,6 +83,8 @@ if TYPE_CHECKING:
     from ._suite import Progress
 
 MAX_TOKENS = 24
+#: Slowloris connections held against the server in the slow-clients variant.
+SLOW_CLIENTS = 1000
 #: Worker SIGKILLs under load, unless --worker-kills says otherwise.
 KILLS = 20
 
@@ -122,6 +129,8 @@ class Variant:
     traced: bool = False
     #: The clients send a ``traceparent`` header with every request.
     context: bool = False
+    #: Slowloris connections held against the server during the load.
+    slow_clients: int = 0
 
 
 def variants(workers: Sequence[int]) -> list[Variant]:
@@ -146,6 +155,17 @@ def variants(workers: Sequence[int]) -> list[Variant]:
                 1,
                 INFO,
                 context=True,
+            )
+        )
+        out.append(
+            Variant(
+                "serve2slow",
+                f"serve, 2 workers, {SLOW_CLIENTS:,} slow clients held",
+                "serve",
+                2,
+                1,
+                INFO,
+                slow_clients=SLOW_CLIENTS,
             )
         )
     return out
@@ -258,6 +278,33 @@ class _Peer:
 
 
 @contextlib.contextmanager
+def slow_clients(port: int, count: int) -> Iterator[None]:
+    """``count`` slowloris connections held against ``port`` until the block ends."""
+    if not count:
+        yield
+        return
+    cmd = [sys.executable, "-m", "benchmarks._slowloris", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--connections", str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60.0)
+        line = proc.stdout.readline().decode() if ready else ""
+        if not line.startswith("holding"):
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise BenchmarkError(f"the slow clients did not connect: {line!r}\n{err[-2000:]}")
+        yield
+    finally:
+        reap(proc, group=True)
+
+
+@contextlib.contextmanager
 def running(variant: Variant, kills: int = 0) -> Iterator[_Peer]:
     peer = _Peer(variant, kills)
     try:
@@ -291,14 +338,17 @@ def measure(variant: Variant, concurrency: int, duration: float) -> list[Figure]
     """Load one server and read every process's CPU around the timed load."""
     headers = (("traceparent", TRACEPARENT),) if variant.context else ()
     with running(variant) as peer:
-        warmup = _spec(peer.port, concurrency, min(duration, 1.5), headers=headers)
-        anyio.run(run_load, warmup)
-        root = peer.proc.pid
-        before = snapshot(root)
-        load0 = _rusage()
-        result = anyio.run(run_load, _spec(peer.port, concurrency, duration, headers=headers))
-        load_cpu = _rusage() - load0
-        after = snapshot(root)
+        # The slow clients go before the server stops: it would drain them too.
+        with slow_clients(peer.port, variant.slow_clients):
+            warmup = _spec(peer.port, concurrency, min(duration, 1.5), headers=headers)
+            anyio.run(run_load, warmup)
+            root = peer.proc.pid
+            before = snapshot(root)
+            load0 = _rusage()
+            spec = _spec(peer.port, concurrency, duration, headers=headers)
+            result = anyio.run(run_load, spec)
+            load_cpu = _rusage() - load0
+            after = snapshot(root)
         peer.stop()
     return figures_of(variant, result, before, after, load_cpu)
 
@@ -478,7 +528,11 @@ TARGETS = (
 
 
 #: The variants compared with serve 2, untraced, and how their ratio names it.
-AGAINST_SERVE2 = {"serve2traced": "tracing off", "serve2context": "no context"}
+AGAINST_SERVE2 = {
+    "serve2traced": "tracing off",
+    "serve2context": "no context",
+    "serve2slow": "no slow clients",
+}
 
 
 def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:

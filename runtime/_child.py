@@ -174,10 +174,11 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
     return 0
 
 
-def _raise_fd_limit() -> None:
+def raise_fd_limit() -> None:
     """Take the hard ``RLIMIT_NOFILE`` as the soft one: every process that connects to this
     actor's mailbox costs it a descriptor, and libzmq aborts a process whose listener cannot
-    accept one (the common soft limit of 1,024 is far below the usual hard one)."""
+    accept one (the common soft limit of 1,024 is far below the usual hard one). A server
+    that holds thousands of connections (``python -m actors serve``) does the same."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):
@@ -199,7 +200,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)
-    _raise_fd_limit()
+    raise_fd_limit()
     threading.Thread(
         target=_watch_parent_pipe, args=(sys.stdin.fileno(),), name="parent-pipe", daemon=True
     ).start()

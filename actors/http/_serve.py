@@ -27,6 +27,7 @@ from actors._tokenizer import tokenizer_option_error
 from actors.messages import Drain
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
+from runtime._child import raise_fd_limit
 from runtime._logging import configure_logging
 
 from ._auth import API_KEY_ENV, ApiKey
@@ -440,4 +441,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         # /proc/<pid>/cmdline: the process's title replaces it from here on.
         setproctitle(f"tokenyard::serve:{os.getpid()}")
     configure_logging(args.log_level, "serve")
+    raise_fd_limit()  # connections waiting here, and the workers', are descriptors
     return anyio.run(_serve, args, config)

@@ -465,17 +465,26 @@ class TestSummarise:
         assert by_figure["tell.small.throughput"].value == pytest.approx(0.4)
         assert by_figure["ask.small.p50"].met
 
-    def test_serve_holds_tracing_on_and_a_passed_context_to_serve_untraced(self) -> None:
+    def test_serve_holds_tracing_a_passed_context_and_slow_clients_to_serve_alone(self) -> None:
         figs = [
             figure("serve2.requests_per_s", 1000.0),
             figure("serve2traced.requests_per_s", 750.0, INFO),
             figure("serve2context.requests_per_s", 980.0, INFO),
+            figure("serve2.e2e_p99", 20.0),
+            figure("serve2slow.e2e_p99", 30.0, INFO),
         ]
         serve.summarise(figs)
-        traced, context = figs[1], figs[2]
+        traced, context, slow = figs[1], figs[2], figs[4]
         assert ratios_of(traced) == {"serve2.requests_per_s": pytest.approx(0.75)}
         assert ratios_of(context) == {"serve2.requests_per_s": pytest.approx(0.98)}
-        assert [r.label for r in traced.ratios + context.ratios] == ["tracing off", "no context"]
+        assert ratios_of(slow) == {"serve2.e2e_p99": pytest.approx(1.5)}
+        labels = [r.label for r in traced.ratios + context.ratios + slow.ratios]
+        assert labels == ["tracing off", "no context", "no slow clients"]
+
+    def test_serve_measures_slow_clients_held_at_two_workers(self) -> None:
+        (slow,) = [v for v in serve.variants([1, 2]) if v.slow_clients]
+        assert (slow.key, slow.workers, slow.slow_clients) == ("serve2slow", 2, 1000)
+        assert not [v for v in serve.variants([1]) if v.slow_clients]
 
     def test_dispatch_ratios_and_a_missed_five_times_target(self) -> None:
         figs = [
