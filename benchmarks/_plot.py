@@ -122,6 +122,21 @@ def _wrap(label: str, width: int = 26) -> str:
     return "\n".join(textwrap.wrap(label, width)) or label
 
 
+def _goal_line(ax: Any, chart: Chart, panel: str, *, across: bool = False) -> float | None:
+    """Draw the panel's goal, if it has one (a vertical line, or across the panel for a
+    chart of rounds); its value."""
+    limit = chart.limits.get(panel)
+    if limit is not None:
+        (ax.axhline if across else ax.axvline)(
+            limit,
+            color="#d62728",
+            linestyle=":",
+            linewidth=1.2,
+            label=f"goal: {limit:g} {_short_unit(chart.unit)}",
+        )
+    return limit
+
+
 def _variant_axis(ax: Any, variants: list[str], figures: list[Figure]) -> None:
     """Variants down the side, first at the top; tokenyard's own in bold."""
     ax.set_yticks(range(len(variants)))
@@ -188,16 +203,8 @@ def _draw_panel(ax: Any, chart: Chart, figures: list[Figure], panel: str) -> Non
                 ref.value, color="black", linestyle="--", linewidth=0.8, label=chart.reference
             )
             entries += 1
-    limit = chart.limits.get(panel)
-    if limit is not None:
-        ax.axvline(
-            limit,
-            color="#d62728",
-            linestyle=":",
-            linewidth=1.2,
-            label=f"goal: {limit:g} {_short_unit(chart.unit)}",
-        )
-        entries += 1
+    limit = _goal_line(ax, chart, panel)
+    entries += limit is not None
     _variant_axis(ax, variants, figures)
     ax.set_xlabel(axis_label(chart.unit), fontsize=FONT)
     if panel:
@@ -247,16 +254,8 @@ def _draw_rounds_panel(ax: Any, chart: Chart, figures: list[Figure], panel: str)
         )
         ax.plot(xs, fig.rounds, style, color=colour, marker="o", markersize=3, label=label)
         entries += 1
-    limit = chart.limits.get(panel)
-    if limit is not None:
-        ax.axhline(
-            limit,
-            color="#d62728",
-            linestyle=":",
-            linewidth=1.2,
-            label=f"goal: {limit:g} {_short_unit(chart.unit)}",
-        )
-        entries += 1
+    limit = _goal_line(ax, chart, panel, across=True)
+    entries += limit is not None
     ax.set_xlabel(chart.x_label or "round", fontsize=FONT)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(axis_label(chart.unit), fontsize=FONT)
@@ -313,16 +312,8 @@ def _draw_stacked_panel(ax: Any, chart: Chart, figures: list[Figure], panel: str
     for i, total in enumerate(lefts):
         ax.text(total, i, f"  {total:,.0f}", ha="left", va="center", fontsize=FONT - 1)
     entries = len(chart.metrics)
-    limit = chart.limits.get(panel)
-    if limit is not None:
-        ax.axvline(
-            limit,
-            color="#d62728",
-            linestyle=":",
-            linewidth=1.2,
-            label=f"goal: {limit:g} {_short_unit(chart.unit)}",
-        )
-        entries += 1
+    limit = _goal_line(ax, chart, panel)
+    entries += limit is not None
     _variant_axis(ax, variants, figures)
     ax.set_xlabel(axis_label(chart.unit), fontsize=FONT)
     ax.set_xlim(0, max([*lefts, limit or 0.0]) * 1.2 or 1)

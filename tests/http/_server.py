@@ -11,7 +11,12 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import os
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -22,8 +27,7 @@ from actors.http import OpenAIApp, PipelineEngine, ServeConfig
 from actors.messages import GetWorkerStats, WorkerStats
 
 if TYPE_CHECKING:
-    import socket
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 
 class ReadyServer(uvicorn.Server):
@@ -175,3 +179,55 @@ def sse_events(body: bytes) -> list[Any]:
         data = block.removeprefix(b"data: ")
         events.append("[DONE]" if data == b"[DONE]" else json.loads(data))
     return events
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Running:
+    """A ``python -m actors serve`` process that said it serves.
+
+    Attributes:
+        proc: The process (stdout read up to its first line; stderr piped if asked).
+        port: The port it serves on.
+        line: The first line it wrote (``serving http://...``).
+    """
+
+    proc: subprocess.Popen[str]
+    port: int
+    line: str
+
+
+@contextlib.contextmanager
+def running_serve(
+    *options: str,
+    workers: int = 2,
+    env: Mapping[str, str] | None = None,
+    stderr: bool = False,
+    preexec_fn: Callable[[], None] | None = None,
+) -> Iterator[Running]:
+    """``python -m actors serve --workers N OPTIONS`` on a free port of 127.0.0.1, until the
+    block ends (then killed, if it still runs)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "actors", "serve", "--workers", str(workers)]
+    with subprocess.Popen(
+        [*command, "--port", str(port), *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr else None,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+        cwd=ROOT,
+        preexec_fn=preexec_fn,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert "serving http://127.0.0.1" in line, line
+            yield Running(proc, port, line)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -16,9 +16,9 @@ import pytest
 from actors import Pipeline
 from actors.http import ApiKey, OpenAIApp, PipelineEngine, ServeConfig
 from actors.http._cors import MAX_AGE, CorsPolicy
-from actors.http._pipeline_engine import BUNDLED_MODEL_ID
 
 from ._server import serve, sse_events
+from .test_app import ROUTES
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -27,16 +27,6 @@ KEY = "tk-cors-0123456789"
 APP = "https://app.example.com"
 OTHER = "https://evil.example.net"
 AUTH = {"authorization": f"Bearer {KEY}"}
-ROUTES = {
-    "/v1/completions": "POST",
-    "/v1/chat/completions": "POST",
-    "/v1/models": "GET, HEAD",
-    f"/v1/models/{BUNDLED_MODEL_ID}": "GET, HEAD",
-    "/tokenize": "POST",
-    "/detokenize": "POST",
-    "/version": "GET, HEAD",
-    "/health": "GET, HEAD",
-}
 
 
 class TestOrigins:

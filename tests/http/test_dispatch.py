@@ -14,8 +14,6 @@ import os
 import resource
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 from actors.http import ServeConfig, open_server
 from actors.http._dispatch import MAX_UNTAKEN
 from actors.http._refuse import LINGER
+from tests.http._server import running_serve
 from tests.http.test_bounded import HEAD, connect, read_answer
 
 if TYPE_CHECKING:
@@ -267,44 +266,23 @@ class TestTheOwnersDescriptors:
         def low_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        args = [sys.executable, "-m", "actors", "serve", "--workers", "1", "--port", str(port)]
-        args += ["--max-connections", "20", "--max-waiting", "1000", "--idle-timeout", "30"]
-        with subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            preexec_fn=low_limit,
-        ) as proc:
-            try:
-                assert proc.stdout is not None
-                assert "serving" in proc.stdout.readline()
-                clients = []
-                for _ in range(limit + 100):
-                    c = socket.create_connection(("127.0.0.1", port))
-                    clients.append(c)
-                # The owner has run out: measure its CPU while the backlog stays readable.
-                before = _cpu_seconds(proc.pid)
-                time.sleep(2.0)  # sync-ok: a window to measure CPU in
-                spent = _cpu_seconds(proc.pid) - before
-                assert spent < 0.5, f"the owner spun: {spent:.2f} s of CPU in 2 s"
-                for c in clients:
-                    c.close()
-                with anyio.from_thread.start_blocking_portal() as portal:
-                    status = portal.call(_health_status, port)
-                assert status == 200
-                proc.send_signal(signal.SIGTERM)
-                _, err = proc.communicate(timeout=30)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        options = ("--max-connections", "20", "--max-waiting", "1000", "--idle-timeout", "30")
+        with running_serve(*options, workers=1, stderr=True, preexec_fn=low_limit) as run:
+            clients = [
+                socket.create_connection(("127.0.0.1", run.port)) for _ in range(limit + 100)
+            ]
+            # The owner has run out: measure its CPU while the backlog stays readable.
+            before = _cpu_seconds(run.proc.pid)
+            time.sleep(2.0)  # sync-ok: a window to measure CPU in
+            spent = _cpu_seconds(run.proc.pid) - before
+            assert spent < 0.5, f"the owner spun: {spent:.2f} s of CPU in 2 s"
+            for c in clients:
+                c.close()
+            with anyio.from_thread.start_blocking_portal() as portal:
+                status = portal.call(_health_status, run.port)
+            assert status == 200
+            run.proc.send_signal(signal.SIGTERM)
+            _, err = run.proc.communicate(timeout=30)
         lines = [line for line in err.splitlines() if "cannot accept connections" in line]
         assert 1 <= len(lines) <= 3, err
 

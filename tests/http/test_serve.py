@@ -36,10 +36,7 @@ from actors.http._load import LoadResult, LoadSpec, run_load
 from actors.http._serve import _access_config, _config, _parser
 from actors.http._serve import main as serve_main
 from tests.conftest import is_fork_server
-from tests.http._server import sse_events
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from tests.http._server import Running, running_serve, sse_events
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
@@ -515,7 +512,7 @@ class TestTheCommand:
         self, tmp_path: Path
     ) -> None:
         credentials = tmp_path / "credentials.json"
-        with _serve_command("--step-time", "0.01", "--credentials", str(credentials)) as run:
+        with running_serve("--step-time", "0.01", "--credentials", str(credentials)) as run:
             body = asyncio.run(_complete(run.port))
             assert body["choices"][0]["text"]
             children = [pid for pid in _children(run.proc.pid) if not is_fork_server(pid)]
@@ -536,7 +533,7 @@ class TestTheCommand:
             again.connect(("127.0.0.1", run.port))
 
     def test_requests_past_the_drain_timeout_end_with_an_error_event_and_done(self) -> None:
-        with _serve_command("--step-time", "0.01", "--drain-timeout", "0.5") as run:
+        with running_serve("--step-time", "0.01", "--drain-timeout", "0.5") as run:
             streams = asyncio.run(_streams_through_sigterm(run, count=4, max_tokens=3000))
             assert run.proc.wait(timeout=30) == 1  # not a clean drain: requests were ended
         assert len(streams.finished) == 4
@@ -551,7 +548,7 @@ class TestTheCommand:
         self, tmp_path: Path
     ) -> None:
         credentials = tmp_path / "credentials.json"
-        with _serve_command("--credentials", str(credentials)) as run:
+        with running_serve("--credentials", str(credentials)) as run:
             children = _children(run.proc.pid)
             assert credentials.exists()
             ipc_dirs = list(Path(tempfile.gettempdir()).glob(f"tokenyard-{run.proc.pid}-*"))
@@ -564,33 +561,6 @@ class TestTheCommand:
                     portal.call(_until_gone, path, [])
 
 
-class _Run:
-    def __init__(self, proc: subprocess.Popen[str], port: int) -> None:
-        self.proc = proc
-        self.port = port
-
-
-@contextlib.contextmanager
-def _serve_command(*options: str) -> Iterator[_Run]:
-    """``python -m actors serve --workers 2`` on a free port, until the block ends."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    args = [sys.executable, "-m", "actors", "serve", "--workers", "2", "--port", str(port)]
-    with subprocess.Popen(
-        [*args, *options], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
-    ) as proc:
-        try:
-            assert proc.stdout is not None
-            assert "serving http://127.0.0.1" in proc.stdout.readline()
-            yield _Run(proc, port)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
 class _Streams:
     def __init__(self) -> None:
         #: Each stream's events, for the streams begun before the signal.
@@ -601,7 +571,7 @@ class _Streams:
         self.refused_after = False
 
 
-async def _streams_through_sigterm(run: _Run, count: int, max_tokens: int) -> _Streams:
+async def _streams_through_sigterm(run: Running, count: int, max_tokens: int) -> _Streams:
     """Begin ``count`` streams and one request without a stream, SIGTERM the server once
     each stream has its first event, and gather how each one ended."""
     out = _Streams()
@@ -665,31 +635,14 @@ async def _complete(port: int) -> dict[str, Any]:
 
 class TestTheCommandWithAKey:
     def test_the_flags_key_is_asked_for_and_hidden_from_the_process_list(self) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **{API_KEY_ENV: ENV_KEY})
-        argv = ["--workers", "1", "--port", str(port), "--api-key", KEY, "--cors-origin", APP]
-        with subprocess.Popen(
-            [sys.executable, "-m", "actors", "serve", *argv],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        ) as proc:
-            try:
-                assert proc.stdout is not None
-                line = proc.stdout.readline()
-                assert "serving http://127.0.0.1" in line
-                assert "API key required" in line
-                assert KEY.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
-                statuses = asyncio.run(_access_statuses(port))
-                assert statuses == {"none": 401, "environment's": 401, "flag's": 200, "pre": 204}
-                proc.send_signal(signal.SIGTERM)
-                assert proc.wait(timeout=30) == 0
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+        options = ("--api-key", KEY, "--cors-origin", APP)
+        with running_serve(*options, workers=1, env={API_KEY_ENV: ENV_KEY}) as run:
+            assert "API key required" in run.line
+            assert KEY.encode() not in Path(f"/proc/{run.proc.pid}/cmdline").read_bytes()
+            statuses = asyncio.run(_access_statuses(run.port))
+            assert statuses == {"none": 401, "environment's": 401, "flag's": 200, "pre": 204}
+            run.proc.send_signal(signal.SIGTERM)
+            assert run.proc.wait(timeout=30) == 0
 
 
 async def _access_statuses(port: int) -> dict[str, int]:
