@@ -7,10 +7,11 @@ a byte at a time, opens connections and says nothing, or promises a body it neve
 holds its connection (and a worker's memory: the parser grows a header value by copying,
 so the cost of a long head is quadratic) for as long as it likes. Here:
 
-- **Head bytes and header count.** What is fed to the parser while a request's head is
-  incomplete is cut at `ServeConfig.max_header_bytes`: a head that does not end within it
-  gets 431, as does one with more than `ServeConfig.max_headers` fields. Nothing past the
-  limit is parsed, so a head costs time linear in its size.
+- **Head bytes and header count.** A request's head is gathered until its blank line and
+  then parsed in one go, so it costs time linear in its size (fed piece by piece, the
+  parser copies a long header value anew for every piece). A head that does not end within
+  `ServeConfig.max_header_bytes` gets 431, as does one with more than
+  `ServeConfig.max_headers` fields; nothing past the limit is kept or parsed.
 - **Timeouts.** A connection with no request open is closed after
   `ServeConfig.idle_timeout` (before its first request too); a request whose headers have
   not all arrived `ServeConfig.header_timeout` after its first byte gets 408; so does one
@@ -49,6 +50,17 @@ __all__ = ("BoundedProtocol",)
 _HEAD, _BODY = 1, 2
 
 
+def _end_of_head(head: bytearray, start: int) -> int:
+    """Where the blank line that ends ``head`` ends (``-1``: not come yet), searched from
+    ``start`` (lines end in CRLF, or in a bare LF as the parser allows)."""
+    ends = [
+        at + len(mark)
+        for mark in (b"\r\n\r\n", b"\n\n", b"\n\r\n")
+        if (at := head.find(mark, start)) >= 0
+    ]
+    return min(ends, default=-1)
+
+
 class _TooManyHeadersError(Exception):
     """Raised in the parser's header callback: the parser stops at once."""
 
@@ -80,10 +92,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self._body_timeout = limits.body_timeout
         self._draining = draining
         self._closed = closed
-        #: Bytes received since the head being read began (or the last one completed).
-        self._head_bytes = 0
-        #: Heads completed on this connection: tells whether a feed completed the one open.
-        self._heads = 0
+        #: The head being read, until its blank line has come.
+        self._head = bytearray()
         self._in_head = True
         self._headers = 0
         self._too_many = False
@@ -119,18 +129,21 @@ class BoundedProtocol(HttpToolsProtocol):
                 # From its first byte (a blank line before a request included), a head has
                 # header_timeout to end.
                 self._head_since = self.loop.time()
-            room = self._max_head - self._head_bytes
-            if len(data) > room:
-                heads = self._heads
-                if not self._feed(data[:room]):
-                    return
-                self._watch()
-                if self._heads == heads:  # the head did not end within its limit
+            # A head is gathered here until its blank line, then parsed in one go: fed to
+            # the parser piece by piece, a long header value would be copied anew for each
+            # piece (the cost of a head quadratic in its size).
+            head = self._head
+            scan = max(len(head) - 3, 0)
+            head += data
+            end = _end_of_head(head, scan)
+            if end < 0 or end > self._max_head:
+                if end > self._max_head or len(head) > self._max_head:
                     self._refuse(431, f"the request's head is longer than {self._max_head} bytes")
-                    return
-                data = data[room:]
-            else:
-                self._head_bytes += len(data)
+                else:
+                    self._watch()
+                return
+            data = bytes(head)
+            head.clear()
         elif self._body_seen is not None:
             self._body_seen = self.loop.time()
         if self._feed(data):
@@ -177,8 +190,6 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._head_bytes = 0
-        self._heads += 1
         self._head_since = None
         super().on_headers_complete()
         if self._draining() and self.cycle is not None:

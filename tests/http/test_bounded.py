@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
+import uvicorn
+from uvicorn.server import ServerState
 
 from actors.http import ServeConfig, open_server
+from actors.http._bounded import BoundedProtocol
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -223,3 +228,57 @@ class TestIdleAndBodies:
             status, _, _ = await read_answer(reader)
         writer.close()
         assert status == 200
+
+
+class TestTheParsersWork:
+    async def test_a_head_trickled_a_byte_at_a_time_is_parsed_once_whole(self) -> None:
+        """Each byte its own read, as a slow client can make it: the parser is fed the head
+        once, whole (fed piece by piece, it copies a long value anew for every piece)."""
+        seen: list[list[tuple[bytes, bytes]]] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            seen.append(list(scope["headers"]))
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        config = uvicorn.Config(app, http="httptools", lifespan="off", log_config=None)
+        config.load()
+        state = ServerState()
+        closed: list[bool] = []
+        protocol = BoundedProtocol(
+            config, state, limits=CONFIG, draining=lambda: False, closed=lambda: closed.append(True)
+        )
+        fed: list[int] = []
+        protocol.parser = _CountedParser(protocol.parser, fed)  # type: ignore[assignment]
+        ours, theirs = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, ours)
+        value = b"v" * (CONFIG.max_header_bytes - 100)
+        head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-long: " + value + b"\r\n\r\n"
+        for i in range(len(head)):
+            protocol.data_received(head[i : i + 1])
+        with anyio.fail_after(10):
+            while not seen:
+                await anyio.lowlevel.checkpoint()
+        transport.close()
+        theirs.close()
+        with anyio.fail_after(10):
+            while not closed:
+                await anyio.lowlevel.checkpoint()
+        assert fed == [len(head)]
+        assert (b"x-long", value) in seen[0]
+
+
+class _CountedParser:
+    """The connection's own parser, with the length of each piece fed to it recorded."""
+
+    def __init__(self, parser: Any, fed: list[int]) -> None:
+        self._parser = parser
+        self._fed = fed
+
+    def feed_data(self, data: bytes) -> None:
+        self._fed.append(len(data))
+        self._parser.feed_data(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
