@@ -512,14 +512,18 @@ class TestTheCommand:
         self, tmp_path: Path
     ) -> None:
         credentials = tmp_path / "credentials.json"
-        with running_serve("--step-time", "0.01", "--credentials", str(credentials)) as run:
+        options = ("--step-time", "0.01", "--credentials", str(credentials))
+        with running_serve(*options, stderr=True) as run:
             body = asyncio.run(_complete(run.port))
             assert body["choices"][0]["text"]
             children = [pid for pid in _children(run.proc.pid) if not is_fork_server(pid)]
             assert len(children) == 5  # 2 workers, the scheduler, detokenizer and router
             assert credentials.exists()
             streams = asyncio.run(_streams_through_sigterm(run, count=12, max_tokens=80))
-            assert run.proc.wait(timeout=30) == 0
+            _, err = run.proc.communicate(timeout=30)
+            assert run.proc.returncode == 0
+        assert "Traceback" not in err
+        assert "draining" in err
         # Every stream in flight at the signal streamed to its end.
         assert all(events[-1] == "[DONE]" for events in streams.finished), streams.finished
         assert all("error" not in e for events in streams.finished for e in events[:-1])
@@ -533,9 +537,15 @@ class TestTheCommand:
             again.connect(("127.0.0.1", run.port))
 
     def test_requests_past_the_drain_timeout_end_with_an_error_event_and_done(self) -> None:
-        with running_serve("--step-time", "0.01", "--drain-timeout", "0.5") as run:
+        options = ("--step-time", "0.01", "--drain-timeout", "0.5")
+        with running_serve(*options, stderr=True) as run:
             streams = asyncio.run(_streams_through_sigterm(run, count=4, max_tokens=3000))
-            assert run.proc.wait(timeout=30) == 1  # not a clean drain: requests were ended
+            _, err = run.proc.communicate(timeout=30)
+            assert run.proc.returncode == 1  # not a clean drain: requests were ended
+        assert "Traceback" not in err
+        # Each worker says how many it ended: the 4 streams and the one without a stream.
+        ended = re.findall(r"worker \d+ ended (\d+) request\(s\) still running", err)
+        assert sum(map(int, ended)) == 5, err
         assert len(streams.finished) == 4
         for events in streams.finished:
             assert events[-1] == "[DONE]"
