@@ -15,6 +15,8 @@ from ._errors import RequestFailedError as RequestFailedError
 from ._errors import SlowReaderError as SlowReaderError
 from ._errors import WorkerDiedError as WorkerDiedError
 from .detokenizer import Detokenizer as Detokenizer
+from .engines import EngineSpec as EngineSpec
+from .engines import StandIn as StandIn
 from .messages import Member as Member
 from .pipeline import GenerateResult as GenerateResult
 from .pipeline import Pipeline as Pipeline
@@ -27,6 +29,7 @@ from .tokenizer_worker import TokenizerWorker as TokenizerWorker
 
 __all__ = (
     "Detokenizer",
+    "EngineSpec",
     "GenerateResult",
     "InvalidRequestError",
     "Member",
@@ -40,6 +43,7 @@ __all__ = (
     "Router",
     "Scheduler",
     "SlowReaderError",
+    "StandIn",
     "TokenizerWorker",
     "WorkerDiedError",
 )

@@ -1,18 +1,26 @@
-"""The stand-in engine's model: which token ids it draws from, and its fake prefix cache.
+"""The stand-in engine (`FakeModel`): which token ids it draws, and its fake prefix cache.
 
-Kept apart from the scheduler actor (the batching and the message contract) so each reads
-on its own.
+A `actors.engines.Generator` like any other: the scheduler actor keeps the batching and the
+message contract, so each reads on its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._tokenizer import eos_token_id
+from .engines import Produced
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from .engines import StandIn
+    from .messages import SamplingParams
 
 # Shares of the draws that pick a non-ASCII token, and a character spelled over several
 # tokens: enough that most outputs of a dozen tokens hold multi-byte text.
@@ -121,3 +129,119 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every prefix."""
         self._blocks.clear()
+
+
+class _Draws:
+    """One request's draws: its random stream, its count, the rest of a character."""
+
+    __slots__ = ("count", "ignore_eos", "pending", "rng")
+
+    def __init__(self, rng: random.Random, ignore_eos: bool) -> None:
+        self.rng = rng
+        self.ignore_eos = ignore_eos
+        self.count = 0
+        self.pending: list[int] = []  # the rest of a character being spelled, reversed
+
+
+class FakeModel:
+    """The stand-in engine's `actors.engines.Generator`: one deterministic token per
+    running request per step.
+
+    A request's ids are a seeded function of its prompt ids, its sampling seed (only when
+    ``temperature > 0``) and the position, drawn from the tokenizer's ordinary vocabulary
+    and biased towards non-ASCII text, including characters spelled over several tokens,
+    so that the detokenizer's multi-byte handling is exercised. The seed is a BLAKE2
+    digest, never ``hash()`` (salted per process): a prompt gives the same ids on every
+    run and in every process. eos is drawn now and then after a few tokens (unless
+    ``ignore_eos``).
+
+    Args:
+        spec: Its step time, seed and eos probability.
+        tokenizer: The ``tokenizers.Tokenizer`` whose vocabulary it draws from.
+    """
+
+    def __init__(self, spec: StandIn, tokenizer: Any) -> None:
+        self._spec = spec
+        self._vocab = Vocabulary.from_tokenizer(tokenizer)
+        self._cache = PrefixCache()
+        self._live: dict[Hashable, _Draws] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids ``0..vocab_size-1`` are the tokenizer's."""
+        return self._vocab.size
+
+    @property
+    def eos(self) -> int | None:
+        """The tokenizer's eos, if it has a known one."""
+        return self._vocab.eos
+
+    @property
+    def capacity(self) -> int | None:
+        """No bound of its own: the scheduler's ``max_batch_size``."""
+        return None
+
+    @property
+    def pace(self) -> float:
+        """The spec's step time."""
+        return self._spec.step_time
+
+    def admit(self, key: Hashable, prompt_ids: list[int], sampling: SamplingParams) -> int:
+        """Seed the request's draws; returns the prompt's cached prefix."""
+        seed = sampling.seed if sampling.temperature > 0 else None
+        digest = hashlib.blake2b(repr((self._spec.seed, seed)).encode(), digest_size=16)
+        digest.update(array("q", prompt_ids).tobytes())
+        rng = random.Random(int.from_bytes(digest.digest(), "little"))
+        self._live[key] = _Draws(rng, sampling.ignore_eos)
+        return self._cache.match(prompt_ids)
+
+    def cancel(self, key: Hashable) -> None:
+        """Forget the request."""
+        self._live.pop(key, None)
+
+    def ready(self) -> bool:
+        """Every running request has a token at every step."""
+        return bool(self._live)
+
+    def take(self) -> dict[Hashable, Produced]:
+        """One token for every running request."""
+        return {key: Produced([self._draw(draws)]) for key, draws in self._live.items()}
+
+    def flush(self) -> bool:
+        """Forget the cached prefixes, if nothing runs."""
+        if self._live:
+            return False
+        self._cache.clear()
+        return True
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+        self._live.clear()
+
+    def _draw(self, draws: _Draws) -> int:
+        """The request's next id: a function of its draws so far, so of its position."""
+        rng = draws.rng
+        # One eos roll at every position, whatever follows: requests that differ only in
+        # ignore_eos, stop_token_ids or max_new_tokens draw the same ids until they end.
+        eos_roll = rng.random()
+        position = draws.count
+        draws.count += 1
+        if draws.pending:
+            return draws.pending.pop()  # finish spelling the character; eos never splits one
+        vocab = self._vocab
+        pick = rng.random()
+        if pick < WIDE_SHARE and vocab.wide:
+            token = rng.choice(vocab.wide)
+        elif pick < WIDE_SHARE + SPLIT_SHARE and vocab.split:
+            token, *rest = rng.choice(vocab.split)
+            draws.pending = rest[::-1]
+        else:
+            token = rng.choice(vocab.plain)
+        if (
+            eos_roll < self._spec.eos_probability
+            and position >= MIN_TOKENS_BEFORE_EOS
+            and vocab.eos is not None
+            and not draws.ignore_eos
+        ):
+            return vocab.eos
+        return token

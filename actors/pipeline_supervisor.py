@@ -22,6 +22,7 @@ from runtime import (
 from . import _metrics
 from ._tokenizer import model_id_of
 from .detokenizer import Detokenizer
+from .engines import EngineSpec, StandIn
 from .messages import (
     Abort,
     AbortAll,
@@ -95,7 +96,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         workers: Number of tokenizer workers.
         tokenizer: Path of a ``tokenizer.json`` (None: the bundled one).
-        step_time: Seconds per engine step of the stand-in scheduler.
+        step_time: Seconds per engine step of the stand-in engine (`actors.engines.StandIn`,
+            when ``engine`` is ``None``).
         max_batch_size: Most requests running at once in the scheduler.
         max_states: Cap on live detokenization states.
         register_timeout: Seconds a worker has to get registered; the detokenizer and the
@@ -124,6 +126,8 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             the next that takes it when its node is lost. Empty: every worker here. The
             system must be tcp with CURVE keys (``Pipeline(system_options=...)``), and the
             tokenizer file must be at the same path on every host.
+        engine: What generates behind the scheduler (`actors.engines`); ``None``: the
+            stand-in, with ``step_time``.
     """
 
     workers: int = 4
@@ -144,6 +148,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     submit_timeout: float = 30.0
     model: str | None = None
     worker_nodes: tuple[str, ...] = ()
+    engine: EngineSpec | None = None
 
     def worker_places(self, k: int) -> str | tuple[str, ...] | None:
         """Where worker ``k`` may run, in order (``ChildSpec.node``)."""
@@ -169,6 +174,17 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")
+        self.generator  # noqa: B018 - a stand-in's settings are checked here, not at its start
+        if self.engine is not None and self.step_time:
+            raise ValueError(
+                f"PipelineConfig.step_time={self.step_time} is the stand-in engine's: with "
+                f"engine={self.engine!r} give the engine's own settings instead"
+            )
+
+    @property
+    def generator(self) -> EngineSpec:
+        """The engine the scheduler drives."""
+        return StandIn(step_time=self.step_time) if self.engine is None else self.engine
 
     @property
     def model_name(self) -> str:
@@ -279,8 +295,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             kwargs = {
                 "detokenizers": [self.child(n) for n in self.detokenizer_ids],
                 "router": self.child(Member.ROUTER.value),
+                "engine": cfg.generator,
                 "tokenizer": cfg.tokenizer,
-                "step_time": cfg.step_time,
                 "max_batch_size": cfg.max_batch_size,
                 "model_name": cfg.model_name,
             }

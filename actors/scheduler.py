@@ -1,19 +1,16 @@
-"""The scheduler: a stand-in for the model engine, with the real engine's message contract.
+"""The scheduler: the pipeline's engine, behind the real engine's message contract.
 
-- **Continuous batching.** ``TokenizedGenerate`` requests wait in a FIFO. Each step admits
-  waiting requests up to ``max_batch_size`` running, generates one token for every running
-  request and tells each detokenizer ONE ``BatchTokenIDOutput`` for the step, holding the
-  requests that stream through it (each request names its detokenizer); requests join and
-  leave the running batch at every step.
-- **Deterministic tokens.** A request's ids are a seeded function of its prompt ids, its
-  sampling seed (only when ``temperature > 0``) and the position, drawn from the tokenizer's
-  ordinary (non-special) vocabulary and biased towards non-ASCII text, including characters
-  spelled over several tokens, so the detokenizer's multi-byte handling is exercised. The
-  seed is a BLAKE2 digest, never ``hash()`` (salted per process): a prompt gives the same
-  ids on every run and in every process.
-- **Finishing.** ``"length"`` at ``max_new_tokens``; ``"stop"`` on a ``stop_token_ids`` id
-  or on eos, which the stand-in draws now and then after a few tokens (unless
-  ``ignore_eos``). Stop strings are the detokenizer's business: they only travel along.
+What generates the ids is a generator (`actors.engines`: the stand-in's fake model, or a
+real engine); the scheduler keeps the contract whatever it is:
+
+- **Continuous batching.** ``TokenizedGenerate`` requests wait in a FIFO and are admitted
+  while fewer than ``max_batch_size`` (and the generator's capacity) run. Each step takes
+  what every running request produced and tells each detokenizer ONE ``BatchTokenIDOutput``
+  for the step, holding the requests that stream through it (each request names its
+  detokenizer); requests join and leave the running batch at every step.
+- **Finishing.** ``"length"`` at ``max_new_tokens``; ``"stop"`` on a ``stop_token_ids`` id or
+  on eos (unless ``ignore_eos``), the id included and nothing after it; or the generator's
+  own end. Stop strings are the detokenizer's business: they only travel along.
 - **Aborts, control and bounds.** ``Abort`` by rid reports the request once more with the
   abort's reason; ``Abort`` of an origin drops silently (that worker incarnation is dead:
   nobody is listening); ``AbortAll`` drops everything and reports it, per worker, so no
@@ -26,11 +23,9 @@
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import logging
-import random
 import time
-from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -40,8 +35,8 @@ from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, current_tra
 from runtime._throttle import Throttle
 
 from . import _metrics, _tracing
-from ._fake_model import MIN_TOKENS_BEFORE_EOS, SPLIT_SHARE, WIDE_SHARE, PrefixCache, Vocabulary
-from ._tokenizer import load_tokenizer, model_id_of
+from ._tokenizer import model_id_of
+from .engines import EngineSpec, StandIn, open_generator
 from .messages import (
     Abort,
     AbortAll,
@@ -66,6 +61,8 @@ from .router import RouterLink
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .engines import Generator, Produced
+
 __all__ = ("Scheduler",)
 
 logger = logging.getLogger("tokenyard.scheduler")
@@ -81,20 +78,14 @@ class _Request:
         "cached",
         "completion",
         "msg",
-        "pending",
         "queued_at",
-        "rng",
         "span",
         "stop_ids",
         "trace",
     )
 
     def __init__(
-        self,
-        msg: TokenizedGenerate,
-        rng: random.Random,
-        stop_ids: frozenset[int],
-        parent: str | None,
+        self, msg: TokenizedGenerate, stop_ids: frozenset[int], parent: str | None
     ) -> None:
         self.msg = msg
         self.queued_at = time.monotonic()
@@ -104,11 +95,9 @@ class _Request:
         #: What its entries' trace context is ("": untraced): its span's, or, with tracing
         #: off here, the one it came with, passed on untouched.
         self.trace = parent or "" if self.span is None else self.span.traceparent or ""
-        self.rng = rng
         self.stop_ids = stop_ids
-        self.completion = 0  # ids generated, all of them sent: one per step
+        self.completion = 0  # ids generated, all of them sent
         self.cached = 0
-        self.pending: list[int] = []  # the rest of a character being spelled, reversed
         self.abort_reason = ""
 
     def end_span(self, reason: str) -> None:
@@ -182,7 +171,7 @@ class _Columns:
 
 
 class Scheduler(Actor[SchedulerMessage]):
-    """The stand-in model engine: continuous batching of deterministic fake tokens.
+    """The pipeline's engine: continuous batching over a generator (`actors.engines`).
 
     Handles `TokenizedGenerate`, `Abort`, `AbortAll`, `GetLoad` and `FlushCache` (tells) and
     `GetSchedulerStats` (ask, answered with `SchedulerStats`). Tells the detokenizer one
@@ -206,14 +195,11 @@ class Scheduler(Actor[SchedulerMessage]):
     Args:
         detokenizers: Where each step's batches go, by the index a request names.
         router: Where control replies and abort notices go.
-        tokenizer: Path of a ``tokenizer.json`` (or a directory holding one) giving the
-            vocabulary and eos; ``None`` is the bundled default. Loaded in `on_start`.
-        step_time: Seconds between two steps; with 0 the loop still yields once per step,
-            so handlers run between steps.
+        engine: What generates (`actors.engines`); the stand-in by default.
+        tokenizer: Path of a ``tokenizer.json`` (or a directory holding one), ``None`` for
+            the bundled default: the stand-in's vocabulary and eos.
         max_batch_size: Most requests running at once; the rest wait, first in first out.
         max_waiting: Most requests waiting; one more is refused.
-        seed: Mixed into every request's draws (same seed, same outputs).
-        eos_probability: Chance per token, after a few tokens, that eos is drawn (0: never).
         retry_after: Seconds a held step waits before it is offered again.
         model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
 
@@ -226,23 +212,17 @@ class Scheduler(Actor[SchedulerMessage]):
         detokenizers: list[ActorRef[DetokenizerMessage]],
         router: ActorRef[RouterMessage],
         *,
+        engine: EngineSpec | None = None,
         tokenizer: str | None = None,
-        step_time: float = 0.0,
         max_batch_size: int = 256,
         max_waiting: int = 100_000,
-        seed: int = 0,
-        eos_probability: float = 0.02,
         retry_after: float = 0.5,
         model_name: str | None = None,
     ) -> None:
-        if step_time < 0:
-            raise ValueError(f"step_time must be at least 0 seconds, got {step_time}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
-        if not 0 <= eos_probability <= 1:
-            raise ValueError(f"eos_probability must be within [0, 1], got {eos_probability}")
         if retry_after <= 0:
             raise ValueError(f"retry_after must be positive, got {retry_after}")
         if not detokenizers:
@@ -256,20 +236,19 @@ class Scheduler(Actor[SchedulerMessage]):
         self._retarget = anyio.Event()
         self._holding = Throttle(logger)
         self._router = RouterLink(router)
+        self._engine = StandIn() if engine is None else engine
         self._tokenizer_path = tokenizer
-        self._step_time = step_time
         self._max_batch_size = max_batch_size
         self._max_waiting = max_waiting
-        self._seed = seed
-        self._eos_probability = eos_probability
-        # Empty until on_start loads the tokenizer: refuses every prompt id meanwhile.
-        self._vocab = Vocabulary(0, None, (), (), ())
-        self._cache = PrefixCache()
+        #: What generates; ``None`` until on_start opens it (every prompt is refused then).
+        self._generator: Generator[_Key] | None = None
         self._waiting: OrderedDict[_Key, _Request] = OrderedDict()
         self._running: dict[_Key, _Request] = {}
         # Requests aborted by rid, to report once in the next batch.
         self._reports: list[_Request] = []
-        # Set when work arrives; the loop waits on it when idle instead of polling.
+        # Requests that asked for no tokens: they end in the next batch, never generated.
+        self._empty: list[_Request] = []
+        # Set when work or output arrives; the loop waits on it instead of polling.
         self._wake = anyio.Event()
         self._received = 0
         self._finished = 0
@@ -286,23 +265,26 @@ class Scheduler(Actor[SchedulerMessage]):
         _metrics.NUM_REQUESTS_WAITING.labels(model).set_function(lambda: len(self._waiting))
 
     async def on_start(self) -> None:
-        """Load the tokenizer, sort its vocabulary, and start the step loop.
+        """Open the generator and start the step loop.
 
-        Loaded on the event loop: in its own process the scheduler has nothing else to do
+        Opened on the event loop: in its own process the scheduler has nothing else to do
         until it is ready.
         """
-        self._vocab = Vocabulary.from_tokenizer(load_tokenizer(self._tokenizer_path))
-        vocab = self._vocab
-        logger.debug(
-            "vocabulary of %d ids: %d plain, %d non-ASCII, %d split characters, eos %s",
-            vocab.size,
-            len(vocab.plain),
-            len(vocab.wide),
-            len(vocab.split),
-            vocab.eos,
-        )
+        loop = asyncio.get_running_loop()
+
+        def notify() -> None:  # from the generator's threads too
+            loop.call_soon_threadsafe(self._poke)
+
+        self._generator = await open_generator(self._engine, self._tokenizer_path, notify)
         self.start_soon(self._run)
         self.start_soon(self._router.run)
+
+    async def on_stop(self) -> None:
+        if self._generator is not None:
+            await self._generator.aclose()
+
+    def _poke(self) -> None:
+        self._wake.set()
 
     # -- handlers -------------------------------------------------------------------------
 
@@ -318,9 +300,8 @@ class Scheduler(Actor[SchedulerMessage]):
             self._router.put(AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal))
             return
         trace = current_trace()
-        self._waiting[key] = _Request(
-            msg, self._rng(msg), self._stop_ids(msg.sampling), trace[0] if trace else None
-        )
+        parent = trace[0] if trace else None
+        self._waiting[key] = _Request(msg, self._stop_ids(msg.sampling), parent)
         self._wake.set()
 
     @handler
@@ -330,7 +311,7 @@ class Scheduler(Actor[SchedulerMessage]):
             self._drop_origin(msg.origin)
             return
         key = (msg.origin, msg.rid)
-        req = self._waiting.pop(key, None) or self._running.pop(key, None)
+        req = self._waiting.pop(key, None) or self._end(key)
         if req is None:
             return  # finished already (its last output is on its way), or never seen
         req.abort_reason = msg.reason
@@ -357,12 +338,10 @@ class Scheduler(Actor[SchedulerMessage]):
             return which is None or req.msg.detokenizer == which
 
         dropped: dict[Origin, list[str]] = {}
-        for queue in (self._waiting, self._running):
-            gone = [key for key, req in queue.items() if hit(req)]
-            for key in gone:
-                queue.pop(key).end_span("abort")
-                dropped.setdefault(key[0], []).append(key[1])
-            self._dropped_for_abort_all += len(gone)
+        keys = self._drop(hit)
+        self._dropped_for_abort_all += len(keys)
+        for key in keys:
+            dropped.setdefault(key[0], []).append(key[1])
         for req in self._drop_reports(hit):
             dropped.setdefault(req.msg.origin, []).append(req.msg.rid)
         for index in [j for j in self._held if which is None or j == which]:
@@ -394,9 +373,7 @@ class Scheduler(Actor[SchedulerMessage]):
     @handler
     def on_flush_cache(self, msg: FlushCache) -> None:
         """Forget the cached prefixes if nothing is running; tell the router whether it did."""
-        success = not self._running
-        if success:
-            self._cache.clear()
+        success = not self._running and self._generator is not None and self._generator.flush()
         reply = FlushReply(origin=msg.origin, request_id=msg.request_id, success=success)
         self._router.put(reply)
 
@@ -432,7 +409,7 @@ class Scheduler(Actor[SchedulerMessage]):
                 f"duplicate rid {msg.rid!r}: {msg.origin} already has a request with that rid "
                 "at the scheduler; give each request of a worker its own rid"
             )
-        size = self._vocab.size
+        size = 0 if self._generator is None else self._generator.vocab_size
         outside = [i for i in msg.input_ids if not 0 <= i < size]
         if outside:
             return (
@@ -441,28 +418,36 @@ class Scheduler(Actor[SchedulerMessage]):
             )
         return None
 
-    def _rng(self, msg: TokenizedGenerate) -> random.Random:
-        """The request's draws: a function of the prompt, and of its seed when sampling."""
-        sampling = msg.sampling
-        seed = sampling.seed if sampling.temperature > 0 else None
-        digest = hashlib.blake2b(repr((self._seed, seed)).encode(), digest_size=16)
-        digest.update(array("q", msg.input_ids).tobytes())
-        return random.Random(int.from_bytes(digest.digest(), "little"))
-
     def _stop_ids(self, sampling: SamplingParams) -> frozenset[int]:
-        eos = self._vocab.eos
+        eos = None if self._generator is None else self._generator.eos
         if eos is None or sampling.ignore_eos:
             return frozenset(sampling.stop_token_ids)
         return frozenset((*sampling.stop_token_ids, eos))
 
     def _drop_origin(self, origin: Origin) -> None:
         """Drop every request of a dead worker incarnation: nobody would read their output."""
-        for queue in (self._waiting, self._running):
-            keys = [key for key in queue if key[0] == origin]
-            for key in keys:
-                queue.pop(key).end_span("abort")
-            self._dropped_for_dead_origin += len(keys)
+        self._dropped_for_dead_origin += len(self._drop(lambda req: req.msg.origin == origin))
         self._drop_reports(lambda req: req.msg.origin == origin)
+
+    def _drop(self, hit: Callable[[_Request], bool]) -> list[_Key]:
+        """Drop the waiting and running requests ``hit`` selects (their spans end); their
+        keys."""
+        gone = [key for key, req in self._waiting.items() if hit(req)]
+        for key in gone:
+            self._waiting.pop(key).end_span("abort")
+        running = [key for key, req in self._running.items() if hit(req)]
+        for key in running:
+            req = self._end(key)
+            assert req is not None
+            req.end_span("abort")
+        return gone + running
+
+    def _end(self, key: _Key) -> _Request | None:
+        """Take a running request out of the batch, and out of the generator."""
+        req = self._running.pop(key, None)
+        if req is not None and self._generator is not None:
+            self._generator.cancel(key)
+        return req
 
     def _drop_reports(self, hit: Callable[[_Request], bool]) -> list[_Request]:
         """Drop the aborts waiting for the next step's report that ``hit`` selects (their
@@ -476,17 +461,20 @@ class Scheduler(Actor[SchedulerMessage]):
     # -- the engine -----------------------------------------------------------------------
 
     async def _run(self) -> None:
-        """Run steps while there is work; wait for work otherwise."""
+        """Run steps while the generator has output (or aborts wait to be reported); wait
+        for work or output otherwise."""
+        generator = self._generator
+        assert generator is not None
         while True:
-            idle = not (self._waiting or self._running or self._reports)
-            if idle or self._held:
+            self._admit(generator)
+            if self._held or not (self._reports or self._empty or generator.ready()):
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue  # the work may have been dropped again before this task resumed
-            self._held = self._step()
+            self._held = self._step(generator.take())
             await self._deliver()
             # New requests and aborts are handled here, between steps.
-            await anyio.sleep(self._step_time)
+            await anyio.sleep(generator.pace)
 
     async def _deliver(self) -> None:
         """Tell the held step to the detokenizer, waiting while it cannot take it.
@@ -530,20 +518,27 @@ class Scheduler(Actor[SchedulerMessage]):
                 with anyio.move_on_after(self._retry_after):
                     await self._retarget.wait()
 
-    def _step(self) -> dict[int, _Share]:
-        """Admit, generate one token per running request, and build the step's batches,
-        one per detokenizer that has a request in it.
+    def _admit(self, generator: Generator[_Key]) -> None:
+        """Move waiting requests into the batch while it has room; one that asks for no
+        tokens at all finishes at once (``"length"``), never reaching the generator."""
+        room = min(self._max_batch_size, generator.capacity or self._max_batch_size)
+        now = time.monotonic()
+        while self._waiting and len(self._running) < room:
+            key, req = self._waiting.popitem(last=False)
+            self._queue_time.observe(now - req.queued_at)
+            if req.msg.sampling.max_new_tokens > 0:
+                self._running[key] = req
+                req.cached = generator.admit(key, req.msg.input_ids, req.msg.sampling)
+            else:
+                self._empty.append(req)
+
+    def _step(self, produced: dict[_Key, Produced]) -> dict[int, _Share]:
+        """Build one step's batches from what the running requests produced, one per
+        detokenizer that has a request in it; end the requests that finished.
 
         Runs without awaiting: the handlers see the state before or after a step, never
         in between.
         """
-        if self._waiting and len(self._running) < self._max_batch_size:
-            now = time.monotonic()
-            while self._waiting and len(self._running) < self._max_batch_size:
-                key, req = self._waiting.popitem(last=False)
-                req.cached = self._cache.match(req.msg.input_ids)
-                self._running[key] = req
-                self._queue_time.observe(now - req.queued_at)
         self._steps += 1
         columns: dict[int, _Columns] = {}
 
@@ -558,53 +553,41 @@ class Scheduler(Actor[SchedulerMessage]):
             out_for(req).add(req, [], req.abort_reason)
             req.end_span(req.abort_reason)
         self._reports.clear()
+        for req in self._empty:
+            out_for(req).add(req, [], "length")
+            req.end_span("finished")
+        self._finished += len(self._empty)
+        self._empty.clear()
         done: list[_Key] = []
         generated = 0
-        for key, req in self._running.items():
-            max_new_tokens = req.msg.sampling.max_new_tokens
-            if req.completion >= max_new_tokens:  # asked for no tokens at all
-                out_for(req).add(req, [], "length")
-                done.append(key)
-                continue
-            token = self._draw(req)
-            req.completion += 1
-            generated += 1
-            reason: str | None = None
-            if token in req.stop_ids:
-                reason = "stop"
-            elif req.completion >= max_new_tokens:
-                reason = "length"
-            out_for(req).add(req, [token], reason)
+        for key, (ids, finished) in produced.items():
+            running = self._running.get(key)
+            if running is None:
+                continue  # aborted or dropped since it produced
+            ids, reason = self._finish(running, ids, finished)
+            running.completion += len(ids)
+            generated += len(ids)
+            out_for(running).add(running, ids, reason)
             if reason is not None:
                 done.append(key)
         for key in done:
-            self._running.pop(key).end_span("finished")
+            ended = self._end(key)
+            assert ended is not None
+            ended.end_span("finished")
         self._finished += len(done)
         self._generated += generated
         return {index: out.batch(self._steps) for index, out in columns.items()}
 
-    def _draw(self, req: _Request) -> int:
-        """The request's next id: a function of its draws so far, so of its position."""
-        rng = req.rng
-        # One eos roll at every position, whatever follows: requests that differ only in
-        # ignore_eos, stop_token_ids or max_new_tokens draw the same ids until they end.
-        eos_roll = rng.random()
-        if req.pending:
-            return req.pending.pop()  # finish spelling the character; eos never splits one
-        vocab = self._vocab
-        pick = rng.random()
-        if pick < WIDE_SHARE and vocab.wide:
-            token = rng.choice(vocab.wide)
-        elif pick < WIDE_SHARE + SPLIT_SHARE and vocab.split:
-            token, *rest = rng.choice(vocab.split)
-            req.pending = rest[::-1]
-        else:
-            token = rng.choice(vocab.plain)
-        if (
-            eos_roll < self._eos_probability
-            and req.completion >= MIN_TOKENS_BEFORE_EOS
-            and vocab.eos is not None
-            and not req.msg.sampling.ignore_eos
-        ):
-            return vocab.eos
-        return token
+    @staticmethod
+    def _finish(
+        req: _Request, ids: list[int], finished: str | None
+    ) -> tuple[list[int], str | None]:
+        """``ids`` cut where the request ends, and why it ends (``None``: it goes on): at a
+        stop id (kept), at ``max_new_tokens``, or where the generator ended it."""
+        room = req.msg.sampling.max_new_tokens - req.completion
+        for n, token in enumerate(ids[:room], 1):
+            if token in req.stop_ids:
+                return ids[:n], "stop"
+        if len(ids) >= room:
+            return ids[:room], "length"
+        return ids, finished

@@ -65,14 +65,24 @@ def value(fams: dict[str, Metric], sample: str, **labels: str) -> float:
     return found[0]
 
 
+def value_or_0(fams: dict[str, Metric], sample: str, **labels: str) -> float:
+    """The value of the one series of ``sample`` with ``labels``, or 0 when it has none."""
+    for family in fams.values():
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
 def total(fams: dict[str, Metric], sample: str) -> float:
     family = fams[sample.removesuffix("_total")]
     return sum(s.value for s in family.samples if s.name == sample)
 
 
-async def from_both_workers(url: str) -> dict[int, str]:
-    """Scrapes until both workers answered from the same gathering (which worker takes a
-    new connection is the dispatcher's choice, and a gathering is served for a second)."""
+async def from_both_workers(url: str, after: float = 0.0) -> dict[int, str]:
+    """Scrapes until both workers answered from the same gathering, made later than
+    ``after`` (which worker takes a new connection is the dispatcher's choice, and a
+    gathering is served for a second)."""
     seen: dict[int, str] = {}
     with anyio.fail_after(20):
         while True:  # sync-ok: bounded by the deadline; each scrape is a real request
@@ -82,8 +92,10 @@ async def from_both_workers(url: str) -> dict[int, str]:
                 value(families(t), "tokenyard_metrics_gathered_timestamp_seconds")
                 for t in seen.values()
             }
-            if len(seen) == 2 and len(stamps) == 1:
+            if len(seen) == 2 and len(stamps) == 1 and stamps.pop() > after:
                 return seen
+            if len(stamps) == 1 and min(stamps) <= after:
+                seen.clear()  # the gathering from before: wait for the next
 
 
 class TestMetricsOfARealServer:
@@ -91,19 +103,29 @@ class TestMetricsOfARealServer:
         self,
     ) -> None:
         async with open_server(workers=2, port=0) as server:
+            # Counts are cumulative in each process, this one's included (where an
+            # in-process scheduler of an earlier test may have counted): read what they say
+            # before the load.
+            before = families((await from_both_workers(server.url))[0])
             spec = LoadSpec(url=server.url, concurrency=6, requests=48, max_tokens=6)
             load = await run_load(spec)
             assert all(r.ok for r in load.records), [r.error for r in load.records]
-            texts = await from_both_workers(server.url)
+            gathered = value(before, "tokenyard_metrics_gathered_timestamp_seconds")
+            texts = await from_both_workers(server.url, after=gathered)
         assert texts[0] == texts[1]
         fams = families(texts[0])
         for name in PIPELINE_NAMES:
             assert name in fams, name
         served = len(load.records)
         model = {"model_name": MODEL}
-        assert value(fams, "tokenyard:time_to_first_token_seconds_count", **model) == served
-        assert value(fams, "tokenyard:e2e_request_latency_seconds_count", **model) == served
-        assert value(fams, "tokenyard:request_queue_time_seconds_count", **model) == served
+
+        def added(sample: str, **labels: str) -> float:
+            """What the load added to ``sample``."""
+            return value(fams, sample, **labels) - value_or_0(before, sample, **labels)
+
+        assert added("tokenyard:time_to_first_token_seconds_count", **model) == served
+        assert added("tokenyard:e2e_request_latency_seconds_count", **model) == served
+        assert added("tokenyard:request_queue_time_seconds_count", **model) == served
         assert total(fams, "tokenyard:worker_requests_total") == served
         assert total(fams, "tokenyard:request_success_total") == served
         per_worker: defaultdict[int, int] = defaultdict(int)
@@ -114,7 +136,7 @@ class TestMetricsOfARealServer:
             counted = value(fams, "tokenyard:worker_requests_total", worker=str(worker))
             assert counted == count
         generated = sum(r.output_tokens for r in load.records)
-        assert value(fams, "tokenyard:generation_tokens_total", **model) == generated
+        assert added("tokenyard:generation_tokens_total", **model) == generated
         assert value(fams, "tokenyard:num_requests_running", **model) == 0
         assert value(fams, "tokenyard:prompt_tokens_total", **model) > served
         ttft = value(fams, "tokenyard:time_to_first_token_seconds_sum", **model)
@@ -152,12 +174,17 @@ class TestMetricsOfARealServer:
                         break
         assert ups == {str(killed.incarnation): 0.0, str(back.incarnation): 1.0}
         child = {"supervisor": "pipeline-supervisor", "child": "tokenizer_worker:1"}
-        assert value(fams, "tokenyard_restarts_total", cause="signal", **child) == 1
-        assert value(fams, "tokenyard_child_deaths_total", cause="signal", **child) == 1
-        restarts = value(
-            fams, "tokenyard:member_restarts_total", member="tokenizer_worker:1", cause="signal"
-        )
-        assert restarts == 1
+        was = families(before)
+
+        def added(sample: str, **labels: str) -> float:
+            """What the kill added (counts live as long as their process: an earlier test's
+            supervisor in this process counted its own restarts)."""
+            return value(fams, sample, **labels) - value_or_0(was, sample, **labels)
+
+        assert added("tokenyard_restarts_total", cause="signal", **child) == 1
+        assert added("tokenyard_child_deaths_total", cause="signal", **child) == 1
+        member = {"member": "tokenizer_worker:1", "cause": "signal"}
+        assert added("tokenyard:member_restarts_total", **member) == 1
         # What the dead worker counted stays counted: the sum never goes backwards.
         assert value(fams, "tokenyard:worker_requests_total", worker="1") == served_by_1
         assert total(fams, "tokenyard:worker_requests_total") == len(load.records)

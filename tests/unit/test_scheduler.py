@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from actors._tokenizer import eos_token_id, load_tokenizer
+from actors.engines import StandIn
 from actors.messages import (
     Abort,
     AbortAll,
@@ -214,7 +215,11 @@ class Engine:
 
 @asynccontextmanager
 async def open_engine(*, process: bool = False, **kwargs: Any) -> AsyncIterator[Engine]:
-    """A scheduler wired to a fake detokenizer and a fake router."""
+    """A scheduler wired to a fake detokenizer and a fake router; the stand-in's settings
+    (``step_time``, ``seed``, ``eos_probability``) go to its engine spec."""
+    stand_in = {k: kwargs.pop(k) for k in ("step_time", "seed", "eos_probability") if k in kwargs}
+    if stand_in:
+        kwargs["engine"] = StandIn(**stand_in)
     async with ActorSystem() as system:
         steps, router = Steps(), Inbox[Message]()
         det = await system.spawn(FakeDetokenizer, steps, name="detokenizer", process=False)
@@ -669,20 +674,19 @@ class TestControl:
 
 
 class TestConfiguration:
-    @pytest.mark.parametrize(
-        ("setting", "value"),
-        [
-            ("step_time", -0.1),
-            ("max_batch_size", 0),
-            ("max_waiting", 0),
-            ("eos_probability", 1.5),
-        ],
-    )
+    @pytest.mark.parametrize(("setting", "value"), [("max_batch_size", 0), ("max_waiting", 0)])
     def test_an_out_of_range_setting_is_refused_by_name(self, setting: str, value: float) -> None:
         ref: ActorRef[Any] = ActorRef(name="nobody", address="ipc:///nowhere")
         settings: dict[str, Any] = {setting: value}
         with pytest.raises(ValueError, match=setting):
             Scheduler([ref], ref, **settings)
+
+    @pytest.mark.parametrize(("setting", "value"), [("step_time", -0.1), ("eos_probability", 1.5)])
+    def test_an_out_of_range_stand_in_setting_is_refused_by_name(
+        self, setting: str, value: float
+    ) -> None:
+        with pytest.raises(ValueError, match=setting):
+            StandIn(**{setting: value})
 
 
 class TestFailures:

@@ -1,0 +1,136 @@
+"""What generates behind the scheduler: the engine contract's inside.
+
+The pipeline's contract with an engine is the scheduler's messages (`actors.messages`):
+token ids and sampling parameters in (`TokenizedGenerate`), each step's new ids, finish
+reasons and usage out (`BatchTokenIDOutput`, per detokenizer), aborts, load and flush.
+The `actors.scheduler.Scheduler` actor keeps that contract whatever generates: it queues
+and admits requests, applies stop ids, eos and ``max_new_tokens``, reports aborts and
+delivers every step. What generates the ids is a `Generator`, opened from an engine spec:
+
+- `StandIn`: the deterministic fake model (zero cost: front-end benchmarks and tests).
+
+A spec is a msgspec struct: it travels to the scheduler's process as a spawn argument.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+
+import msgspec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable
+
+    from .messages import SamplingParams
+
+__all__ = ("EngineSpec", "Generator", "Produced", "StandIn", "open_generator")
+
+K = TypeVar("K", bound="Hashable")
+"""How a generator's caller names its requests."""
+
+
+class StandIn(msgspec.Struct, frozen=True, kw_only=True, tag="stand-in"):
+    """The stand-in engine: deterministic fake tokens, one per running request per step.
+
+    Attributes:
+        step_time: Seconds between two steps (0: none; the scheduler still yields between
+            steps, so handlers run).
+        seed: Mixed into every request's draws (same seed, same outputs).
+        eos_probability: Chance per token, after a few tokens, that eos is drawn (0: never).
+    """
+
+    step_time: float = 0.0
+    seed: int = 0
+    eos_probability: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.step_time < 0:
+            raise ValueError(f"step_time must be at least 0 seconds, got {self.step_time}")
+        if not 0 <= self.eos_probability <= 1:
+            raise ValueError(f"eos_probability must be within [0, 1], got {self.eos_probability}")
+
+
+EngineSpec = StandIn
+"""Every engine the scheduler can drive, as a tagged union of specs."""
+
+
+class Produced(NamedTuple):
+    """What one request produced since the previous step.
+
+    Attributes:
+        ids: Its new ids, in order (every one of them: the detokenizer decodes them all).
+        finished: ``"stop"`` or ``"length"`` when the generator ended it itself (its eos,
+            its context), else ``None``. Stop ids, eos and ``max_new_tokens`` are applied by
+            the scheduler as well, whatever the generator does.
+    """
+
+    ids: list[int]
+    finished: str | None = None
+
+
+class Generator(Protocol[K]):
+    """What produces token ids for the requests the scheduler admits.
+
+    All of it is called from the scheduler's event loop. ``notify`` (given when it is
+    opened) is called, from any thread, when output is ready to `take`.
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids ``0..vocab_size-1`` are the vocabulary; prompts with others are refused."""
+        ...
+
+    @property
+    def eos(self) -> int | None:
+        """The end-of-sequence id, if the model has one."""
+        ...
+
+    @property
+    def capacity(self) -> int | None:
+        """Most requests it runs at once (``None``: as many as the scheduler admits)."""
+        ...
+
+    @property
+    def pace(self) -> float:
+        """Seconds the scheduler waits after each step (the stand-in's step time)."""
+        ...
+
+    def admit(self, key: K, prompt_ids: list[int], sampling: SamplingParams) -> int:
+        """Start generating for a request; returns how many prompt ids were cached."""
+        ...
+
+    def cancel(self, key: K) -> None:
+        """Stop generating for a request (aborted, or ended by the scheduler); forget it."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether a `take` would return output."""
+        ...
+
+    def take(self) -> dict[K, Produced]:
+        """What the running requests produced since the last take: one step's output."""
+        ...
+
+    def flush(self) -> bool:
+        """Forget cached prefixes if nothing runs; whether it did."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop every generation and release what it holds."""
+        ...
+
+
+async def open_generator(
+    spec: EngineSpec, tokenizer: str | None, notify: Callable[[], None]
+) -> Generator[Any]:
+    """The generator ``spec`` describes, ready to admit requests.
+
+    Args:
+        spec: Which engine, and its settings.
+        tokenizer: The pipeline's ``tokenizer.json`` (``None``: the bundled one).
+        notify: Called, from any thread, when output is ready.
+    """
+    from ._fake_model import FakeModel
+    from ._tokenizer import load_tokenizer
+
+    return FakeModel(spec, load_tokenizer(tokenizer))
