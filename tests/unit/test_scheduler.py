@@ -685,8 +685,9 @@ class TestConfiguration:
     def test_an_out_of_range_stand_in_setting_is_refused_by_name(
         self, setting: str, value: float
     ) -> None:
+        settings: dict[str, Any] = {setting: value}
         with pytest.raises(ValueError, match=setting):
-            StandIn(**{setting: value})
+            StandIn(**settings)
 
 
 class TestFailures:
