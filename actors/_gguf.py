@@ -19,7 +19,7 @@ second.
 What llama.cpp needs of the file (xllamacpp 2026.10.11549, gguf 0.19.0):
 
 - ``tokenizer.ggml.model = "gpt2"`` (byte-level BPE) and ``tokenizer.ggml.pre = "gpt-2"``
-  (the GPT-2 split regex, which is what a ``ByteLevel`` pre-tokenizer with ``use_regex``
+  (the GPT-2 split regex, which is what a byte-level pre-tokenizer with ``use_regex``
   applies). ``"gpt2"`` as the pre-tokenizer fails the load: *unknown pre-tokenizer type*.
 - Merges as ``"a b"`` strings; token types ``CONTROL`` for the special added tokens (else
   llama.cpp splits ``<|eos|>`` in a text prompt), ``USER_DEFINED`` for other added ones.
