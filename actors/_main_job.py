@@ -345,7 +345,8 @@ async def main_job(args: argparse.Namespace, console: Console) -> int:
 
 
 USAGE = """python -m actors [options]          the main job (what `make run` runs)
-       python -m actors serve [options]    the OpenAI-compatible server"""
+       python -m actors serve [options]    the OpenAI-compatible server
+       python -m actors make-model DIR     the tiny llama.cpp test model"""
 
 COMMANDS = """\
 commands:
@@ -354,7 +355,10 @@ commands:
                           killed midway; exit 0 only if no waiting connection was lost
                           (python -m actors --help: its options, below)
   python -m actors serve  serve the OpenAI-compatible API on one port until Ctrl-C
-                          (python -m actors serve --help: its options)"""
+                          (python -m actors serve --help: its options)
+  python -m actors make-model DIR
+                          write a random-weight llama.cpp model and its tokenizer into DIR
+                          (the llamacpp extra; python -m actors make-model --help)"""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,8 @@ class TestActorsHelp:
         assert "python -m actors serve [options]" in usage
         assert "python -m actors --help" in done.stdout
         assert "python -m actors serve --help" in done.stdout
+        assert "python -m actors make-model DIR" in usage
+        assert "python -m actors make-model --help" in done.stdout
         assert "--requests" in done.stdout  # the main job's own options
 
     def test_a_bad_option_exits_2_with_both_usages(self) -> None:
@@ -42,6 +44,12 @@ class TestActorsHelp:
         assert done.returncode == 1
         assert "pip install 'tokenyard[bench]'" in done.stderr
         assert "python -m actors serve, the server, needs only the serve extra" in done.stderr
+
+    def test_make_models_own_help_names_what_it_writes(self) -> None:
+        done = run("-m", "actors", "make-model", "--help")
+        assert done.returncode == 0, done.stderr
+        assert "usage: python -m actors make-model" in done.stdout
+        assert "DIR/model.gguf" in done.stdout
 
 
 class TestRuntimeHelp:
