@@ -16,6 +16,7 @@ from ._errors import SlowReaderError as SlowReaderError
 from ._errors import WorkerDiedError as WorkerDiedError
 from .detokenizer import Detokenizer as Detokenizer
 from .engines import EngineSpec as EngineSpec
+from .engines import LlamaCpp as LlamaCpp
 from .engines import StandIn as StandIn
 from .messages import Member as Member
 from .pipeline import GenerateResult as GenerateResult
@@ -32,6 +33,7 @@ __all__ = (
     "EngineSpec",
     "GenerateResult",
     "InvalidRequestError",
+    "LlamaCpp",
     "Member",
     "Pipeline",
     "PipelineBusyError",

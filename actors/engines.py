@@ -8,6 +8,8 @@ and admits requests, applies stop ids, eos and ``max_new_tokens``, reports abort
 delivers every step. What generates the ids is a `Generator`, opened from an engine spec:
 
 - `StandIn`: the deterministic fake model (zero cost: front-end benchmarks and tests).
+- `LlamaCpp`: llama.cpp in the scheduler's process, on any GGUF whose vocabulary is the
+  pipeline tokenizer's (the ``llamacpp`` extra; `actors._llamacpp_engine`).
 
 A spec is a msgspec struct: it travels to the scheduler's process as a spawn argument.
 """
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
     from .messages import SamplingParams
 
-__all__ = ("EngineSpec", "Generator", "Produced", "StandIn", "open_generator")
+__all__ = ("EngineSpec", "Generator", "LlamaCpp", "Produced", "StandIn", "open_generator")
 
 K = TypeVar("K", bound="Hashable")
 """How a generator's caller names its requests."""
@@ -50,7 +52,30 @@ class StandIn(msgspec.Struct, frozen=True, kw_only=True, tag="stand-in"):
             raise ValueError(f"eos_probability must be within [0, 1], got {self.eos_probability}")
 
 
-EngineSpec = StandIn
+class LlamaCpp(msgspec.Struct, frozen=True, kw_only=True, tag="llamacpp"):
+    """llama.cpp, in the scheduler's own process (continuous batching over its slots).
+
+    Attributes:
+        model: A GGUF file whose vocabulary is the pipeline tokenizer's
+            (``python -m actors make-model DIR`` writes a tiny one, with its tokenizer).
+        n_parallel: Slots: requests generated together; more wait at the scheduler.
+        context_length: Prompt plus completion tokens of one request (each slot's share
+            of llama.cpp's KV cache).
+        threads: CPU threads llama.cpp computes with.
+    """
+
+    model: str
+    n_parallel: int = 4
+    context_length: int = 2048
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("n_parallel", "context_length", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LlamaCpp.{name}={getattr(self, name)}: it must be at least 1")
+
+
+EngineSpec = StandIn | LlamaCpp
 """Every engine the scheduler can drive, as a tagged union of specs."""
 
 
@@ -130,7 +155,14 @@ async def open_generator(
         tokenizer: The pipeline's ``tokenizer.json`` (``None``: the bundled one).
         notify: Called, from any thread, when output is ready.
     """
-    from ._fake_model import FakeModel
     from ._tokenizer import load_tokenizer
 
-    return FakeModel(spec, load_tokenizer(tokenizer))
+    match spec:
+        case StandIn():
+            from ._fake_model import FakeModel
+
+            return FakeModel(spec, load_tokenizer(tokenizer))
+        case LlamaCpp():
+            from ._llamacpp_engine import open_llamacpp
+
+            return await open_llamacpp(spec, load_tokenizer(tokenizer), notify)

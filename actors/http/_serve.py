@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -24,6 +25,7 @@ import msgspec
 from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
+from actors.engines import LlamaCpp
 from actors.messages import Drain
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
@@ -190,7 +192,49 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--detokenizers", type=int, default=None, help="detokenizers (default: one per two workers)"
     )
-    parser.add_argument("--model", help="the model id (default: from the tokenizer)")
+    parser.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the model id in /v1/models and every answer (default: from the tokenizer)",
+    )
+    engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        choices=("stand-in", "llamacpp"),
+        default="stand-in",
+        help="what generates: the stand-in (deterministic fake tokens, no model: front-end "
+        "benchmarks) or llama.cpp in-process on --model (the llamacpp extra) "
+        "(default stand-in)",
+    )
+    engine.add_argument(
+        "--model",
+        metavar="PATH",
+        help="llamacpp: a GGUF file, or a directory holding model.gguf (python -m actors "
+        "make-model DIR writes one), whose tokenizer.json is then the default --tokenizer",
+    )
+    defaults = LlamaCpp(model="")
+    engine.add_argument(
+        "--n-parallel",
+        type=int,
+        default=defaults.n_parallel,
+        metavar="N",
+        help=f"llamacpp: requests generated together (default {defaults.n_parallel})",
+    )
+    engine.add_argument(
+        "--engine-context",
+        type=int,
+        default=defaults.context_length,
+        metavar="N",
+        help="llamacpp: prompt plus completion tokens of one request "
+        f"(default {defaults.context_length})",
+    )
+    engine.add_argument(
+        "--engine-threads",
+        type=int,
+        default=defaults.threads,
+        metavar="N",
+        help=f"llamacpp: CPU threads llama.cpp computes with (default {defaults.threads})",
+    )
     parser.add_argument(
         "--step-time",
         type=float,
@@ -334,6 +378,44 @@ def _config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(**given, **_access_config(args))
 
 
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline's engine, from ``--engine`` and its options (already checked)."""
+    if args.engine == "stand-in":
+        return {"step_time": args.step_time}
+    spec = LlamaCpp(
+        model=args.model,
+        n_parallel=args.n_parallel,
+        context_length=args.engine_context,
+        threads=args.engine_threads,
+    )
+    return {"engine": spec, "context_length": spec.context_length}
+
+
+def _check_engine(args: argparse.Namespace) -> str | None:
+    """Resolve ``--model`` (a GGUF, or a directory holding one and its tokenizer) in
+    ``args``; why the engine options cannot serve, or ``None``."""
+    if args.engine == "stand-in":
+        if args.model is not None:
+            return "--model is for --engine llamacpp (the stand-in has no model)"
+        return None
+    if args.step_time:
+        return f"--step-time is the stand-in's; --engine {args.engine} takes its own pace"
+    if args.model is None:
+        return f"--engine {args.engine} needs --model (a GGUF; python -m actors make-model DIR)"
+    path = Path(args.model)
+    if path.is_dir():
+        if args.tokenizer is None and (path / "tokenizer.json").is_file():
+            args.tokenizer = str(path)
+        path = path / "model.gguf"
+    if not path.is_file():
+        return f"bad --model: {path} does not exist (python -m actors make-model DIR writes one)"
+    args.model = str(path)
+    for name in ("n_parallel", "engine_context", "engine_threads"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1"
+    return None
+
+
 async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
     # Open before the server starts and kept until the end: a signal during the start is
     # acted on once it is up.
@@ -347,8 +429,8 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                 port=args.port,
                 detokenizers=args.detokenizers,
                 config=config,
-                model=args.model,
-                step_time=args.step_time,
+                model=args.served_model_name,
+                **_engine_options(args),
             ) as server:
                 started = True
                 if args.credentials:
@@ -427,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
         return 2
-    problem = tokenizer_option_error(args.tokenizer)
+    problem = _check_engine(args) or tokenizer_option_error(args.tokenizer)
     if problem is not None:
         sys.stderr.write(problem + "\n")
         return 2

@@ -1,0 +1,232 @@
+"""The pipeline and the server with llama.cpp behind the scheduler (`actors.engines.LlamaCpp`):
+real generation from the test model, which writes byte fragments, through tokenizer workers,
+the scheduler, the detokenizer and HTTP.
+
+The reference is llama.cpp's own non-streamed answer to the same prompt ids
+(`LlamaCppServer` over the same GGUF, native ``/completion`` with ``return_tokens``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import anyio
+import pytest
+from openai import AsyncOpenAI
+
+from actors import LlamaCpp, Pipeline, WorkerDiedError
+from actors._gguf import MODEL_FILE
+from actors._llamacpp import LlamaCppServer
+from actors.http import open_server
+from actors.messages import GetSchedulerStats, Member, SchedulerStats
+
+from .conftest import CONTEXT
+from .test_llamacpp import native
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+PROMPTS = ("The harbour of Yokohama", "你好，世界", "Bonjour à tous 😀")  # noqa: RUF001
+
+
+def spec(model_dir: Path, n_parallel: int = 2) -> LlamaCpp:
+    return LlamaCpp(
+        model=str(model_dir / MODEL_FILE), n_parallel=n_parallel, context_length=CONTEXT
+    )
+
+
+@pytest.fixture(scope="module")
+async def pipeline(model_dir: Path) -> AsyncIterator[Pipeline]:
+    async with Pipeline(workers=2, tokenizer=model_dir, engine=spec(model_dir)) as p:
+        yield p
+
+
+class TestThePipeline:
+    async def test_greedy_output_is_llama_cpps_own_and_its_pieces_join_to_its_decode(
+        self, pipeline: Pipeline, model: Path, hf: Any
+    ) -> None:
+        with LlamaCppServer(model, n_parallel=1, context_length=CONTEXT) as reference:
+            for prompt in PROMPTS:
+                ids = hf.encode(prompt).ids
+                own = native(reference, ids, 40, ignore_eos=True)
+                done = await pipeline.generate(
+                    prompt, max_new_tokens=40, temperature=0.0, ignore_eos=True
+                )
+                assert done.output_ids == own["tokens"]
+                # Special tokens are left out of text by default, as the stand-in's are.
+                assert done.text == hf.decode(own["tokens"], skip_special_tokens=True)
+                assert done.finish_reason == "length"
+                pieces = [
+                    piece
+                    async for piece in pipeline.stream(
+                        prompt, max_new_tokens=40, temperature=0.0, ignore_eos=True
+                    )
+                ]
+                assert "".join(pieces) == done.text
+
+    async def test_stop_ids_and_eos_end_a_request_with_stop(
+        self, pipeline: Pipeline, hf: Any
+    ) -> None:
+        first = await pipeline.generate(
+            PROMPTS[0], max_new_tokens=24, temperature=0.0, ignore_eos=True
+        )
+        stop_at = first.output_ids[5]
+        stopped = await pipeline.generate(
+            PROMPTS[0],
+            max_new_tokens=24,
+            temperature=0.0,
+            ignore_eos=True,
+            stop_token_ids=[stop_at],
+        )
+        end = first.output_ids.index(stop_at) + 1
+        assert stopped.output_ids == first.output_ids[:end]
+        assert stopped.finish_reason == "stop"
+
+    async def test_more_requests_than_slots_all_finish_and_the_scheduler_ends_empty(
+        self, pipeline: Pipeline
+    ) -> None:
+        async with anyio.create_task_group() as tg:
+            results: list[Any] = []
+
+            async def one(k: int) -> None:
+                results.append(
+                    await pipeline.generate(
+                        PROMPTS[k % 3], max_new_tokens=16 + k, temperature=0.0, ignore_eos=True
+                    )
+                )
+
+            for k in range(7):  # 2 slots
+                tg.start_soon(one, k)
+        assert sorted(len(r.output_ids) for r in results) == [16 + k for k in range(7)]
+        stats = await scheduler_stats(pipeline)
+        assert (stats.running, stats.waiting) == (0, 0)
+
+
+class TestTheServer:
+    async def test_the_openai_client_gets_completions_and_chats_streamed_or_not(
+        self, model_dir: Path
+    ) -> None:
+        async with (
+            open_server(
+                workers=2,
+                tokenizer=model_dir,
+                port=0,
+                engine=spec(model_dir),
+                context_length=CONTEXT,
+                model="tiny",
+            ) as server,
+            AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client,
+        ):
+            done = await client.completions.create(
+                model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0
+            )
+            assert done.choices[0].finish_reason == "length"
+            assert done.usage is not None
+            assert done.usage.completion_tokens == 16
+            streamed = await client.completions.create(
+                model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True
+            )
+            text = "".join([c.choices[0].text async for c in streamed if c.choices])
+            assert text == done.choices[0].text
+            chat = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=12
+            )
+            assert chat.choices[0].message.content is not None
+            chunks = await client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": PROMPTS[2]}],
+                max_tokens=12,
+                stream=True,
+            )
+            reasons = [c.choices[0].finish_reason async for c in chunks if c.choices]
+            assert reasons[-1] in ("stop", "length")
+
+    async def test_clients_that_leave_free_their_slots(self, model_dir: Path) -> None:
+        async with open_server(
+            workers=1,
+            tokenizer=model_dir,
+            port=0,
+            engine=spec(model_dir, n_parallel=2),
+            context_length=CONTEXT,
+        ) as server:
+            body = {"prompt": PROMPTS[0], "max_tokens": 400, "stream": True, "ignore_eos": True}
+            async with aiohttp.ClientSession() as http:
+                for _ in range(2):  # both slots taken, then the clients leave mid-stream
+                    async with http.post(server.url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        await r.content.readuntil(b"\n\n")
+                with anyio.fail_after(20):
+                    for _ in itertools.count():
+                        if not (await scheduler_stats(server.pipeline)).running:
+                            break
+                        await anyio.sleep(0.02)  # sync-ok: polling the scheduler's counters
+                # Slots freed: two whole requests run at once and finish.
+                short = {"prompt": PROMPTS[1], "max_tokens": 8, "ignore_eos": True}
+                with anyio.fail_after(20):
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(2):
+                            tg.start_soon(post_ok, http, server.url, short)
+
+
+class TestDeaths:
+    async def test_a_killed_engine_fails_or_resubmits_every_request_and_restarts(
+        self, model_dir: Path
+    ) -> None:
+        async with Pipeline(workers=1, tokenizer=model_dir, engine=spec(model_dir)) as p:
+            victim = await p.system.lookup(Member.SCHEDULER.value)
+            pid = p.system.pid_of(victim)
+            assert pid is not None
+            outcomes: dict[str, str] = {}
+            streaming = [anyio.Event(), anyio.Event()]
+
+            async def streamed(k: int) -> None:
+                try:
+                    async for _ in p.stream(PROMPTS[k], max_new_tokens=500, ignore_eos=True):
+                        streaming[k].set()
+                    outcomes[f"stream {k}"] = "done"
+                except WorkerDiedError as err:
+                    outcomes[f"stream {k}"] = f"lost its {err.member.value}"
+
+            async def whole(k: int) -> None:
+                done = await p.generate(PROMPTS[k % 3], max_new_tokens=200, ignore_eos=True)
+                outcomes[f"whole {k}"] = f"{len(done.output_ids)} ids"
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    for k in range(2):  # the two slots, streaming when the engine dies
+                        tg.start_soon(streamed, k)
+                    for event in streaming:
+                        await event.wait()
+                    for k in range(2):  # waiting behind them: no output before the death
+                        tg.start_soon(whole, k)
+                    os.kill(pid, signal.SIGKILL)
+            # None left waiting: the streams that had output fail, the others are
+            # resubmitted to the successor and finish.
+            assert outcomes == {
+                "stream 0": "lost its scheduler",
+                "stream 1": "lost its scheduler",
+                "whole 0": "200 ids",
+                "whole 1": "200 ids",
+            }
+            back = await p.system.lookup(Member.SCHEDULER.value)
+            assert back.incarnation == victim.incarnation + 1
+            done = await p.generate(PROMPTS[0], max_new_tokens=8, ignore_eos=True)
+            assert len(done.output_ids) == 8
+
+
+async def scheduler_stats(pipeline: Pipeline) -> SchedulerStats:
+    ref = await pipeline.system.lookup(Member.SCHEDULER.value)
+    stats = await ref.ask(GetSchedulerStats(), timeout=10)
+    assert isinstance(stats, SchedulerStats)
+    return stats
+
+
+async def post_ok(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with http.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        await r.read()
