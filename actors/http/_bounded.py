@@ -18,6 +18,10 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   whose body goes `ServeConfig.body_timeout` without a byte while the server waits for it
   (a Content-Length or chunk size that lies). Time the application leaves the body unread
   (reading paused) does not count.
+- **Answers nobody reads.** Bytes of an answer that wait for the client (past what the
+  kernel holds) and of which the client takes none for `ServeConfig.send_timeout` close
+  the connection: a client that stops reading would otherwise hold its connection, and
+  the answer's bytes, for ever (a close waits for them to go out, however long).
 - **Draining.** Once its server drains, a connection with no request open closes, and
   every request answered from then on closes its connection after the answer.
 
@@ -90,6 +94,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._max_headers = limits.max_headers
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
+        self._send_timeout = limits.send_timeout
         self._draining = draining
         self._closed = closed
         #: The head being read, until its blank line has come.
@@ -105,6 +110,10 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_since: float | None = None
         #: When the body being waited for last brought a byte (``None``: none waited for).
         self._body_seen: float | None = None
+        #: Watches the answer's bytes waiting for the client (``None``: none wait).
+        self._send_timer: asyncio.TimerHandle | None = None
+        #: How many waited when it was armed.
+        self._send_left = 0
 
     # -- the connection -------------------------------------------------------------------
 
@@ -117,6 +126,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        self._stop_watching_sends()
         super().connection_lost(exc)
         self._closed()
 
@@ -172,7 +182,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.keep_alive = False
         elif self._head_since is None:  # no head begun either
-            self.transport.close()
+            self._close()
         # A head being read: its request's answer closes the connection (`_draining`).
 
     # -- parser callbacks -----------------------------------------------------------------
@@ -200,6 +210,55 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_head = True
         self._body_seen = None
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():  # closed after its answer: that may wait
+            self._watch_sends()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self._close()
+
+    # -- answers the client does not read -------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_sends()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.transport.is_closing():
+            self._stop_watching_sends()  # taken: the writer may write again
+
+    def _close(self) -> None:
+        """Close once what waits is sent, or once the client has taken none of it for
+        send_timeout."""
+        self.transport.close()
+        self._watch_sends()
+
+    def _watch_sends(self) -> None:
+        if self._send_timer is None and (left := self.transport.get_write_buffer_size()):
+            self._send_left = left
+            self._send_timer = self.loop.call_later(self._send_timeout, self._sends_due)
+
+    def _stop_watching_sends(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _sends_due(self) -> None:
+        self._send_timer = None
+        left = self.transport.get_write_buffer_size()
+        if left and left >= self._send_left:
+            self.logger.info(
+                "closing a connection whose client took no byte of its answer for %g s "
+                "(ServeConfig.send_timeout)",
+                self._send_timeout,
+            )
+            self.transport.abort()
+        elif left:
+            self._watch_sends()  # it took some: it reads, slowly
 
     # -- timeouts -------------------------------------------------------------------------
 
@@ -272,4 +331,4 @@ class BoundedProtocol(HttpToolsProtocol):
         self._refused = True
         self.transport.write_eof()
         self.flow.resume_reading()
-        self._timer = self.loop.call_later(LINGER, self.transport.close)
+        self._timer = self.loop.call_later(LINGER, self._close)
