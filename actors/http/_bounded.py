@@ -12,6 +12,11 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   parser copies a long header value anew for every piece). A head that does not end within
   `ServeConfig.max_header_bytes` gets 431, as does one with more than
   `ServeConfig.max_headers` fields; nothing past the limit is kept or parsed.
+- **Pipelined requests.** At most `MAX_PIPELINED` requests wait behind the one being
+  answered; a client that sends more before reading its answers gets those, and then the
+  connection closes (what it sent past them is dropped, unread by the parser). Before, each
+  read of pipelined requests (a few hundred KB) was parsed into thousands of waiting
+  requests, a worker's memory growing about 60 times faster than what the client sent.
 - **Timeouts.** A connection with no request open is closed after
   `ServeConfig.idle_timeout` (before its first request too); a request whose headers have
   not all arrived `ServeConfig.header_timeout` after its first byte gets 408; so does one
@@ -50,6 +55,9 @@ if TYPE_CHECKING:
 __all__ = ("BoundedProtocol",)
 
 
+#: Most requests of a connection parsed and waiting behind the one being answered.
+MAX_PIPELINED = 16
+
 #: What a connection's timer watches.
 _HEAD, _BODY = 1, 2
 
@@ -67,6 +75,10 @@ def _end_of_head(head: bytearray, start: int) -> int:
 
 class _TooManyHeadersError(Exception):
     """Raised in the parser's header callback: the parser stops at once."""
+
+
+class _TooManyPipelinedError(Exception):
+    """Raised in the parser's headers-complete callback: the parser stops at once."""
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -102,6 +114,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_head = True
         self._headers = 0
         self._too_many = False
+        #: The parser stopped at a request past MAX_PIPELINED waiting ones.
+        self._pipeline_full = False
         self._refused = False
         self._timer: asyncio.TimerHandle | None = None
         #: What the timer watches: `_HEAD`, `_BODY` or nothing.
@@ -171,6 +185,11 @@ class BoundedProtocol(HttpToolsProtocol):
         except httptools.HttpParserError:
             if self._too_many:
                 self._refuse(431, f"the request has more than {self._max_headers} header fields")
+            elif self._pipeline_full:
+                # The requests parsed are answered, the last one closing the connection;
+                # the parser has stopped, so what comes is read and dropped.
+                self._refused = True
+                self.cycle.keep_alive = False
             else:
                 self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
@@ -199,6 +218,9 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._pipeline_full = True
+            raise _TooManyPipelinedError
         self._in_head = False
         self._head_since = None
         super().on_headers_complete()

@@ -9,6 +9,7 @@ connection, a body promised and never sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
@@ -23,7 +24,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from actors.http import ServeConfig, open_server
-from actors.http._bounded import BoundedProtocol
+from actors.http._bounded import MAX_PIPELINED, BoundedProtocol
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -300,6 +301,62 @@ class TestAnswersNobodyReads:
         head, _, body = bytes(got).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
         assert json.loads(body)["prompt"] == "Ġtemperature".replace("Ġ", " ") * 800_000
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+class TestPipelinedRequests:
+    async def test_a_few_pipelined_requests_are_all_answered_on_a_kept_connection(
+        self, server: Server
+    ) -> None:
+        reader, writer = await connect(server)
+        writer.write(HEALTH * MAX_PIPELINED)
+        with anyio.fail_after(10):
+            answers = [await read_answer(reader) for _ in range(MAX_PIPELINED)]
+            writer.write(HEALTH)
+            answers.append(await read_answer(reader))
+        writer.close()
+        assert [status for status, _, _ in answers] == [200] * (MAX_PIPELINED + 1)
+
+    async def test_past_the_bound_the_parsed_ones_are_answered_then_the_connection_closes(
+        self, server: Server
+    ) -> None:
+        reader, writer = await connect(server)
+        writer.write(HEALTH * 1000)  # one read of the server's
+        statuses = []
+        with anyio.fail_after(10):
+            while not reader.at_eof():
+                with contextlib.suppress(AssertionError):  # the end: b""
+                    statuses.append((await read_answer(reader))[0])
+        writer.close()
+        assert MAX_PIPELINED < len(statuses) < 100
+        assert set(statuses) == {200}
+
+    async def test_a_client_pipelining_without_end_grows_no_worker(self, server: Server) -> None:
+        """Before, each read of pipelined requests was parsed into thousands of waiting
+        ones: 12 MB sent in 4 s grew the worker by 700 MB."""
+        before = worker_rss(server)
+        reader, writer = await connect(server)
+        flood = HEALTH * (256 * 1024 // len(HEALTH))
+
+        async def read_all() -> None:
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(1 << 20):
+                    pass
+
+        sent = 0
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_all)
+                with contextlib.suppress(ConnectionError):
+                    while sent < 12 << 20:
+                        writer.write(flood)
+                        await writer.drain()
+                        sent += len(flood)
+        writer.close()
+        assert sent < 12 << 20  # the server closed the connection first
+        assert worker_rss(server) - before < 50 << 20
 
 
 class TestTheParsersWork:
