@@ -196,6 +196,11 @@ class BoundedProtocol(HttpToolsProtocol):
             return False
         return True
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # Answered as the plain request it also is; two warnings a request were a client's
+        # way to flood the log.
+        self.logger.debug("an Upgrade header was not acted on")
+
     def shutdown(self) -> None:
         """Close now if no request is open; else close after the answer to the one open."""
         if self.cycle is not None and not self.cycle.response_complete:

@@ -93,6 +93,9 @@ class ConnectionServer:
         self.config = uvicorn.Config(
             app,
             http="httptools",
+            # No websockets: an upgraded connection would leave BoundedProtocol (its
+            # bounds, and the close told to the owner); an Upgrade header is not acted on.
+            ws="none",
             lifespan="off",
             log_level=log_level,
             log_config=None,
