@@ -154,7 +154,13 @@ class ConnectionServer:
                 return
             if got is None:
                 return
-            for fd in got[1]:
+            data, fds = got
+            for _ in range(data.count(b"C") - len(fds)):
+                # Handed, and lost for want of a descriptor: taken and closed at once, so
+                # that the owner lets go of its copy (its client sees the close) and pairs
+                # the next TAKEN with the next connection.
+                self._send(TAKEN + CLOSED)
+            for fd in fds:
                 # Taken the moment it is received, in order: from here on it lives and dies
                 # with this process, and its owner can let go of its own copy.
                 self._send(TAKEN)

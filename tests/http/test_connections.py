@@ -7,6 +7,8 @@ from __future__ import annotations
 import array
 import asyncio
 import itertools
+import os
+import resource
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -114,4 +116,39 @@ async def test_a_websocket_upgrade_is_an_http_request_told_closed_like_any(
         tg.cancel_scope.cancel()
     owner.close()
     assert answer.startswith(b"HTTP/1.1 204"), answer
+    assert server.open == 0
+
+
+async def test_a_connection_lost_for_want_of_a_descriptor_is_told_taken() -> None:
+    """Out of descriptors, the kernel drops a connection handed to the worker. Before, the
+    worker said nothing of it: the owner kept its own copy as untaken, paired the worker's
+    next TAKEN with the wrong connection, and at last reported a live worker stuck (and
+    handed a connection that worker served to another)."""
+    owner, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = ConnectionServer(app, worker.detach())
+    client, served = socket.socketpair()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    marks = bytearray()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.run)
+        await anyio.lowlevel.checkpoint()
+        fds = array.array("i", [served.fileno()]).tobytes()
+        # No descriptor left below the limit: the one handed over cannot be received.
+        spare = os.dup(0)
+        os.close(spare)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (spare, hard))
+        try:
+            owner.sendmsg([b"C"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            owner.setblocking(False)
+            with anyio.fail_after(5):
+                while len(marks) < 2:
+                    await anyio.wait_readable(owner)
+                    marks += owner.recv(MARKS_PER_MESSAGE)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            server.close()
+            tg.cancel_scope.cancel()
+    for sock in (owner, client, served):
+        sock.close()
+    assert marks == TAKEN + CLOSED
     assert server.open == 0
