@@ -12,12 +12,21 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   parser copies a long header value anew for every piece). A head that does not end within
   `ServeConfig.max_header_bytes` gets 431, as does one with more than
   `ServeConfig.max_headers` fields; nothing past the limit is kept or parsed.
+- **Pipelined requests.** At most `MAX_PIPELINED` requests wait behind the one being
+  answered; a client that sends more before reading its answers gets those, and then the
+  connection closes (what it sent past them is dropped, unread by the parser). Before, each
+  read of pipelined requests (a few hundred KB) was parsed into thousands of waiting
+  requests, a worker's memory growing about 60 times faster than what the client sent.
 - **Timeouts.** A connection with no request open is closed after
   `ServeConfig.idle_timeout` (before its first request too); a request whose headers have
   not all arrived `ServeConfig.header_timeout` after its first byte gets 408; so does one
   whose body goes `ServeConfig.body_timeout` without a byte while the server waits for it
   (a Content-Length or chunk size that lies). Time the application leaves the body unread
   (reading paused) does not count.
+- **Answers nobody reads.** Bytes of an answer that wait for the client (past what the
+  kernel holds) and of which the client takes none for `ServeConfig.send_timeout` close
+  the connection: a client that stops reading would otherwise hold its connection, and
+  the answer's bytes, for ever (a close waits for them to go out, however long).
 - **Draining.** Once its server drains, a connection with no request open closes, and
   every request answered from then on closes its connection after the answer.
 
@@ -46,6 +55,9 @@ if TYPE_CHECKING:
 __all__ = ("BoundedProtocol",)
 
 
+#: Most requests of a connection parsed and waiting behind the one being answered.
+MAX_PIPELINED = 16
+
 #: What a connection's timer watches.
 _HEAD, _BODY = 1, 2
 
@@ -63,6 +75,10 @@ def _end_of_head(head: bytearray, start: int) -> int:
 
 class _TooManyHeadersError(Exception):
     """Raised in the parser's header callback: the parser stops at once."""
+
+
+class _TooManyPipelinedError(Exception):
+    """Raised in the parser's headers-complete callback: the parser stops at once."""
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -90,6 +106,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._max_headers = limits.max_headers
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
+        self._send_timeout = limits.send_timeout
         self._draining = draining
         self._closed = closed
         #: The head being read, until its blank line has come.
@@ -97,6 +114,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_head = True
         self._headers = 0
         self._too_many = False
+        #: The parser stopped at a request past MAX_PIPELINED waiting ones.
+        self._pipeline_full = False
         self._refused = False
         self._timer: asyncio.TimerHandle | None = None
         #: What the timer watches: `_HEAD`, `_BODY` or nothing.
@@ -105,6 +124,10 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_since: float | None = None
         #: When the body being waited for last brought a byte (``None``: none waited for).
         self._body_seen: float | None = None
+        #: Watches the answer's bytes waiting for the client (``None``: none wait).
+        self._send_timer: asyncio.TimerHandle | None = None
+        #: How many waited when it was armed.
+        self._send_left = 0
 
     # -- the connection -------------------------------------------------------------------
 
@@ -117,6 +140,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        self._stop_watching_sends()
         super().connection_lost(exc)
         self._closed()
 
@@ -161,18 +185,28 @@ class BoundedProtocol(HttpToolsProtocol):
         except httptools.HttpParserError:
             if self._too_many:
                 self._refuse(431, f"the request has more than {self._max_headers} header fields")
+            elif self._pipeline_full:
+                # The requests parsed are answered, the last one closing the connection;
+                # the parser has stopped, so what comes is read and dropped.
+                self._refused = True
+                self.cycle.keep_alive = False
             else:
                 self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
             return False
         return True
 
+    def _unsupported_upgrade_warning(self) -> None:
+        # Answered as the plain request it also is; two warnings a request were a client's
+        # way to flood the log.
+        self.logger.debug("an Upgrade header was not acted on")
+
     def shutdown(self) -> None:
         """Close now if no request is open; else close after the answer to the one open."""
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.keep_alive = False
         elif self._head_since is None:  # no head begun either
-            self.transport.close()
+            self._close()
         # A head being read: its request's answer closes the connection (`_draining`).
 
     # -- parser callbacks -----------------------------------------------------------------
@@ -189,6 +223,9 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._pipeline_full = True
+            raise _TooManyPipelinedError
         self._in_head = False
         self._head_since = None
         super().on_headers_complete()
@@ -200,6 +237,55 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_head = True
         self._body_seen = None
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():  # closed after its answer: that may wait
+            self._watch_sends()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self._close()
+
+    # -- answers the client does not read -------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_sends()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.transport.is_closing():
+            self._stop_watching_sends()  # taken: the writer may write again
+
+    def _close(self) -> None:
+        """Close once what waits is sent, or once the client has taken none of it for
+        send_timeout."""
+        self.transport.close()
+        self._watch_sends()
+
+    def _watch_sends(self) -> None:
+        if self._send_timer is None and (left := self.transport.get_write_buffer_size()):
+            self._send_left = left
+            self._send_timer = self.loop.call_later(self._send_timeout, self._sends_due)
+
+    def _stop_watching_sends(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _sends_due(self) -> None:
+        self._send_timer = None
+        left = self.transport.get_write_buffer_size()
+        if left and left >= self._send_left:
+            self.logger.info(
+                "closing a connection whose client took no byte of its answer for %g s "
+                "(ServeConfig.send_timeout)",
+                self._send_timeout,
+            )
+            self.transport.abort()
+        elif left:
+            self._watch_sends()  # it took some: it reads, slowly
 
     # -- timeouts -------------------------------------------------------------------------
 
@@ -272,4 +358,4 @@ class BoundedProtocol(HttpToolsProtocol):
         self._refused = True
         self.transport.write_eof()
         self.flow.resume_reading()
-        self._timer = self.loop.call_later(LINGER, self.transport.close)
+        self._timer = self.loop.call_later(LINGER, self._close)

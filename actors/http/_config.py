@@ -49,6 +49,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             lies, a client that stalls).
         idle_timeout: Seconds a connection may stay open with no request: before its first
             one, and between requests on a kept-alive connection, 5.
+        send_timeout: Seconds an answer's bytes may wait for a client that takes none of
+            them, 60; past it the connection is closed (its request, if still running, is
+            abandoned). A client that reads, however slowly, is never cut by it.
         max_connections: Most connections one worker process serves at once, 2048; the
             port's owner gives a worker no more, and keeps the rest waiting.
         max_waiting: Most accepted connections the port's owner keeps waiting for a
@@ -86,6 +89,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
+    send_timeout: float = 60.0
     max_connections: int = 2048
     max_waiting: int = 1024
     take_timeout: float = 10.0
@@ -121,6 +125,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "header_timeout": self.header_timeout,
             "body_timeout": self.body_timeout,
             "idle_timeout": self.idle_timeout,
+            "send_timeout": self.send_timeout,
             "take_timeout": self.take_timeout,
         }.items():
             if not seconds > 0:

@@ -93,6 +93,9 @@ class ConnectionServer:
         self.config = uvicorn.Config(
             app,
             http="httptools",
+            # No websockets: an upgraded connection would leave BoundedProtocol (its
+            # bounds, and the close told to the owner); an Upgrade header is not acted on.
+            ws="none",
             lifespan="off",
             log_level=log_level,
             log_config=None,
@@ -151,7 +154,13 @@ class ConnectionServer:
                 return
             if got is None:
                 return
-            for fd in got[1]:
+            data, fds = got
+            for _ in range(data.count(b"C") - len(fds)):
+                # Handed, and lost for want of a descriptor: taken and closed at once, so
+                # that the owner lets go of its copy (its client sees the close) and pairs
+                # the next TAKEN with the next connection.
+                self._send(TAKEN + CLOSED)
+            for fd in fds:
                 # Taken the moment it is received, in order: from here on it lives and dies
                 # with this process, and its owner can let go of its own copy.
                 self._send(TAKEN)

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +64,12 @@ class Server:
         self.dispatcher = dispatcher
         #: When the drain under way ends the requests still running (``None``: none).
         self._cut_at: float | None = None
+        #: The first drain's wait for the connections to close: a later drain moves its
+        #: deadline forward (``None``: not waiting).
+        self._waiting: anyio.CancelScope | None = None
+        #: Set when the first drain is over; `_clean` then says how it went.
+        self._drained = anyio.Event()
+        self._clean = False
 
     @property
     def url(self) -> str:
@@ -84,7 +89,8 @@ class Server:
         served one request each, and idle ones close. Requests still running ``timeout``
         seconds later are ended: a stream with an error event and ``data: [DONE]``, any
         other answer with 503. Calling it again, during a drain, can only bring that
-        moment forward (a second Ctrl-C: ``drain(0)``).
+        moment forward (a second Ctrl-C: ``drain(0)``); such a call returns what the drain
+        under way returns.
 
         Args:
             timeout: Seconds the requests get (None: ``ServeConfig.drain_timeout``).
@@ -94,11 +100,36 @@ class Server:
         """
         if timeout is None:
             timeout = self.dispatcher.config.drain_timeout
-        cut_at = time.monotonic() + timeout
-        if self._cut_at is not None and cut_at >= self._cut_at:
-            return False  # a drain under way ends sooner; it reports
+        cut_at = anyio.current_time() + timeout
+        if self._cut_at is not None:
+            if cut_at >= self._cut_at:
+                return False  # a drain under way ends sooner; it reports
+            # Sooner: the first drain's wait ends then too, and it reports the cut.
+            self._cut_at = cut_at
+            if self._waiting is not None:
+                self._waiting.deadline = cut_at
+            await self._tell_workers(timeout)
+            await self._drained.wait()
+            return self._clean
         self._cut_at = cut_at
-        self.dispatcher.stop_listening()
+        try:
+            self.dispatcher.stop_listening()
+            await self._tell_workers(timeout)
+            with anyio.CancelScope(deadline=self._cut_at) as waiting:
+                self._waiting = waiting
+                await self.dispatcher.wait_idle()
+            self._waiting = None
+            self._clean = not waiting.cancelled_caught
+            if not self._clean:
+                # The workers end what still runs; its last answers go out.
+                with anyio.move_on_after(CUT_GRACE + 1.0):
+                    await self.dispatcher.wait_idle()
+            return self._clean
+        finally:
+            self._drained.set()
+
+    async def _tell_workers(self, timeout: float) -> None:
+        """Tell every live worker to drain, its requests ending ``timeout`` s from now."""
         for k in range(self.pipeline.config.workers):
             ref = self.pipeline.worker_ref(k)
             if ref is None:
@@ -107,19 +138,6 @@ class Server:
                 await ref.ask(Drain(timeout=timeout), timeout=DRAIN_ASK_TIMEOUT)
             except TokenyardError as err:  # dead or stuck: its death ends its requests
                 logger.warning("worker %d was not told to drain: %s", k, err)
-        clean = True
-        while self._cut_at is not None:
-            deadline = self._cut_at
-            with anyio.move_on_after(deadline - time.monotonic()):
-                await self.dispatcher.wait_idle()
-                return clean
-            if self._cut_at == deadline:  # not brought forward: the deadline passed
-                clean = False
-                break
-        # The workers end what still runs; its last answers go out.
-        with anyio.move_on_after(CUT_GRACE + 1.0):
-            await self.dispatcher.wait_idle()
-        return False
 
 
 def default_detokenizers(workers: int) -> int:

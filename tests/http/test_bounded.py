@@ -9,6 +9,8 @@ connection, a body promised and never sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import socket
 import time
@@ -22,7 +24,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from actors.http import ServeConfig, open_server
-from actors.http._bounded import BoundedProtocol
+from actors.http._bounded import MAX_PIPELINED, BoundedProtocol
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from actors.http import Server
 
 #: Short timeouts, so that each one is seen to fire within a test.
-CONFIG = ServeConfig(header_timeout=1.0, body_timeout=1.0, idle_timeout=1.0)
+CONFIG = ServeConfig(header_timeout=1.0, body_timeout=1.0, idle_timeout=1.0, send_timeout=1.0)
 HEAD = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
 
 
@@ -228,6 +230,133 @@ class TestIdleAndBodies:
             status, _, _ = await read_answer(reader)
         writer.close()
         assert status == 200
+
+
+#: A /detokenize request whose answer (about 10 MB) is more than the kernel's buffers of a
+#: connection hold: what is left waits in the worker for the client.
+LARGE_ANSWER = b'{"tokens": [' + b",".join([b"2694"] * 800_000) + b"]}"
+
+
+async def ask_large_answer(server: Server) -> socket.socket:
+    """A connection that asked for `LARGE_ANSWER`'s answer, with a small receive buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, server.dispatcher.address)
+    head = b"POST /detokenize HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    await loop.sock_sendall(sock, head + b"content-length: %d\r\n\r\n" % len(LARGE_ANSWER))
+    await loop.sock_sendall(sock, LARGE_ANSWER)
+    return sock
+
+
+async def open_until(server: Server, count: int, seconds: float) -> None:
+    """Wait until the workers serve ``count`` connections, as the port's owner counts them
+    (nothing announces it)."""
+    with anyio.fail_after(seconds):
+        for _ in itertools.count():
+            if sum(server.statistics().open.values()) == count:
+                return
+            await anyio.sleep(0.05)  # sync-ok: polling the owner's counts
+
+
+class TestAnswersNobodyReads:
+    async def test_a_client_that_reads_nothing_of_a_large_answer_is_closed(
+        self, server: Server
+    ) -> None:
+        """Before, its connection and the answer's bytes were held for ever: neither the
+        idle timeout's close nor a drain's waits for bytes nobody takes."""
+        socks = [await ask_large_answer(server) for _ in range(3)]
+        try:
+            await open_until(server, 3, 10)
+            started = time.monotonic()
+            await open_until(server, 0, CONFIG.send_timeout + CONFIG.idle_timeout + 5)
+            assert time.monotonic() - started >= CONFIG.send_timeout * 0.9
+        finally:
+            for sock in socks:
+                sock.close()
+
+    async def test_a_client_that_reads_slowly_but_steadily_gets_the_whole_answer(
+        self, server: Server
+    ) -> None:
+        sock = await ask_large_answer(server)
+        loop = asyncio.get_running_loop()
+        got = bytearray()
+        try:
+            with anyio.fail_after(30):
+                # 1 MB each 0.4 s: each read well within the send timeout, the whole
+                # answer well past it.
+                while not got.endswith(b'"}'):
+                    taken = 0
+                    while taken < 1 << 20:
+                        data = await loop.sock_recv(sock, 1 << 16)
+                        assert data, "the server closed the connection"
+                        got += data
+                        taken += len(data)
+                        if got.endswith(b'"}'):
+                            break
+                    await anyio.sleep(CONFIG.send_timeout * 0.4)  # sync-ok: a slow reader
+        finally:
+            sock.close()
+        head, _, body = bytes(got).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        assert json.loads(body)["prompt"] == "Ġtemperature".replace("Ġ", " ") * 800_000
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+class TestPipelinedRequests:
+    async def test_a_few_pipelined_requests_are_all_answered_on_a_kept_connection(
+        self, server: Server
+    ) -> None:
+        reader, writer = await connect(server)
+        writer.write(HEALTH * MAX_PIPELINED)
+        with anyio.fail_after(10):
+            answers = [await read_answer(reader) for _ in range(MAX_PIPELINED)]
+            writer.write(HEALTH)
+            answers.append(await read_answer(reader))
+        writer.close()
+        assert [status for status, _, _ in answers] == [200] * (MAX_PIPELINED + 1)
+
+    async def test_past_the_bound_the_parsed_ones_are_answered_then_the_connection_closes(
+        self, server: Server
+    ) -> None:
+        reader, writer = await connect(server)
+        writer.write(HEALTH * 1000)  # one read of the server's
+        statuses = []
+        with anyio.fail_after(10):
+            while not reader.at_eof():
+                with contextlib.suppress(AssertionError):  # the end: b""
+                    statuses.append((await read_answer(reader))[0])
+        writer.close()
+        assert MAX_PIPELINED < len(statuses) < 100
+        assert set(statuses) == {200}
+
+    async def test_a_client_pipelining_without_end_grows_no_worker(self, server: Server) -> None:
+        """Before, each read of pipelined requests was parsed into thousands of waiting
+        ones: 12 MB sent in 4 s grew the worker by 700 MB."""
+        before = worker_rss(server)
+        reader, writer = await connect(server)
+        flood = HEALTH * (256 * 1024 // len(HEALTH))
+
+        async def read_all() -> None:
+            with contextlib.suppress(ConnectionError):
+                while await reader.read(1 << 20):
+                    pass
+
+        sent = 0
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read_all)
+                with contextlib.suppress(ConnectionError):
+                    while sent < 12 << 20:
+                        writer.write(flood)
+                        await writer.drain()
+                        sent += len(flood)
+        writer.close()
+        assert sent < 12 << 20  # the server closed the connection first
+        assert worker_rss(server) - before < 50 << 20
 
 
 class TestTheParsersWork:

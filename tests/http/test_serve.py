@@ -206,6 +206,38 @@ class TestConnections:
             assert back.incarnation == victim.incarnation + 1
 
 
+class TestDraining:
+    async def test_a_second_drain_that_ends_a_request_makes_both_say_not_clean(self) -> None:
+        async with open_server(workers=1, port=0, step_time=0.01) as server:
+            url = f"{server.url}/v1/completions"
+            body = {"prompt": "Hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+            first: list[bool] = []
+            with anyio.fail_after(30):
+                async with (
+                    aiohttp.ClientSession() as http,
+                    anyio.create_task_group() as tg,
+                    http.post(url, json=body) as r,
+                ):
+                    await r.content.readuntil(b"\n\n")
+
+                    async def drain() -> None:
+                        first.append(await server.drain())
+
+                    tg.start_soon(drain)
+                    # The first drain (30 s) waits for the connections to close.
+                    while server.dispatcher._idle is None:
+                        await anyio.lowlevel.checkpoint()
+                    second = await server.drain(0.0)  # a second Ctrl-C
+                    events = sse_events(await r.content.read())
+        # The stream was ended by the second drain: neither drain may call it clean
+        # (before, the first, woken only by the connection closing, returned True, and
+        # `serve` exited 0 after a second SIGTERM had cut requests).
+        assert events[-1] == "[DONE]"
+        assert events[-2]["error"]["code"] == "service_unavailable"
+        assert first == [False]
+        assert second is False
+
+
 class TestAccess:
     async def test_every_worker_asks_for_the_key_echoes_ids_and_tells_one_start_time(
         self,
