@@ -19,7 +19,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[serve,bench]'
+	$(BIN)/python -m pip install -q -e '.[serve,bench,llamacpp]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
@@ -48,8 +48,13 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+# The suite in two processes (pytest-xdist), a test file to each at a time: most tests
+# wait on processes, sockets and timeouts, so two halve the wall time even on 2 cores.
+# Every check of a test (children, ipc directories, tasks) is of its own process.
+PYTEST_WORKERS ?= 2
+
 pytest: $(VENV)/.installed-test
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck pytest
 

@@ -1,10 +1,12 @@
 """The main job of ``python -m actors`` (``make run``): the server, used as its clients use it.
 
 It starts ``serve``'s shape on the bundled tokenizer (4 tokenizer workers, each serving the
-OpenAI API on one port; the stand-in engine), streams a few chat completions to the
-terminal piece by piece over HTTP, then drives a closed-loop streaming load through real
-HTTP (keep-alive clients, and clients opening a new connection for every request) with a
-progress bar, and SIGKILLs one worker a third of the way in. At the end it prints
+OpenAI API on one port) in front of a real engine: llama.cpp, on a tiny model it writes
+first with the tokenizer's vocabulary and *random weights* (``--model`` names another;
+``--engine stand-in`` takes the zero-cost stand-in instead). It streams a few chat
+completions to the terminal piece by piece over HTTP, then drives a closed-loop streaming
+load through real HTTP (keep-alive clients, and clients opening a new connection for every
+request) with a progress bar, and SIGKILLs one worker a third of the way in. At the end it prints
 requests/s, TTFT, inter-token and end-to-end latency percentiles, the requests each worker
 served, the worker's restart time, how many requests failed and how many *waiting
 connections were lost*.
@@ -24,10 +26,13 @@ import logging
 import math
 import signal
 import sys
+import tempfile
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -82,6 +87,14 @@ RESTART_TIMEOUT = 60.0
 #: Clients opening a new connection for every request, beside the keep-alive ones: new
 #: connections keep arriving while the worker dies and comes back.
 FRESH_CLIENTS = 4
+#: Requests of the load, by engine: the stand-in costs nothing, llama.cpp computes.
+DEFAULT_REQUESTS = {"llamacpp": 600, "stand-in": 2_000}
+#: Tokens each request of the load asks for.
+LOAD_TOKENS = 24
+#: llama.cpp's slots (requests generated together) and compute threads: one thread, so
+#: that the front end keeps a core of this 2-core-sized job.
+LLAMACPP_SLOTS = 16
+LLAMACPP_THREADS = 1
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -125,7 +138,14 @@ class LoadReport:
         return sum(not r.ok for r in self.records) - len(self.lost)
 
 
-async def stream_chats(server: Server, console: Console, max_tokens: int) -> list[str]:
+#: Why the streamed text means nothing, by engine.
+NOISE = {
+    "llamacpp": "The model's weights are random, so the text is noise",
+    "stand-in": "The stand-in engine draws its tokens at random, so the text is noise",
+}
+
+
+async def stream_chats(server: Server, console: Console, max_tokens: int, engine: str) -> list[str]:
     """Stream each chat prompt's completion to the terminal as its chunks arrive.
 
     Returns:
@@ -135,10 +155,7 @@ async def stream_chats(server: Server, console: Console, max_tokens: int) -> lis
 
     errors: list[str] = []
     console.rule("[bold]streaming chat completions over HTTP")
-    console.print(
-        "[dim]The stand-in engine draws its tokens, so the text is noise; the colour "
-        "changes at every chunk the server sent.[/]"
-    )
+    console.print(f"[dim]{NOISE[engine]}; the colour changes at every chunk the server sent.[/]")
     for prompt in CHAT_PROMPTS:
         console.print(f"[bold cyan]user>[/] {escape(prompt)}")
         console.print("[bold magenta]assistant>[/] ", end="")
@@ -174,14 +191,14 @@ async def run_load(
         url=server.url,
         concurrency=concurrency,
         requests=requests - fresh_share,
-        max_tokens=24,
+        max_tokens=LOAD_TOKENS,
         prompts=LOAD_PROMPTS,
     )
     fresh = LoadSpec(
         url=server.url,
         concurrency=FRESH_CLIENTS,
         requests=fresh_share,
-        max_tokens=24,
+        max_tokens=LOAD_TOKENS,
         prompts=LOAD_PROMPTS,
         keepalive=False,
     )
@@ -279,20 +296,55 @@ def summary(report: LoadReport, server: Server, workers: int) -> Table:
     return table
 
 
+def engine_options(
+    args: argparse.Namespace, console: Console, scratch: ExitStack
+) -> dict[str, Any]:
+    """`actors.http.open_server`'s engine arguments for ``args`` (and ``args.tokenizer`` set
+    to the model's): with llama.cpp and no ``--model``, the tiny random-weight model is
+    written first, into a directory ``scratch`` removes."""
+    if args.engine == "stand-in":
+        return {}
+    from .engines import LlamaCpp
+
+    if args.model is None:
+        from ._gguf import write_model_dir
+
+        directory = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="tokenyard-")))
+        t0 = time.perf_counter()
+        tokenizer = None if args.tokenizer is None else Path(args.tokenizer)
+        args.model = str(write_model_dir(directory, tokenizer=tokenizer))
+        args.tokenizer = str(directory)
+        console.print(
+            f"[dim]wrote a tiny llama.cpp model with the tokenizer's vocabulary and "
+            f"[bold]random weights[/bold] in {time.perf_counter() - t0:.2f} s[/]"
+        )
+    spec = LlamaCpp(model=args.model, n_parallel=LLAMACPP_SLOTS, threads=LLAMACPP_THREADS)
+    return {"engine": spec, "context_length": spec.context_length}
+
+
 async def run_job(args: argparse.Namespace, console: Console) -> int:
     """Start the server, stream, load, report; the exit status."""
+    with ExitStack() as scratch:
+        engine = engine_options(args, console, scratch)
+        name = args.tokenizer or f"{DEFAULT_TOKENIZER_PATH.name} (bundled)"
+        what = "the stand-in engine" if args.engine == "stand-in" else f"llama.cpp ({args.model})"
+        console.print(
+            f"[bold]tokenyard[/] serve: {args.workers} tokenizer workers serving HTTP, {name}; "
+            f"{what}"
+        )
+        return await serve_and_load(args, console, engine)
+
+
+async def serve_and_load(args: argparse.Namespace, console: Console, engine: dict[str, Any]) -> int:
+    """The job proper, on a server started with the ``engine`` arguments."""
     from .http import open_server
 
-    name = args.tokenizer or f"{DEFAULT_TOKENIZER_PATH.name} (bundled)"
-    console.print(
-        f"[bold]tokenyard[/] serve: {args.workers} tokenizer workers serving HTTP, {name}"
-    )
     t0 = time.perf_counter()
-    async with open_server(args.workers, args.tokenizer, port=args.port) as server:
+    async with open_server(args.workers, args.tokenizer, port=args.port, **engine) as server:
         console.print(
             f"[dim]{server.url}: every worker serves after {time.perf_counter() - t0:.2f} s[/]"
         )
-        errors = await stream_chats(server, console, args.max_tokens)
+        errors = await stream_chats(server, console, args.max_tokens, args.engine)
         console.rule("[bold]load")
         kill = None if args.no_kill else args.workers - 1
         console.print(
@@ -350,7 +402,8 @@ USAGE = """python -m actors [options]          the main job (what `make run` run
 
 COMMANDS = """\
 commands:
-  python -m actors        start the server on the bundled tokenizer, stream a few chat
+  python -m actors        start the server on the bundled tokenizer and llama.cpp (a tiny
+                          model with random weights, written at start), stream a few chat
                           completions over HTTP, then a streaming load with one worker
                           killed midway; exit 0 only if no waiting connection was lost
                           (python -m actors --help: its options, below)
@@ -372,7 +425,24 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--workers", type=int, default=4, help="tokenizer workers (4)")
-    parser.add_argument("--requests", type=int, default=2_000, help="requests in the load (2000)")
+    parser.add_argument(
+        "--engine",
+        choices=("llamacpp", "stand-in"),
+        default="llamacpp",
+        help="what generates: llama.cpp on a real (tiny, random-weight) model, or the "
+        "zero-cost stand-in for front-end figures (llamacpp)",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="GGUF",
+        help="llama.cpp's model: a GGUF whose vocabulary is the tokenizer's (default: a tiny "
+        "random-weight one written from the tokenizer at start)",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help="requests in the load (600 on llama.cpp, 2000 on the stand-in)",
+    )
     parser.add_argument(
         "--concurrency", type=int, default=32, help="keep-alive clients of the load (32)"
     )
@@ -403,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m actors``."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.requests is None:
+        args.requests = DEFAULT_REQUESTS[args.engine]
+    if args.model is not None and args.engine != "llamacpp":
+        parser.error("--model is llama.cpp's: leave it out with --engine stand-in")
+    if args.model is not None and not Path(args.model).is_file():
+        parser.error(f"--model {args.model}: no such file (a GGUF)")
     for flag in ("workers", "requests", "concurrency", "max_tokens"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")

@@ -191,6 +191,12 @@ def test_the_serve_extra_and_make_run_bring_what_metrics_needs() -> None:
         assert package in found["serve"]
 
 
+def test_make_run_brings_its_default_engine() -> None:
+    # python -m actors serves through llama.cpp unless told --engine stand-in.
+    assert "llamacpp" in make_run_extras()
+    assert {"xllamacpp", "gguf"} <= set(extras()["llamacpp"])
+
+
 def test_the_readme_example_runs_from_the_installed_wheel(installed: Installed) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     match = re.search(r"```python\n(.*?)```", readme, re.S)
