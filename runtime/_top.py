@@ -350,9 +350,12 @@ def _keys(stdin: TextIO) -> Iterator[int | None]:
 
 
 async def _until_stopped(keys: int | None, scope: anyio.CancelScope) -> None:
-    """End the view on ``q`` (from a terminal), SIGTERM or SIGHUP (SIGINT ends it too, as
-    KeyboardInterrupt)."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
+    """End the view on ``q`` (from a terminal), SIGINT, SIGTERM or SIGHUP.
+
+    SIGINT is received here too, not left to asyncio's KeyboardInterrupt: that one cancels
+    the main task natively, and a native cancel that lands while an anyio scope is itself
+    cancelling (an ask's timeout) can be absorbed, leaving the view running."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with anyio.create_task_group() as tg:
 
             async def on_signal() -> None:

@@ -103,17 +103,23 @@ async def stop_top(
 
 
 async def until_exited(proc: subprocess.Popen[bytes], screen: Screen) -> None:
-    """Read top's terminal until it closes, as top exits; reap it."""
-    with anyio.fail_after(10):
-        while True:
-            await anyio.wait_readable(screen.fd)  # its terminal closes as it exits
-            try:
-                chunk = os.read(screen.fd, 65536)
-            except OSError:  # EIO: no process has the terminal open any more
-                break
-            if not chunk:
-                break
-            screen.raw += chunk
+    """Read top's terminal until it closes, as top exits; reap it (killed and reaped when
+    it does not exit: the failure is this test's, not the next one's)."""
+    try:
+        with anyio.fail_after(10):
+            while True:
+                await anyio.wait_readable(screen.fd)  # its terminal closes as it exits
+                try:
+                    chunk = os.read(screen.fd, 65536)
+                except OSError:  # EIO: no process has the terminal open any more
+                    break
+                if not chunk:
+                    break
+                screen.raw += chunk
+    except TimeoutError:
+        proc.kill()
+        proc.wait()
+        raise
     proc.wait(timeout=10)
 
 
