@@ -67,9 +67,7 @@ import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-import msgspec
+from typing import TYPE_CHECKING, Any
 
 try:
     import xllamacpp
@@ -81,6 +79,14 @@ except ImportError as err:  # the `llamacpp` extra
 
 from ._gguf import token_pieces
 from ._held_tokens import TokenPieces, ends_mid_character
+from ._llamacpp_generation import (
+    Finished,
+    FinishReason,
+    Generation,
+    LlamaCppError,
+    Run,
+    Sampling,
+)
 
 if TYPE_CHECKING:
     import os
@@ -96,150 +102,6 @@ __all__ = (
 )
 
 _log = logging.getLogger(__name__)
-
-FinishReason = Literal["stop", "length", "abort", "error"]
-"""Why a generation ended: an eos or stop token, the token or context limit, an abort, or
-an engine error."""
-
-#: llama.cpp's "draw a random seed" value, never sent as a derived seed.
-_RANDOM_SEED = 0xFFFFFFFF
-
-
-class LlamaCppError(RuntimeError):
-    """llama.cpp refused or failed a request, or the server could not start."""
-
-
-class Sampling(msgspec.Struct, frozen=True, kw_only=True):
-    """How to generate.
-
-    Plain temperature sampling: llama.cpp's top-k, top-p and min-p filters are turned off
-    and no penalty applies, as the front end's stand-in engine does.
-
-    Attributes:
-        max_new_tokens: Most tokens to generate (0 finishes at once with ``length``).
-        temperature: 0 is greedy.
-        seed: Seed of the draws (``None``: llama.cpp draws one).
-        stop_token_ids: Ids that finish the request with ``stop`` (the id is handed back).
-        ignore_eos: Do not finish on the model's end-of-generation tokens (llama.cpp biases
-            them away).
-    """
-
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-
-class Finished(msgspec.Struct, frozen=True, kw_only=True):
-    """How a generation ended, passed once to ``on_finish``.
-
-    Attributes:
-        reason: See `FinishReason`.
-        prompt_tokens: Prompt length in tokens.
-        completion_tokens: Ids handed to ``on_ids``.
-        recovered_tokens: Of those, ids the stream held back and `TokenPieces.spell`
-            recovered from their bytes.
-        stepped_tokens: Of those, ids generated one at a time (the fallback).
-        error: What failed, when ``reason`` is ``"error"``.
-    """
-
-    reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    recovered_tokens: int = 0
-    stepped_tokens: int = 0
-    error: str | None = None
-
-
-class Generation:
-    """One submitted generation: `LlamaCppServer.abort` takes it; `wait` blocks until its
-    ``on_finish`` has run.
-
-    Attributes:
-        id: Its number in the server, from 1.
-        prompt_ids: The prompt.
-        sampling: How it generates.
-        finished: How it ended, once it has.
-    """
-
-    def __init__(
-        self,
-        generation_id: int,
-        prompt_ids: list[int],
-        sampling: Sampling,
-        on_ids: Callable[[list[int]], object],
-        on_finish: Callable[[Finished], object],
-    ) -> None:
-        self.id = generation_id
-        self.prompt_ids = prompt_ids
-        self.sampling = sampling
-        self.finished: Finished | None = None
-        self._on_ids = on_ids
-        self._on_finish = on_finish
-        self._abort = threading.Event()
-        self._done = threading.Event()
-
-    @property
-    def aborted(self) -> bool:
-        """Whether an abort was asked for."""
-        return self._abort.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the generation has finished; ``False`` if ``timeout`` passed first."""
-        return self._done.wait(timeout)
-
-    def __repr__(self) -> str:
-        return f"<Generation {self.id} {self.finished.reason if self.finished else 'running'}>"
-
-
-class _Run:
-    """The state of one generation while a worker thread runs it."""
-
-    def __init__(self, generation: Generation) -> None:
-        self.generation = generation
-        self.sampling = generation.sampling
-        self.stop_ids = frozenset(generation.sampling.stop_token_ids)
-        self.ids: list[int] = []
-        self.recovered = 0
-        self.stepped = 0
-        self.reason: FinishReason | None = None
-
-    @property
-    def remaining(self) -> int:
-        return self.sampling.max_new_tokens - len(self.ids)
-
-    def deliver(self, ids: list[int]) -> None:
-        """Hand ``ids`` on, up to and including a stop token; stop at ``max_new_tokens``."""
-        for n, token in enumerate(ids):
-            if token in self.stop_ids:
-                ids = ids[: n + 1]
-                self.reason = "stop"
-                break
-        ids = ids[: self.remaining]
-        if ids:
-            self.ids += ids
-            self.generation._on_ids(ids)
-        if self.reason is None and self.remaining <= 0:
-            self.reason = "length"
-
-    def body(self) -> dict[str, Any]:
-        """The sampling part of a request, for its current position."""
-        body: dict[str, Any] = {
-            "prompt": self.generation.prompt_ids + self.ids,
-            "temperature": self.sampling.temperature,
-            "top_k": 0,
-            "top_p": 1.0,
-            "min_p": 0.0,
-            "ignore_eos": self.sampling.ignore_eos,
-            "cache_prompt": True,
-        }
-        if self.sampling.seed is not None:
-            # The first request keeps the seed: a run that never falls back draws exactly
-            # what llama.cpp would for it.
-            seed = (self.sampling.seed + len(self.ids) * 0x9E3779B1) & 0xFFFFFFFF
-            body["seed"] = seed if seed != _RANDOM_SEED else _RANDOM_SEED - 1
-        return body
 
 
 class LlamaCppServer:
@@ -391,7 +253,7 @@ class LlamaCppServer:
     def abort(self, generation: Generation) -> None:
         """Stop ``generation`` at its next step (it finishes with ``abort`` unless it has
         already finished); its slot is freed. Aborting twice is harmless."""
-        generation._abort.set()
+        generation.abort()
 
     def metrics(self) -> str:
         """llama.cpp's Prometheus metrics (``llamacpp:n_decode_total``, ...)."""
@@ -417,7 +279,7 @@ class LlamaCppServer:
             self._closed = True
             live = list(self._live.values())
         for generation in live:
-            generation._abort.set()
+            generation.abort()
         self._workers.shutdown(wait=True)
         # The binding's destructor stops the server's loop and joins its threads.
         self._server = None
@@ -431,7 +293,7 @@ class LlamaCppServer:
     # -- a worker thread ------------------------------------------------------------------
 
     def _run(self, generation: Generation) -> None:
-        run = _Run(generation)
+        run = Run(generation)
         error: str | None = None
         try:
             self._generate(run)
@@ -451,15 +313,11 @@ class LlamaCppServer:
             stepped_tokens=run.stepped,
             error=error,
         )
-        generation.finished = finished
         with self._lock:
             self._live.pop(generation.id, None)
-        try:
-            generation._on_finish(finished)
-        finally:
-            generation._done.set()
+        generation.finish(finished)
 
-    def _generate(self, run: _Run) -> None:
+    def _generate(self, run: Run) -> None:
         """Stream; where the stream cannot name a token, step over it; until the end."""
         if run.remaining <= 0:
             run.reason = "length"
@@ -477,7 +335,7 @@ class LlamaCppServer:
             elif run.reason is None and len(run.ids) == position and not run.generation.aborted:
                 raise LlamaCppError("llama.cpp's stream ended with no token and no finish reason")
 
-    def _stream(self, run: _Run) -> int:
+    def _stream(self, run: Run) -> int:
         """One streamed request from the run's position: hand on the ids each frame names.
 
         Returns:
@@ -554,7 +412,7 @@ class LlamaCppServer:
             return None
         return [*spelled, token]
 
-    def _step(self, run: _Run, count: int) -> None:
+    def _step(self, run: Run, count: int) -> None:
         """Generate ``count`` tokens one request each (native ``/completion``, which names
         every token when not streamed), handing each on."""
         connection = self._connection()
