@@ -181,7 +181,12 @@ def record(
     utility = ENCODER.encode((0, 1, "is_sleeping", ()))
     rec.add("utility-is-sleeping", "client", "input", [proto.UTILITY, utility])
     inp.send_multipart([identity, proto.UTILITY, utility])
-    rec.add("utility-output", "engine", "output", recv(out, 60))
+    while True:
+        frames = recv(out, 60)
+        message = msgspec.msgpack.decode(frames[0], type=proto.EngineCoreOutputs)
+        if message.utility_output is not None:
+            rec.add("utility-output", "engine", "output", frames)
+            break
 
     long = ENCODER.encode(recorded["long"])
     rec.add("add-long", "client", "input", [proto.ADD, long])
