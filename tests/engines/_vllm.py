@@ -47,3 +47,19 @@ def title(pid: int) -> str:
 def engine_core_of(pid: int) -> int | None:
     """The pid of the engine core process below ``pid`` (``VLLM::EngineCore``), if any."""
     return next((p for p in process_tree(pid)[1:] if "EngineCore" in title(p)), None)
+
+
+def vllm_processes() -> set[int]:
+    """Every process of this host that is a vLLM engine or its launcher (by command line)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            text = title(int(entry.name))
+            if "VLLM::" in text or "_vllm_cli.py" in text:
+                found.add(int(entry.name))
+    return found
+
+
+def shared_memory() -> set[Path]:
+    """vLLM's shared memory files (``/dev/shm/psm_*``)."""
+    return set(Path("/dev/shm").glob("psm_*"))
