@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ("CHAT_TEMPLATE", "MAX_MODEL_LEN", "main", "write_hf_model_dir")
 
 #: The context the config declares (``max_position_embeddings``).
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 4096
 
 #: The chat template: each message ``<bos>{role}\\n{content}<eos>\\n``, the reply opened with
 #: ``<bos>assistant\\n`` (the llama.cpp test model's, `actors._gguf`).

@@ -27,7 +27,7 @@ ARGS = (
     "--load-format",
     "dummy",
     "--max-model-len",
-    "512",
+    "4096",
     "--max-num-seqs",
     str(MAX_NUM_SEQS),
     "--dtype",

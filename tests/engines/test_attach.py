@@ -81,7 +81,7 @@ async def server(
         tokenizer=model_dir,
         port=0,
         engine=Vllm(handshake=handshake),
-        context_length=512,
+        context_length=4096,
         model="tiny",
     ) as running:
         yield running
@@ -170,7 +170,7 @@ class TestAttached:
         core = engine_core_of(engine.pid)
         assert core is not None
         shm = shared_memory_of(engine.pid)  # the core that maps it is killed: removed here
-        body = {"prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True}
+        body = {"prompt": PROMPT, "max_tokens": 4000, "stream": True, "ignore_eos": True}
         events: list[list[object]] = []
         with anyio.fail_after(120):
             async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
