@@ -369,7 +369,18 @@ class VllmModel:
         if self._lost is None:
             logger.error("vLLM's engine is lost: %s", reason)
             self._lost = reason
+            self._forget_shared_memory()
         self._notify()
+
+    def _forget_shared_memory(self) -> None:
+        """Remove the names of a launched engine's shared memory files (what is mapped stays
+        mapped until its processes end): a killed engine cannot, and this process may be
+        ended before `aclose` runs its course."""
+        if self._process is not None:
+            self._shm |= shared_memory_of(self._process.pid)
+        for path in self._shm:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def _send(self, frames: list[bytes]) -> None:
         if len(self._outbox) >= _MAX_OUTBOX:
@@ -618,6 +629,7 @@ class VllmModel:
         if process is None:
             return
         if process.returncode is None:
+            self._shm |= shared_memory_of(process.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
             with anyio.move_on_after(_STOP_GRACE):
@@ -626,9 +638,7 @@ class VllmModel:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
-        for path in self._shm:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        self._forget_shared_memory()
         if self._parent_pipe is not None:
             os.close(self._parent_pipe)
             self._parent_pipe = None

@@ -164,15 +164,35 @@ class TestAttached:
                     tg.start_soon(one, k)
         assert sorted(results) == [8 + k for k in range(12)]
 
-    async def test_a_killed_engine_ends_the_streams_and_a_new_engine_is_taken(
-        self, server: Server, model_dir: Path, handshake: str, engine: subprocess.Popen[bytes]
-    ) -> None:
-        core = engine_core_of(engine.pid)
-        assert core is not None
-        shm = shared_memory_of(engine.pid)  # the core that maps it is killed: removed here
+
+class TestAKilledEngine:
+    async def test_ends_the_streams_and_a_new_engine_is_taken(self, model_dir: Path) -> None:
+        # A server and an engine of its own: the restarted scheduler must end with the test.
+        handshake = f"tcp://127.0.0.1:{free_port()}"
+        port = int(handshake.rsplit(":", 1)[1])
+        with headless_engine(model_dir, port) as engine:
+            async with open_server(
+                workers=2,
+                tokenizer=model_dir,
+                port=0,
+                engine=Vllm(handshake=handshake),
+                context_length=4096,
+            ) as server:
+                await self.kill_under_load(server, engine)
+                # The scheduler restarted and waits for an engine's HELLO: an engine started
+                # anew (the killed one's handshake cannot be reused) is taken.
+                with headless_engine(model_dir, port):
+                    with anyio.fail_after(180):
+                        status, answer = await completion(
+                            server.url, {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+                        )
+                    assert status == 200, answer
+
+    @staticmethod
+    async def kill_under_load(server: Server, engine: subprocess.Popen[bytes]) -> None:
         body = {"prompt": PROMPT, "max_tokens": 4000, "stream": True, "ignore_eos": True}
         events: list[list[object]] = []
-        with anyio.fail_after(120):
+        with anyio.fail_after(180):
             async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
                 started = [anyio.Event(), anyio.Event()]
 
@@ -187,6 +207,9 @@ class TestAttached:
                     tg.start_soon(stream, k)
                 for event in started:
                     await event.wait()
+                core = engine_core_of(engine.pid)
+                assert core is not None
+                shm = shared_memory_of(engine.pid)  # its mapper is killed: removed here
                 os.kill(core, signal.SIGKILL)
         for stream_events in events:
             assert stream_events[-1] == "[DONE]"
@@ -196,11 +219,3 @@ class TestAttached:
         stop_group(engine)
         for path in shm:
             path.unlink(missing_ok=True)
-        # The scheduler restarted and waits for an engine's HELLO: an engine started anew
-        # (the killed one's handshake cannot be reused) is taken, and requests are served.
-        with headless_engine(model_dir, int(handshake.rsplit(":", 1)[1])):
-            with anyio.fail_after(180):
-                status, answer = await completion(
-                    server.url, {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
-                )
-            assert status == 200, answer

@@ -37,8 +37,8 @@ LAUNCH_ARGS = (
 @pytest.fixture(scope="module")
 def served(model_dir: Path) -> Iterator[Running]:
     env = {"TOKENYARD_VLLM_PYTHON": PYTHON, **ENV}
-    options = ("--engine", "vllm", "--model", str(model_dir), "--served-model-name", "tiny")
-    options = (*options, "--", *LAUNCH_ARGS)
+    options = ["--engine", "vllm", "--model", str(model_dir), "--served-model-name", "tiny"]
+    options += ["--", *LAUNCH_ARGS]
     with running_serve(*options, env=env) as running:
         try:
             yield running
