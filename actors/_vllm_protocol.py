@@ -69,7 +69,7 @@ ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 
 
 class OutputKind(enum.IntEnum):
-    """What each output of a request holds (vLLM's ``RequestOutputKind``)."""
+    """What each output of a request holds (``vllm.sampling_params.RequestOutputKind``)."""
 
     CUMULATIVE = 0
     DELTA = 1
@@ -116,7 +116,7 @@ class Handshake(msgspec.Struct):
 
 
 class EngineAddresses(msgspec.Struct):
-    """Where an engine connects, told in `HandshakeMetadata` (vLLM's ``EngineZmqAddresses``).
+    """Where an engine connects, told in `HandshakeMetadata` (``vllm.v1.engine.utils.EngineZmqAddresses``).
 
     Attributes:
         inputs: One input address per client; the engine connects a DEALER to each.
@@ -135,7 +135,7 @@ class EngineAddresses(msgspec.Struct):
 
 
 class HandshakeMetadata(msgspec.Struct):
-    """The client's answer to HELLO (vLLM's ``EngineHandshakeMetadata``).
+    """The client's answer to HELLO (``vllm.v1.engine.utils.EngineHandshakeMetadata``).
 
     Attributes:
         addresses: Where to connect.
@@ -148,7 +148,7 @@ class HandshakeMetadata(msgspec.Struct):
 
 class ReadyResponse(msgspec.Struct):
     """The engine's first message on the input socket: its settings after it started (vLLM's
-    ``EngineCoreReadyResponse``; the fields the front end reads).
+    ``vllm.v1.engine.EngineCoreReadyResponse``; the fields the front end reads).
 
     Attributes:
         max_model_len: Most prompt plus completion tokens of one request.
