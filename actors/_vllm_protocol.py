@@ -116,7 +116,8 @@ class Handshake(msgspec.Struct):
 
 
 class EngineAddresses(msgspec.Struct):
-    """Where an engine connects, told in `HandshakeMetadata` (``vllm.v1.engine.utils.EngineZmqAddresses``).
+    """Where an engine connects, told in `HandshakeMetadata`
+    (``vllm.v1.engine.utils.EngineZmqAddresses``).
 
     Attributes:
         inputs: One input address per client; the engine connects a DEALER to each.
