@@ -18,6 +18,7 @@ from .detokenizer import Detokenizer as Detokenizer
 from .engines import EngineSpec as EngineSpec
 from .engines import LlamaCpp as LlamaCpp
 from .engines import StandIn as StandIn
+from .engines import Vllm as Vllm
 from .messages import Member as Member
 from .pipeline import GenerateResult as GenerateResult
 from .pipeline import Pipeline as Pipeline
@@ -47,6 +48,7 @@ __all__ = (
     "SlowReaderError",
     "StandIn",
     "TokenizerWorker",
+    "Vllm",
     "WorkerDiedError",
 )
 

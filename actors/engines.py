@@ -10,6 +10,9 @@ delivers every step. What generates the ids is a `Generator`, opened from an eng
 - `StandIn`: the deterministic fake model (zero cost: front-end benchmarks and tests).
 - `LlamaCpp`: llama.cpp in the scheduler's process, on any GGUF whose vocabulary is the
   pipeline tokenizer's (the ``llamacpp`` extra; `actors._llamacpp_engine`).
+- `Vllm`: vLLM's engine core in processes of its own, driven over its ZeroMQ protocol with
+  tokenyard's own structs (`actors._vllm_engine`, `actors._vllm_protocol`): attached to an
+  engine started elsewhere, or launched by the scheduler.
 
 A spec is a msgspec struct: it travels to the scheduler's process as a spawn argument.
 """
@@ -25,7 +28,15 @@ if TYPE_CHECKING:
 
     from .messages import SamplingParams
 
-__all__ = ("EngineSpec", "Generator", "LlamaCpp", "Produced", "StandIn", "open_generator")
+__all__ = (
+    "EngineSpec",
+    "Generator",
+    "LlamaCpp",
+    "Produced",
+    "StandIn",
+    "Vllm",
+    "open_generator",
+)
 
 K = TypeVar("K", bound="Hashable")
 """How a generator's caller names its requests."""
@@ -75,7 +86,69 @@ class LlamaCpp(msgspec.Struct, frozen=True, kw_only=True, tag="llamacpp"):
                 raise ValueError(f"LlamaCpp.{name}={getattr(self, name)}: it must be at least 1")
 
 
-EngineSpec = StandIn | LlamaCpp
+class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
+    """vLLM's engine core, in processes of its own, the scheduler its one client.
+
+    Give exactly one of ``handshake`` (attach) and ``model`` (launch):
+
+    - **attach**: the scheduler binds the handshake socket at ``handshake`` and waits for an
+      engine started elsewhere with ``vllm serve MODEL --headless --skip-tokenizer-init
+      --data-parallel-address H --data-parallel-rpc-port P``. An engine takes one handshake
+      per start: when the scheduler restarts, it waits for an engine started anew.
+    - **launch**: the scheduler starts ``vllm serve model --headless --skip-tokenizer-init``
+      (and ``args``) from ``python``'s venv as its own child, which dies with it; a
+      restarted scheduler launches a new engine.
+
+    Attributes:
+        handshake: Attach: ``tcp://HOST:PORT`` to bind the handshake socket at (the input
+            and output sockets are bound on the same host, at ports the system picks).
+        model: Launch: the model directory (or name) given to ``vllm serve``.
+        args: Launch: more ``vllm serve`` arguments (``--max-num-seqs 16``, ...).
+        python: Launch: the Python of the venv vLLM is installed in (``""``:
+            ``$TOKENYARD_VLLM_PYTHON``, else ``.venv-vllm/bin/python``).
+        env: Launch: environment variables set for the engine (``OMP_NUM_THREADS``,
+            ``VLLM_CPU_KVCACHE_SPACE``, ...), on top of the scheduler's.
+        host: Launch: the interface the sockets are bound on.
+        start_timeout: Seconds from the launch, or from the engine's HELLO when attached,
+            to its READY; past it, the engine is taken as lost.
+        heartbeat: Seconds of silence after which the engine is asked whether it lives.
+        silence_timeout: Seconds without a word from the engine (outputs, or the answer to
+            a heartbeat) after which it is taken as lost.
+    """
+
+    handshake: str | None = None
+    model: str | None = None
+    args: tuple[str, ...] = ()
+    python: str = ""
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    host: str = "127.0.0.1"
+    start_timeout: float = 600.0
+    heartbeat: float = 5.0
+    silence_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if (self.handshake is None) == (self.model is None):
+            raise ValueError(
+                "Vllm needs exactly one of handshake= (attach to an engine that dials in) "
+                f"and model= (launch one); got handshake={self.handshake!r}, "
+                f"model={self.model!r}"
+            )
+        if self.handshake is not None and not self.handshake.startswith("tcp://"):
+            raise ValueError(
+                f"Vllm.handshake={self.handshake!r}: give tcp://HOST:PORT (vLLM's engines "
+                "dial tcp://<--data-parallel-address>:<--data-parallel-rpc-port>)"
+            )
+        for name in ("start_timeout", "heartbeat", "silence_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Vllm.{name}={getattr(self, name)}: it must be positive")
+        if self.silence_timeout <= self.heartbeat:
+            raise ValueError(
+                f"Vllm.silence_timeout={self.silence_timeout} must exceed "
+                f"heartbeat={self.heartbeat}: the engine is asked before it is given up"
+            )
+
+
+EngineSpec = StandIn | LlamaCpp | Vllm
 """Every engine the scheduler can drive, as a tagged union of specs."""
 
 
@@ -112,7 +185,9 @@ class Generator(Protocol[K]):
 
     @property
     def capacity(self) -> int | None:
-        """Most requests it runs at once (``None``: as many as the scheduler admits)."""
+        """Most requests it runs at once (``None``: as many as the scheduler admits; 0:
+        none for now, as an engine that is not connected yet; ``notify`` is called when
+        that changes)."""
         ...
 
     @property
@@ -166,3 +241,7 @@ async def open_generator(
             from ._llamacpp_engine import open_llamacpp
 
             return await open_llamacpp(spec, load_tokenizer(tokenizer), notify)
+        case Vllm():
+            from ._vllm_engine import open_vllm
+
+            return await open_vllm(spec, load_tokenizer(tokenizer), notify)

@@ -521,7 +521,8 @@ class Scheduler(Actor[SchedulerMessage]):
     def _admit(self, generator: Generator[_Key]) -> None:
         """Move waiting requests into the batch while it has room; one that asks for no
         tokens at all finishes at once (``"length"``), never reaching the generator."""
-        room = min(self._max_batch_size, generator.capacity or self._max_batch_size)
+        capacity = generator.capacity  # 0: none for now (an engine not connected yet)
+        room = self._max_batch_size if capacity is None else min(self._max_batch_size, capacity)
         now = time.monotonic()
         while self._waiting and len(self._running) < room:
             key, req = self._waiting.popitem(last=False)

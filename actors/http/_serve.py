@@ -24,7 +24,7 @@ import msgspec
 from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
-from actors.engines import LlamaCpp
+from actors.engines import LlamaCpp, Vllm
 from actors.messages import Drain
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
@@ -218,17 +218,32 @@ def _parser() -> argparse.ArgumentParser:
     engine = parser.add_argument_group("engine")
     engine.add_argument(
         "--engine",
-        choices=("stand-in", "llamacpp"),
+        choices=("stand-in", "llamacpp", "vllm"),
         default="stand-in",
         help="what generates: the stand-in (deterministic fake tokens, no model: front-end "
-        "benchmarks) or llama.cpp in-process on --model (the llamacpp extra) "
-        "(default stand-in)",
+        "benchmarks), llama.cpp in-process on --model (the llamacpp extra), or vLLM's "
+        "engine core, attached (--engine-handshake) or launched (--model) (default stand-in)",
     )
     engine.add_argument(
         "--model",
         metavar="PATH",
         help="llamacpp: a GGUF file, or a directory holding model.gguf (python -m actors "
-        "make-model DIR writes one), whose tokenizer.json is then the default --tokenizer",
+        "make-model DIR writes one); vllm: launch an engine on this model directory "
+        "(python -m actors make-hf-model DIR writes one), more vllm serve arguments after "
+        "--. Its tokenizer.json is then the default --tokenizer",
+    )
+    engine.add_argument(
+        "--engine-handshake",
+        metavar="tcp://HOST:PORT",
+        help="vllm: attach to an engine started elsewhere with vllm serve MODEL --headless "
+        "--skip-tokenizer-init --data-parallel-address HOST --data-parallel-rpc-port PORT",
+    )
+    engine.add_argument(
+        "--vllm-python",
+        metavar="PATH",
+        default="",
+        help="vllm, launched: the Python of the venv vLLM is installed in (default "
+        "$TOKENYARD_VLLM_PYTHON, else .venv-vllm/bin/python)",
     )
     defaults = LlamaCpp(model="")
     engine.add_argument(
@@ -400,6 +415,14 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's engine, from ``--engine`` and its options (already checked)."""
     if args.engine == "stand-in":
         return {"step_time": args.step_time}
+    if args.engine == "vllm":
+        vllm = Vllm(
+            handshake=args.engine_handshake,
+            model=args.model,
+            args=tuple(args.vllm_args),
+            python=args.vllm_python,
+        )
+        return {"engine": vllm, "context_length": _max_model_len(args.vllm_args)}
     spec = LlamaCpp(
         model=args.model,
         n_parallel=args.n_parallel,
@@ -409,15 +432,67 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"engine": spec, "context_length": spec.context_length}
 
 
+def _max_model_len(vllm_args: list[str]) -> int | None:
+    """The ``--max-model-len`` among vLLM's arguments, if one is there."""
+    for k, arg in enumerate(vllm_args):
+        value = None
+        if arg == "--max-model-len" and k + 1 < len(vllm_args):
+            value = vllm_args[k + 1]
+        elif arg.startswith("--max-model-len="):
+            value = arg.partition("=")[2]
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+def _check_vllm(args: argparse.Namespace) -> str | None:
+    """Why ``--engine vllm``'s options cannot serve, or ``None``; resolves the tokenizer."""
+    from actors._vllm_engine import resolve_python
+
+    if (args.engine_handshake is None) == (args.model is None):
+        return (
+            "--engine vllm needs --engine-handshake tcp://HOST:PORT (attach to an engine "
+            "started elsewhere) or --model DIR (launch one), not both"
+        )
+    if args.engine_handshake is not None:
+        if args.vllm_args:
+            return (
+                "vLLM arguments after -- are for a launched engine (--model); give them to "
+                "the engine you start"
+            )
+        try:
+            Vllm(handshake=args.engine_handshake)
+        except ValueError as err:
+            return f"bad --engine-handshake: {err}"
+        return None
+    path = Path(args.model)
+    if not (path / "config.json").is_file():
+        return (
+            f"bad --model: {path} holds no config.json (a model directory; python -m actors "
+            "make-hf-model DIR writes one)"
+        )
+    if args.tokenizer is None and (path / "tokenizer.json").is_file():
+        args.tokenizer = str(path)
+    try:
+        resolve_python(Vllm(model=args.model, python=args.vllm_python))
+    except FileNotFoundError as err:
+        return str(err)
+    return None
+
+
 def _check_engine(args: argparse.Namespace) -> str | None:
     """Resolve ``--model`` (a GGUF, or a directory holding one and its tokenizer) in
     ``args``; why the engine options cannot serve, or ``None``."""
+    if args.engine != "vllm" and (args.engine_handshake is not None or args.vllm_args):
+        return "--engine-handshake and vLLM arguments after -- are for --engine vllm"
     if args.engine == "stand-in":
         if args.model is not None:
-            return "--model is for --engine llamacpp (the stand-in has no model)"
+            return "--model is for --engine llamacpp or vllm (the stand-in has no model)"
         return None
     if args.step_time:
         return f"--step-time is the stand-in's; --engine {args.engine} takes its own pace"
+    if args.engine == "vllm":
+        return _check_vllm(args)
     if args.model is None:
         return f"--engine {args.engine} needs --model (a GGUF; python -m actors make-model DIR)"
     path = Path(args.model)
@@ -521,7 +596,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         the server could not start; 2 for bad arguments.
     """
     parser = _parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    # What follows -- goes to `vllm serve`, untouched.
+    split = given.index("--") if "--" in given else len(given)
+    args = parser.parse_args(given[:split])
+    args.vllm_args = given[split + 1 :]
     if args.detokenizers is None and args.workers >= 1:
         args.detokenizers = default_detokenizers(args.workers)
     if args.workers < 1 or args.detokenizers < 1:

@@ -1,0 +1,221 @@
+"""``Vllm(handshake=...)``: the pipeline attached to a headless engine this test starts, and
+what happens when that engine is killed (a new one, started anew, is taken)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from typing import TYPE_CHECKING
+
+import aiohttp
+import anyio
+import pytest
+from openai import OpenAI
+
+from actors import Vllm
+from actors._vllm_engine import engine_command, shared_memory_of
+from actors.http import open_server
+from tests.http._server import sse_events
+
+from ._vllm import ARGS, ENV, PYTHON, engine_core_of
+from .test_protocol import free_port
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Iterator
+    from pathlib import Path
+
+    from actors.http import Server
+
+pytestmark = pytest.mark.timeout(240)
+
+PROMPT = "The harbour of Yokohama"
+
+
+@contextlib.contextmanager
+def headless_engine(model_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """``vllm serve --headless`` dialling ``tcp://127.0.0.1:port``, ended with its group."""
+    proc = subprocess.Popen(
+        engine_command(PYTHON, str(model_dir), "127.0.0.1", port, ARGS),
+        env={**os.environ, **ENV},
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the engine's group (vLLM cleans up), SIGKILL it after 20 s."""
+    shm = shared_memory_of(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(20)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for path in shm:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def handshake() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, handshake: str) -> Iterator[subprocess.Popen[bytes]]:
+    with headless_engine(model_dir, int(handshake.rsplit(":", 1)[1])) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+async def server(
+    model_dir: Path, handshake: str, engine: subprocess.Popen[bytes]
+) -> AsyncIterator[Server]:
+    async with open_server(
+        workers=2,
+        tokenizer=model_dir,
+        port=0,
+        engine=Vllm(handshake=handshake),
+        context_length=4096,
+        model="tiny",
+    ) as running:
+        yield running
+
+
+def openai_round(url: str) -> None:
+    """Completions and chats, streamed and not, through the openai client."""
+    with OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=180) as client:
+        done = client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=16,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        assert done.choices[0].finish_reason == "length"
+        assert done.usage is not None
+        assert done.usage.completion_tokens == 16
+        streamed = client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        with streamed:
+            text = "".join([c.choices[0].text for c in streamed if c.choices])
+        assert text == done.choices[0].text  # greedy: the same ids
+        chat = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=12
+        )
+        assert chat.choices[0].finish_reason in ("stop", "length")
+        chunks = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=12,
+            stream=True,
+        )
+        with chunks:
+            reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert reasons[-1] in ("stop", "length")
+
+
+async def completion(url: str, body: dict[str, object]) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as http, http.post(url + "/v1/completions", json=body) as r:
+        return r.status, await r.read()
+
+
+class TestAttached:
+    async def test_the_openai_client_gets_completions_and_chats_streamed_or_not(
+        self, server: Server
+    ) -> None:
+        # The sync client, in a thread: the async one leaves an async generator for the
+        # event loop to finalise after the test, which the suite's task guard refuses.
+        await anyio.to_thread.run_sync(openai_round, server.url)
+
+    async def test_stop_ids_end_a_request_with_stop_and_the_id_kept(self, server: Server) -> None:
+        p = server.pipeline
+        first = await p.generate(PROMPT, max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        stop_at = first.output_ids[4]
+        stopped = await p.generate(
+            PROMPT, max_new_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_at]
+        )
+        assert stopped.output_ids == first.output_ids[: first.output_ids.index(stop_at) + 1]
+        assert stopped.finish_reason == "stop"
+
+    async def test_more_requests_than_the_engine_runs_all_finish(self, server: Server) -> None:
+        results: list[int] = []
+
+        async def one(k: int) -> None:
+            done = await server.pipeline.generate(
+                PROMPT, max_new_tokens=8 + k, temperature=0.0, ignore_eos=True
+            )
+            results.append(len(done.output_ids))
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for k in range(12):  # max_num_seqs is 8
+                    tg.start_soon(one, k)
+        assert sorted(results) == [8 + k for k in range(12)]
+
+
+class TestAKilledEngine:
+    async def test_ends_the_streams_and_a_new_engine_is_taken(self, model_dir: Path) -> None:
+        # A server and an engine of its own: the restarted scheduler must end with the test.
+        handshake = f"tcp://127.0.0.1:{free_port()}"
+        port = int(handshake.rsplit(":", 1)[1])
+        with headless_engine(model_dir, port) as engine:
+            async with open_server(
+                workers=2,
+                tokenizer=model_dir,
+                port=0,
+                engine=Vllm(handshake=handshake),
+                context_length=4096,
+            ) as server:
+                await self.kill_under_load(server, engine)
+                # The scheduler restarted and waits for an engine's HELLO: an engine started
+                # anew (the killed one's handshake cannot be reused) is taken.
+                with headless_engine(model_dir, port):
+                    with anyio.fail_after(180):
+                        status, answer = await completion(
+                            server.url, {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+                        )
+                    assert status == 200, answer
+
+    @staticmethod
+    async def kill_under_load(server: Server, engine: subprocess.Popen[bytes]) -> None:
+        body = {"prompt": PROMPT, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+        events: list[list[object]] = []
+        with anyio.fail_after(180):
+            async with aiohttp.ClientSession() as http, anyio.create_task_group() as tg:
+                started = [anyio.Event(), anyio.Event()]
+
+                async def stream(k: int) -> None:
+                    async with http.post(server.url + "/v1/completions", json=body) as r:
+                        assert r.status == 200
+                        head = await r.content.readuntil(b"\n\n")
+                        started[k].set()
+                        events.append(sse_events(head + await r.content.read()))
+
+                for k in range(2):
+                    tg.start_soon(stream, k)
+                for event in started:
+                    await event.wait()
+                core = engine_core_of(engine.pid)
+                assert core is not None
+                shm = shared_memory_of(engine.pid)  # its mapper is killed: removed here
+                os.kill(core, signal.SIGKILL)
+        for stream_events in events:
+            assert stream_events[-1] == "[DONE]"
+            error = stream_events[-2]
+            assert isinstance(error, dict)
+            assert "error" in error, stream_events[-3:]
+        stop_group(engine)
+        for path in shm:
+            path.unlink(missing_ok=True)
