@@ -627,6 +627,8 @@ class WorkerStats(Message):
             gave up, or resolved them elsewhere after a pipeline member died.
         requests: Requests in the worker's table right now, waiting for output.
         control_pending: Control requests (load, flush) waiting for their reply right now.
+        cut: Requests a drain ended at its deadline (an HTTP worker's; counted in
+            ``failed`` too).
     """
 
     origin: Origin
@@ -636,6 +638,7 @@ class WorkerStats(Message):
     released: int = 0
     requests: int = 0
     control_pending: int = 0
+    cut: int = 0
 
 
 class GetWorkerStats(Request[WorkerStats]):

@@ -25,7 +25,7 @@ from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, Vllm
-from actors.messages import Drain
+from actors.messages import Drain, GetWorkerStats
 from actors.pipeline import Pipeline
 from runtime import TokenyardError
 from runtime._child import raise_fd_limit
@@ -124,9 +124,28 @@ class Server:
                 # The workers end what still runs; its last answers go out.
                 with anyio.move_on_after(CUT_GRACE + 1.0):
                     await self.dispatcher.wait_idle()
+                # Connections still open at the deadline may only have been closing (an
+                # idle keep-alive one, drained with no time given): clean if no worker
+                # ended a request.
+                self._clean = await self._none_cut()
             return self._clean
         finally:
             self._drained.set()
+
+    async def _none_cut(self) -> bool:
+        """Whether every worker answers that its drain ended no request (a worker that
+        does not answer, or is missing, counts as having ended some)."""
+        for k in range(self.pipeline.config.workers):
+            ref = self.pipeline.worker_ref(k)
+            if ref is None:
+                return False
+            try:
+                stats = await ref.ask(GetWorkerStats(), timeout=DRAIN_ASK_TIMEOUT)
+            except TokenyardError:
+                return False
+            if stats.cut:
+                return False
+        return True
 
     async def _tell_workers(self, timeout: float) -> None:
         """Tell every live worker to drain, its requests ending ``timeout`` s from now."""

@@ -17,7 +17,13 @@ import anyio
 import msgspec
 
 # Resolved at run time: the spawn arguments are decoded with __init__'s annotations.
-from actors.messages import Drain, Draining, PipelineSupervisorMessage
+from actors.messages import (
+    Drain,
+    Draining,
+    GetWorkerStats,
+    PipelineSupervisorMessage,
+    WorkerStats,
+)
 from actors.tokenizer_worker import Limits, TokenizerWorker
 from runtime import ActorRef, GetMetrics, handler
 
@@ -101,6 +107,7 @@ class HttpWorker(TokenizerWorker):
         self._cut_at: float | None = None
         #: Set when a later `Drain` brings the deadline forward.
         self._cut_moved: anyio.Event | None = None
+        self._cut = 0  # requests its drain ended at the deadline
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -143,6 +150,11 @@ class HttpWorker(TokenizerWorker):
                 self._cut_moved.set()
         return Draining(connections=self.server.open, requests=self.engine.in_flight)
 
+    @handler
+    def stats(self, msg: GetWorkerStats) -> WorkerStats:
+        """The worker's counters, with the requests its drain ended."""
+        return msgspec.structs.replace(super().stats(msg), cut=self._cut)
+
     async def _cut_when_due(self) -> None:
         """At the drain's deadline, end what still runs, then close what is still open."""
         assert self.server is not None
@@ -157,6 +169,7 @@ class HttpWorker(TokenizerWorker):
             "the server is shutting down: the request did not finish within its drain "
             "timeout (ServeConfig.drain_timeout, serve --drain-timeout)"
         )
+        self._cut += cut
         if cut:
             logger.warning(
                 "worker %d ended %d request(s) still running at shutdown", self.worker_id, cut

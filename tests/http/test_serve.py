@@ -35,8 +35,10 @@ from actors.http._auth import API_KEY_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
 from actors.http._serve import _access_config, _config, _parser
 from actors.http._serve import main as serve_main
+from actors.messages import GetWorkerStats
 from tests.conftest import is_fork_server
 from tests.http._server import Running, running_serve, sse_events
+from tests.http.test_bounded import ask_large_answer, open_until
 
 if TYPE_CHECKING:
     from anyio.abc import ByteReceiveStream
@@ -236,6 +238,28 @@ class TestDraining:
         assert events[-2]["error"]["code"] == "service_unavailable"
         assert first == [False]
         assert second is False
+
+    async def test_a_drain_that_ends_no_request_is_clean_though_a_connection_stays_open(
+        self,
+    ) -> None:
+        # A client that reads nothing of a large answer keeps its connection open past a
+        # drain(0)'s deadline (until send_timeout), yet no request was ended: only a
+        # request ended by the drain makes it unclean (before, an open connection did, and
+        # `serve --drain-timeout 0` exited 1 as if it had cut requests).
+        async with open_server(workers=1, port=0) as server:
+            sock = await ask_large_answer(server)
+            try:
+                await open_until(server, 1, 10)
+                started = time.monotonic()
+                with anyio.fail_after(30):
+                    assert await server.drain(0.0) is True
+                # It was open past the deadline: the worker closed it only at its cut's grace.
+                assert time.monotonic() - started >= 1.0
+                ref = server.pipeline.worker_ref(0)
+                assert ref is not None
+                assert (await ref.ask(GetWorkerStats())).cut == 0
+            finally:
+                sock.close()
 
 
 class TestAccess:
