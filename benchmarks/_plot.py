@@ -72,6 +72,7 @@ METRIC_LABELS = {
     "ttft_p99": "time to first token, p99",
     "e2e_p50": "whole request, median",
     "e2e_p99": "whole request, p99",
+    "tpot_p50": "time per output token, median",
 }
 #: Each unit as a value axis says it: the quantity and its unit.
 UNIT_LABELS = {

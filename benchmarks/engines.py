@@ -30,7 +30,9 @@ connections (`actors.http._load`, in this process) streaming ``/v1/completions``
 generates ``--max-tokens`` tokens, which ``output_tokens`` shows), the same prompts, a
 warm-up, then ``--duration`` seconds timed.
 
-**Measured**: requests/s, output tokens/s, TTFT, ITL (between text chunks), end-to-end
+**Measured**: requests/s, output tokens/s, TTFT, ITL (the gaps between text chunks as the
+client reads them: chunks a server's writes coalesce on the socket arrive together, a gap
+of microseconds), TPOT (per request, (end-to-end - TTFT) / (output tokens - 1)), end-to-end
 latency, CPU per request of every part. **Projected**: the front end's ceiling with a core
 per unit, 1e6 / the busiest front-end unit's µs per request: a process for tokenyard and
 vLLM (one Python interpreter each), a thread for llama.cpp's server (C++ threads run in
@@ -310,6 +312,13 @@ def figures_of(variant: Variant, m: Measured) -> list[Figure]:
         "ttft": [r.ttft * 1e3 for r in ok if r.ttft is not None],
         "itl": [g * 1e3 for r in ok for g in r.itl],
         "e2e": [r.e2e * 1e3 for r in ok],
+        # Time per output token after the first, per request (vLLM's TPOT): unlike the gaps
+        # between chunks, the same however a server's writes coalesce on the socket.
+        "tpot": [
+            (r.e2e - r.ttft) * 1e3 / (r.output_tokens - 1)
+            for r in ok
+            if r.ttft is not None and r.output_tokens > 1
+        ],
     }
     for name, values in series.items():
         for q in (0.5, 0.99):
