@@ -422,15 +422,20 @@ CHARTS = [
         unit="ms",
         panel_titles=PANELS,
     ),
-    Chart(
+]
+
+
+def cpu_chart(figures: Sequence[Figure]) -> Chart:
+    """CPU per request stacked by part, the parts that were measured."""
+    metrics = {f.metric for f in figures}
+    return Chart(
         name="engines-cpu",
         title="CPU per request: front-end parts and the engine (lower is better)",
-        metrics=[f"cpu_{part}_us" for part in PARTS],
+        metrics=[m for part in PARTS if (m := f"cpu_{part}_us") in metrics],
         unit="us/req",
         panel_titles=PANELS,
         kind="stacked",
-    ),
-]
+    )
 
 
 def _llamacpp_plan(
@@ -533,7 +538,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         },
         figures=figures,
         targets=targets,
-        charts=CHARTS,
+        charts=[*CHARTS, cpu_chart(figures)],
         notes=[
             *notes,
             "Measured: requests/s, tokens/s, latencies, CPU per request of every process "
