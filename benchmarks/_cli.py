@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from . import dispatch, mailbox, multihost, pipeline, serve, spawn, supervision
+from . import dispatch, engines, mailbox, multihost, pipeline, serve, spawn, supervision
 from ._console import RichProgress, print_summary
 from ._proc import BenchmarkError
 from ._results import Results, describe_machine, now_iso, read_results, write_results
@@ -29,6 +29,7 @@ SUITES: dict[str, Suite] = {
         dispatch.SUITE,
         pipeline.SUITE,
         serve.SUITE,
+        engines.SUITE,
         supervision.SUITE,
         spawn.SUITE,
         multihost.SUITE,

