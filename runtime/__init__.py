@@ -24,7 +24,6 @@ from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteActorError as RemoteActorError
 from ._errors import SpawnError as SpawnError
 from ._errors import TokenyardError as TokenyardError
-from ._launcher import StartMethod as StartMethod
 from ._logging import configure_logging as configure_logging
 from ._mailbox import MailboxStatistics as MailboxStatistics
 from ._message import Message as Message
@@ -32,6 +31,7 @@ from ._message import Request as Request
 from ._message import publish as publish
 from ._protocol import Cause as Cause
 from ._protocol import Down as Down
+from ._protocol import StartMethod as StartMethod
 from ._ref import ActorRef as ActorRef
 from ._stats import ActorMetrics as ActorMetrics
 from ._stats import ChildRecord as ChildRecord
