@@ -6,7 +6,7 @@ Import from here: ``from actors import Pipeline, WorkerDiedError``.
 
 from __future__ import annotations
 
-from runtime._message import publish as _publish
+from runtime import publish as _publish
 
 from ._errors import InvalidRequestError as InvalidRequestError
 from ._errors import PipelineBusyError as PipelineBusyError

@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from runtime._throttle import Throttle
+from runtime import Throttle
 
 from ._tokenizer import eos_token_id
 from .engines import Produced

@@ -55,7 +55,7 @@ except ImportError as err:  # the `bench` extra; `make run` installs it
         " (python -m actors serve, the server, needs only the serve extra)"
     ) from err
 
-from runtime._logging import configure_logging
+from runtime import configure_logging
 
 from ._tokenizer import DEFAULT_TOKENIZER_PATH, tokenizer_option_error
 

@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime import Actor, ActorRef, MailboxFullError, TokenyardError, current_trace, handler
-from runtime._throttle import Throttle
+from runtime import (
+    Actor,
+    ActorRef,
+    MailboxFullError,
+    Throttle,
+    TokenyardError,
+    current_trace,
+    handler,
+)
 
 from . import _metrics, _tracing
 from ._detokenize import DetokenizerStates, TooManyRequestsError

@@ -10,8 +10,15 @@ import logging
 
 import anyio
 
-from runtime import Actor, ActorDeadError, ActorRef, RemoteActorError, TokenyardError, handler
-from runtime._throttle import Throttle
+from runtime import (
+    Actor,
+    ActorDeadError,
+    ActorRef,
+    RemoteActorError,
+    Throttle,
+    TokenyardError,
+    handler,
+)
 
 from ._routes import Routes
 from .messages import (

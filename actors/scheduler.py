@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
-from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, current_trace, handler
-from runtime._throttle import Throttle
+from runtime import (
+    Actor,
+    ActorDeadError,
+    ActorRef,
+    Throttle,
+    TokenyardError,
+    current_trace,
+    handler,
+)
 
 from . import _metrics, _tracing
 from ._tokenizer import model_id_of

@@ -34,8 +34,15 @@ from typing import Any
 import anyio
 import msgspec
 
-from runtime import Actor, ActorDeadError, ActorRef, TokenyardError, current_trace, handler
-from runtime._throttle import Throttle
+from runtime import (
+    Actor,
+    ActorDeadError,
+    ActorRef,
+    Throttle,
+    TokenyardError,
+    current_trace,
+    handler,
+)
 
 from . import _metrics, _tracing
 from ._tokenizer import load_tokenizer, model_id_of

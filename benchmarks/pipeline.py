@@ -554,19 +554,19 @@ SUITE = Suite(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one driver (``--driver``), or else the suite through ``python -m benchmarks``."""
+    """Run one driver (the suite starts each with ``--driver``); ``python -m
+    benchmarks.pipeline`` without it runs the suite, as ``python -m benchmarks pipeline``."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", add_help=False)
     parser.add_argument("--driver", action="store_true")
-    # A str: without --driver, this is the suite's --workers 1,2,4, parsed by the CLI.
     parser.add_argument("--workers", default="1")
     parser.add_argument("--requests", type=int, default=1_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     opts, _ = parser.parse_known_args(argv)
     if not opts.driver:
-        from ._cli import main as cli
-
-        return cli(["pipeline", *(sys.argv[1:] if argv is None else argv)])
+        raise SystemExit(
+            "a pipeline driver runs with --driver: the suite is python -m benchmarks pipeline"
+        )
     die_with_parent()
     report = anyio.run(drive, int(opts.workers), opts.requests, opts.concurrency, opts.rounds)
     sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
@@ -574,7 +574,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run under the import name, so the suite's objects are defined once.
-    from benchmarks.pipeline import main as _main
+    if "--driver" in sys.argv[1:]:
+        # Run under the import name, so the suite's objects are defined once.
+        from benchmarks.pipeline import main as _main
 
-    sys.exit(_main())
+        sys.exit(_main())
+    # Without --driver this is `python -m benchmarks pipeline`, run as that program is:
+    # importing the CLI from here would close a circle (the CLI lists this suite).
+    import runpy
+
+    sys.argv[1:1] = ["pipeline"]
+    runpy.run_module("benchmarks", run_name="__main__", alter_sys=True)

@@ -24,13 +24,14 @@ from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteActorError as RemoteActorError
 from ._errors import SpawnError as SpawnError
 from ._errors import TokenyardError as TokenyardError
-from ._launcher import StartMethod as StartMethod
+from ._logging import configure_logging as configure_logging
 from ._mailbox import MailboxStatistics as MailboxStatistics
 from ._message import Message as Message
 from ._message import Request as Request
-from ._message import publish as _publish
+from ._message import publish as publish
 from ._protocol import Cause as Cause
 from ._protocol import Down as Down
+from ._protocol import StartMethod as StartMethod
 from ._ref import ActorRef as ActorRef
 from ._stats import ActorMetrics as ActorMetrics
 from ._stats import ChildRecord as ChildRecord
@@ -49,6 +50,7 @@ from ._supervisor import SupervisorMessage as SupervisorMessage
 from ._supervisor import SupervisorStatistics as SupervisorStatistics
 from ._supervisor import WhichChildren as WhichChildren
 from ._system import ActorSystem as ActorSystem
+from ._throttle import Throttle as Throttle
 from ._watch import Watch as Watch
 
 __all__ = (
@@ -91,11 +93,14 @@ __all__ = (
     "SupervisorStatistics",
     "SystemHandle",
     "SystemMetrics",
+    "Throttle",
     "TokenyardError",
     "Watch",
     "WhichChildren",
+    "configure_logging",
     "current_trace",
     "handler",
+    "publish",
 )
 
-_publish(__name__, globals(), __all__)
+publish(__name__, globals(), __all__)

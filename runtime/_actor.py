@@ -20,11 +20,8 @@ from ._context import current_node, enter_trace
 from ._message import Message, reply_type
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     import anyio.abc
 
-    from ._launcher import StartMethod
     from ._mailbox import MailboxStatistics
     from ._protocol import Down
     from ._ref import ActorRef
@@ -188,20 +185,10 @@ class SystemHandle(Protocol):
         ...
 
     async def spawn(
-        self,
-        actor: type[Actor[N]],
-        *args: Any,
-        name: str | None = None,
-        process: bool = True,
-        spawn_timeout: float | None = None,
-        shutdown_timeout: float | None = None,
-        stall_timeout: float | None = None,
-        inherit: Sequence[int] = (),
-        start: StartMethod | None = None,
-        node: str | None = None,
-        **kwargs: Any,
+        self, actor: type[Actor[N]], *args: Any, name: str | None = None, **kwargs: Any
     ) -> ActorRef[N]:
-        """Start a child actor (``ActorSystem.spawn``), here or on a node of the system."""
+        """Start a child actor (``ActorSystem.spawn``: the keywords are its `SpawnOptions`
+        and the constructor's), here or on a node of the system."""
         ...
 
     async def stop(self, ref: ActorRef[Any], timeout: float | None = None) -> Down:

@@ -1,10 +1,10 @@
-"""The cell that runs one actor, and `host`, the one life every actor lives.
+"""The cell that runs one actor, and `live`, the one life every actor lives.
 
 An actor in its own process and one in the caller's event loop live the same life, in
-`host`: ``on_start``, the ready report, the mailbox loop until a stop request or a crash,
+`live`: ``on_start``, the ready report, the mailbox loop until a stop request or a crash,
 then ``on_stop`` (graceful) or ``on_failure`` (crash), the children it started stopped, its
 mailbox closed. Only the ready report and what becomes of the ending differ: the in-process
-runner (`runtime._system`) turns it into a ``Down``, the actor process (`runtime._child`)
+runner (`runtime._spawner`) turns it into a ``Down``, the actor process (`runtime._child`)
 into its exit status and last words.
 """
 
@@ -332,7 +332,7 @@ class Cell:
             )
 
 
-async def host(
+async def live(
     cell: Cell,
     on_ready: Callable[[], Awaitable[None]],
     stop_children: Callable[[], Awaitable[None]],

@@ -2,7 +2,7 @@
 `main` called in a fork of a fork server (`runtime._forkserver`), which reads its spec the
 same way.
 
-The actor lives the same life as an in-process one (`runtime._cell.host`); this module adds
+The actor lives the same life as an in-process one (`runtime._cell.live`); this module adds
 only what a process needs: reading its spawn spec, its title, its ready report and last
 words to the parent, its exit status, and dying with its parent.
 
@@ -29,9 +29,7 @@ import anyio
 import msgspec
 from setproctitle import setproctitle
 
-from ._errors import sole_error
 from ._logging import configure_logging
-from ._protocol import ErrorBody, Kind, ReadyBody, body_encoder
 from ._spawn import SpawnSpec, read_spec, resolve_class
 
 if TYPE_CHECKING:
@@ -121,57 +119,17 @@ def _set_parent_death_signal() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-async def _report_failure(system: ActorSystem, spec: SpawnSpec, err: BaseException) -> None:
-    body = body_encoder.encode(ErrorBody.of(err))
-    await system.node.send_control(spec.parent_reply, Kind.FAILED, spec.token, body)
+def _track(system: ActorSystem) -> None:
+    """Keep what a signal's clean-up needs: the socket files bound, the children's pids."""
+    global _children
+    _children = system.child_pids
+    _bound.extend(path for path in system.bound_paths() if path not in _bound)
 
 
 async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
-    from ._actor import Actor
-    from ._system import ActorSystem
+    from ._system import run_actor_process
 
-    global _children
-    system = ActorSystem._for_child(spec)
-    _children = system.child_pids
-    async with system:
-        _bound.extend(system.bound_paths())
-        try:
-            if isinstance(cls, BaseException):
-                raise cls
-            if not issubclass(cls, Actor):
-                raise TypeError(f"{spec.actor} is not an Actor class")
-            cell = system._make_cell(
-                cls, spec.args, spec.kwargs, spec.name, spec.incarnation, owner=spec.parent_reply
-            )
-        except Exception as err:  # noqa: BLE001 - reported to the parent as a SpawnError
-            await _report_failure(system, spec, err)
-            return 1
-        _bound.extend(system.bound_paths())
-
-        async def on_ready() -> None:
-            ready = ReadyBody(cell.mailbox.address, os.getpid(), system.node.reply_address)
-            await system.node.send_control(
-                spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
-            )
-
-        ending = await system._host(cell, on_ready)
-        if ending.error is not None:  # the actor crashed: say why, then exit 1
-            cause = sole_error(ending.error)
-            logger.error(
-                "actor %s %s",
-                spec.name,
-                "crashed" if ending.started else "failed to start",
-                exc_info=cause,
-            )
-            # Before ready, this fails the spawn; after, these are the actor's last words,
-            # which its parent puts in the Down reason.
-            await _report_failure(system, spec, cause)
-            return 1
-        system.closing = True
-        await system.deliver_tells(skip=[cell.mailbox.address])
-        if ending.stop is not None:
-            await system.node.reply(ending.stop, None)
-    return 0
+    return await run_actor_process(spec, cls, _track)
 
 
 def raise_fd_limit() -> None:
@@ -190,6 +148,7 @@ def main() -> None:
     global _spec
     _set_parent_death_signal()
     spec = _spec = read_spec(sys.stdin.buffer)
+    name = spec.target.name
     if spec.env is not None:
         # A fork of a fork server: take the environment and directory its parent has now,
         # as a fresh interpreter is started with them.
@@ -204,15 +163,15 @@ def main() -> None:
     threading.Thread(
         target=_watch_parent_pipe, args=(sys.stdin.fileno(),), name="parent-pipe", daemon=True
     ).start()
-    setproctitle(f"tokenyard::{spec.name}:{os.getpid()}")
+    setproctitle(f"tokenyard::{name}:{os.getpid()}")
     sys.path[:] = spec.sys_path
-    configure_logging(spec.log_level, spec.name)
+    configure_logging(spec.log_level, name)
     # Import the actor's module (and __main__) before the loop starts, as a script's own
     # top level would: a script that runs a loop at import time must guard it with
     # `if __name__ == "__main__":`, exactly as with multiprocessing's spawn.
     cls: type | BaseException
     try:
-        cls = resolve_class(spec.actor, spec.main)
+        cls = resolve_class(spec.target.actor, spec.target.main)
     except Exception as err:  # noqa: BLE001 - reported to the parent as a SpawnError
         cls = err
     try:

@@ -23,6 +23,7 @@ from ._protocol import Cause, Down, Kind, RemoteKill, body_encoder
 if TYPE_CHECKING:
     from ._cell import Cell
     from ._node import Node
+    from ._protocol import SpawnOptions
     from ._ref import ActorRef
     from ._spawn import ChildProcess
 
@@ -65,16 +66,17 @@ class Child:
     host runs for it (``remote``), or in-process (``cell``).
 
     Attributes:
+        how: The options it was started with, every default filled in (its
+            ``shutdown_timeout``; its ``stall_timeout``, past which its process is killed as
+            unresponsive, ``None``: never probed).
         parent: Address of the in-process actor that started it ('' for the system): when
             that actor ends, this child is stopped.
-        stall_timeout: Seconds its process may leave liveness probes unanswered before it
-            is killed as unresponsive (``None``: never probed).
         unresponsive: Set when it was killed for not answering: the ``Down``'s reason.
         lost: Set when its node ended it for its requester's silence (`runtime._nodes`).
     """
 
     ref: ActorRef[Any]
-    shutdown_timeout: float
+    how: SpawnOptions
     process: ChildProcess | None = None
     token: int = 0
     node_address: str = ""
@@ -83,23 +85,28 @@ class Child:
     scope: anyio.CancelScope | None = None
     down: Down | None = None
     parent: str = ""
-    stall_timeout: float | None = None
     unresponsive: str = ""
     lost: str = ""
     remote: RemoteProcess | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def shutdown_timeout(self) -> float:
+        """Seconds it gets to stop gracefully before SIGTERM."""
+        assert self.how.shutdown_timeout is not None  # filled in from the system's
+        return self.how.shutdown_timeout
 
-class Children:
+
+class ChildTable:
     """The live children of one system, in start order.
 
     Args:
-        node: The system's node, where deaths are published (set when the system opens).
+        node: The system's node, where deaths are published.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, node: Node) -> None:
         self.live: dict[str, Child] = {}
-        self.node: Node | None = None
+        self.node = node
 
     def add(self, child: Child) -> None:
         """Record a started child."""
@@ -127,7 +134,7 @@ class Children:
             return
         child.process.close()
         words = None
-        if self.node is not None and not self.node.closed:
+        if not self.node.closed:
             self.node.read_replies()
             words = self.node.take_last_words(child.token)
         cause, reason, signum = reason_for_status(code, words, child.oom_before)
@@ -146,8 +153,7 @@ class Children:
         whole bound without any answer kills, so one probe or answer lost on a full queue
         never does.
         """
-        node, limit = self.node, child.stall_timeout
-        assert node is not None
+        node, limit = self.node, child.how.stall_timeout
         assert limit is not None
         assert child.process is not None
         answered = time.monotonic()
@@ -172,7 +178,7 @@ class Children:
         child.exited.set()
         self.live.pop(child.ref.address, None)
         node = self.node
-        if node is not None and not node.closed:
+        if not node.closed:
             node.mark_dead(down)
             if child.node_address:
                 node.owner_died(child.node_address, child.ref.name)
@@ -182,7 +188,6 @@ class Children:
     async def stop(self, child: Child, timeout: float) -> Down:
         """Stop ``child``: in-band stop request, bounded wait, SIGTERM, SIGKILL."""
         node = self.node
-        assert node is not None
         deadline = time.monotonic() + timeout
         corr, acked = node.new_request(child.ref.address)
         try:

@@ -72,7 +72,6 @@ class MetricsCollector(Actor[CollectorMessage]):
         self.retention = retention
         self.max_dead = max_dead
         self.timeout = timeout
-        self.gatherings = 0
         self._last: SystemMetrics | None = None
         self._last_at = 0.0
         #: Live actors seen, by address: their last statistics and their process's.
@@ -88,7 +87,6 @@ class MetricsCollector(Actor[CollectorMessage]):
         if last is not None and time.monotonic() - self._last_at <= msg.max_age:
             return last
         gathered = await self.system.gather_metrics(self.timeout)
-        self.gatherings += 1
         self._learn(gathered.processes)
         self._expire()
         result = SystemMetrics(

@@ -229,11 +229,11 @@ class ForkServer:
         self, spec: SpawnSpec, ours: socket.socket, theirs: socket.socket, timeout: float
     ) -> int:
         request_id = next(self._ids)
-        fds = _passed(spec.inherit)
+        fds = _passed(spec.how.inherit)
         request = ForkRequest(
             id=request_id,
-            actor=spec.actor,
-            main=spec.main,
+            actor=spec.target.actor,
+            main=spec.target.main,
             sys_path=spec.sys_path,
             cwd=spec.cwd,
             fds=fds,
@@ -264,15 +264,17 @@ class ForkServer:
                 return pid
             if deadline.cancelled_caught:
                 raise SpawnError(
-                    f"the fork server did not fork actor {spec.name!r} within {timeout:g} s "
-                    f"(importing {spec.actor.partition(':')[0]!r} hangs?); a slow import "
+                    f"the fork server did not fork actor {spec.target.name!r} within {timeout:g} s "
+                    f"(importing {spec.target.actor.partition(':')[0]!r} hangs?); a slow import "
                     "needs a larger spawn(spawn_timeout=...), or start='spawn'"
                 )
             raise ForkServerGone()
         if reply.refused:
             raise ForkRefused(reply.refused, reply.threads)
         if reply.error or not reply.pid:
-            raise SpawnError(f"the fork server could not fork actor {spec.name!r}: {reply.error}")
+            raise SpawnError(
+                f"the fork server could not fork actor {spec.target.name!r}: {reply.error}"
+            )
         self.forked += 1
         return reply.pid
 
@@ -308,11 +310,12 @@ class ForkServer:
             await self.process.reap()
 
 
-def _passed(inherit: Sequence[int]) -> list[int]:
+def _passed(inherited: Sequence[int]) -> list[int]:
     """The descriptors a child gets besides its stdin: this process's stdout and stderr
-    (as a fresh interpreter would get them now) and ``inherit``, each under its number."""
+    (as a fresh interpreter would get them now) and the ``inherited`` ones, each under its
+    number."""
     targets: list[int] = []
-    for fd in (1, 2, *inherit):
+    for fd in (1, 2, *inherited):
         if fd in targets:
             continue
         try:
@@ -321,7 +324,7 @@ def _passed(inherit: Sequence[int]) -> list[int]:
             if fd in (1, 2):
                 continue  # closed here: the child keeps the server's
             raise SpawnError(
-                f"inherit={list(inherit)}: descriptor {fd} is not open in this process"
+                f"inherit={list(inherited)}: descriptor {fd} is not open in this process"
             ) from None
         targets.append(fd)
     return targets

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -30,12 +30,10 @@ from ._spawn import ChildProcess, spec_payload
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
+    from ._protocol import StartMethod
     from ._spawn import SpawnSpec
 
 logger = logging.getLogger("tokenyard.system")
-
-StartMethod = Literal["fork-server", "spawn"]
-"""How an actor process starts: forked from the system's fork server, or a fresh interpreter."""
 
 SPAWN: StartMethod = "spawn"
 FORK_SERVER: StartMethod = "fork-server"
@@ -79,11 +77,10 @@ class Launcher:
         self._lock: asyncio.Lock | None = None
         self._preload_refusal = ""
 
-    def launcher(
-        self, spec: SpawnSpec, start: StartMethod | None
-    ) -> Callable[[float], Awaitable[ChildProcess]] | None:
-        """How to start ``spec``'s process (``None``: a fresh interpreter)."""
-        method = self.start if start is None else start
+    def fork_for(self, spec: SpawnSpec) -> Callable[[float], Awaitable[ChildProcess]] | None:
+        """The fork that starts ``spec``'s process, given the seconds it may take; ``None``
+        when it starts in a fresh interpreter (``spec.how.start``, else the system's)."""
+        method = spec.how.start or self.start
         if method == SPAWN or _module(spec) in self.unforkable:
             return None
 
@@ -125,7 +122,7 @@ class Launcher:
                 server.kill()  # it says it exits; make sure
                 return self._refused(spec, refusal)
         raise SpawnError(
-            f"the fork server died twice while starting actor {spec.name!r} (importing "
+            f"the fork server died twice while starting actor {spec.target.name!r} (importing "
             f"{_module(spec)!r} kills it?); spawn it with start='spawn'"
         )
 
@@ -136,7 +133,7 @@ class Launcher:
             server.kill()
             raise SpawnError(
                 f"the fork server did not finish importing preload={list(self.preload)} "
-                f"within {timeout:g} s, so actor {spec.name!r} could not start; a slow "
+                f"within {timeout:g} s, so actor {spec.target.name!r} could not start; a slow "
                 "import needs a larger spawn_timeout, or start='spawn'"
             )
 
@@ -170,6 +167,6 @@ class Launcher:
 
 def _module(spec: SpawnSpec) -> str:
     """The module a fork server imports for ``spec`` (the script, for ``__main__``)."""
-    if spec.main:
-        return spec.main.partition(":")[2]
-    return spec.actor.partition(":")[0]
+    if spec.target.main:
+        return spec.target.main.partition(":")[2]
+    return spec.target.actor.partition(":")[0]

@@ -128,7 +128,6 @@ class Mailbox:
     ) -> None:
         self.sock = sock
         self.address = address
-        self.decoder = decoder
         self.owner = owner
         self._cookie = cookie
         self._allows = allows

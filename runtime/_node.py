@@ -136,7 +136,6 @@ class Node:
         keys: Keys | None = None,
         port: int = 0,
     ) -> None:
-        self.ipc_dir = ipc_dir
         self.cookie = cookie
         self.options = options
         self.name = name

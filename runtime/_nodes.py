@@ -130,9 +130,13 @@ async def spawn_on(
     try:
         body = await host.node.request(info.address, Kind.SPAWN, _encode(request), timeout)
     except AskTimeoutError as err:
-        raise SpawnError(f"node {info.name!r} did not start {request.name!r}: {err}") from err
+        raise SpawnError(
+            f"node {info.name!r} did not start {request.target.name!r}: {err}"
+        ) from err
     except RemoteActorError as err:
-        raise SpawnError(f"node {info.name!r} could not start {request.name!r}: {err}") from err
+        raise SpawnError(
+            f"node {info.name!r} could not start {request.target.name!r}: {err}"
+        ) from err
     return spawned_decoder.decode(body)
 
 
@@ -294,7 +298,7 @@ class NodeService:
     async def _spawn(self, header: Header, request: RemoteSpawn) -> None:
         node, requester = self.system.node, header.reply_to
         try:
-            options = _options_decoder.decode(request.options)
+            options = _options_decoder.decode(request.transport)
             options = msgspec.structs.replace(options, tcp_host=self.system.options.tcp_host)
             child = await self.system.start_remote_child(request, options)
         except BaseException as err:  # the requester hears of every failure

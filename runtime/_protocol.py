@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import hmac
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -233,24 +233,21 @@ class NodeList(msgspec.Struct, array_like=True, frozen=True):
     nodes: list[NodeInfo]
 
 
-class RemoteSpawn(msgspec.Struct, array_like=True, frozen=True):
-    """Start one actor on the node asked, as its own child.
+StartMethod = Literal["fork-server", "spawn"]
+"""How an actor process starts: forked from the system's fork server, or a fresh interpreter."""
+
+
+class SpawnTarget(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
+    """*What* to start: one incarnation of an actor class, its arguments encoded.
 
     Attributes:
         actor: ``module:QualName`` of the actor class.
-        main: How to re-import ``__main__`` (see ``SpawnSpec.main``).
+        main: How to re-import ``__main__`` when the class lives there: a module name
+            (``-m`` runs) or a script path, else ''.
         name: The actor's name.
-        incarnation: Which incarnation of that name (the root counts them).
-        args: Each positional argument, encoded alone.
-        kwargs: Each keyword argument, encoded alone.
-        spawn_timeout: Seconds it has to become ready.
-        shutdown_timeout: Seconds it gets to stop before SIGTERM.
-        stall_timeout: Liveness bound of its process (``None``: not probed).
-        options: The requester's transport settings, encoded (``TransportOptions``): the
-            actor gets them, bound on the node's host.
-        root: The system root's reply inbox (where the actor's own ``spawn(node=...)``
-            resolves node names).
-        start: How the node starts it (``None``: as the node starts its actors).
+        incarnation: Which incarnation of that name this is (its starter counts them).
+        args: Each positional argument of its constructor, encoded alone.
+        kwargs: Each keyword argument of its constructor, encoded alone.
     """
 
     actor: str
@@ -259,12 +256,120 @@ class RemoteSpawn(msgspec.Struct, array_like=True, frozen=True):
     incarnation: int
     args: list[msgspec.Raw]
     kwargs: dict[str, msgspec.Raw]
-    spawn_timeout: float
-    shutdown_timeout: float
-    stall_timeout: float | None
-    options: msgspec.Raw
+
+
+class SpawnOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """*How* to start an actor: the options of ``ActorSystem.spawn`` and `ChildSpec`, declared
+    here once (``spawn`` takes each as a keyword; ``ChildSpec`` is one).
+
+    ``None`` means "as the system starting it says" (`over` fills those in).
+
+    Attributes:
+        process: Run it in its own OS process (default) or as a task in the starter's loop.
+        spawn_timeout: Seconds it has to become ready.
+        shutdown_timeout: Seconds it gets to stop gracefully before SIGTERM.
+        stall_timeout: For a process: seconds its event loop may leave liveness probes
+            unanswered (stopped, or blocked) before it is killed and reported ``Down`` with
+            `Cause.UNRESPONSIVE`; ``None`` never probes.
+        inherit: File descriptors its process inherits, under the same numbers (pass them to
+            it as arguments too): a listening socket, one end of a socket pair. Nothing else
+            crosses. (An in-process actor shares its starter's descriptors anyway.)
+        start: For a process: ``"spawn"`` (a fresh interpreter) or ``"fork-server"``.
+        node: Where a process runs: the name of a node of the system (on another host, over
+            CURVE tcp: docs/guides/multi-host.md), or several tried in order (``""``: the
+            starter's host; only a supervisor tries more than one); ``None``: here.
+
+    Raises:
+        ValueError: An option that the others rule out (``stall_timeout``, ``node`` or
+            ``inherit`` across hosts without ``process``...), naming the knob.
+    """
+
+    process: bool = True
+    spawn_timeout: float | None = None
+    shutdown_timeout: float | None = None
+    stall_timeout: float | None = None
+    inherit: tuple[int, ...] = ()
+    start: StartMethod | None = None
+    node: str | tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        self.check("")
+
+    def check(self, where: str) -> None:
+        """Refuse options that rule each other out, each error starting with ``where``.
+
+        Raises:
+            ValueError: As the class says.
+        """
+        stall, node = self.stall_timeout, self.node
+        if stall is not None and stall <= 0:
+            raise ValueError(f"{where}stall_timeout={stall} must be positive (or None)")
+        if self.process:
+            if node is not None and self.inherit:
+                raise ValueError(f"{where}inherit= cannot cross to another host (node=...)")
+            return
+        if stall is not None:
+            raise ValueError(
+                f"{where}stall_timeout is for actor processes: an in-process actor shares its "
+                "starter's event loop, so nothing could probe it (pass process=True)"
+            )
+        if node is not None:
+            raise ValueError(f"{where}node= starts a process on another host: pass process=True")
+
+    def options(self) -> SpawnOptions:
+        """These options alone (of a `ChildSpec`, which is more)."""
+        if type(self) is SpawnOptions:
+            return self
+        return SpawnOptions(**{f: getattr(self, f) for f in SpawnOptions.__struct_fields__})
+
+    def over(self, defaults: SpawnOptions) -> SpawnOptions:
+        """These options, each left ``None`` taken from ``defaults`` (a system's)."""
+        mine = self.options()
+        taken = {
+            f: getattr(defaults, f)
+            for f in SpawnOptions.__struct_fields__
+            if getattr(mine, f) is None and getattr(defaults, f) is not None
+        }
+        return msgspec.structs.replace(mine, **taken) if taken else mine
+
+    @classmethod
+    def take(cls, keywords: dict[str, Any]) -> tuple[SpawnOptions, dict[str, Any]]:
+        """Split ``spawn``'s keywords: the options, and the rest (the constructor's).
+
+        Raises:
+            ValueError: As the class says.
+        """
+        fields = cls.__struct_fields__
+        options = {k: v for k, v in keywords.items() if k in fields}
+        if not options:
+            return _NO_OPTIONS, keywords
+        if "inherit" in options:
+            options["inherit"] = tuple(options["inherit"])
+        rest = {k: v for k, v in keywords.items() if k not in fields}
+        return cls(**options), rest
+
+
+_NO_OPTIONS = SpawnOptions()
+
+
+class RemoteSpawn(msgspec.Struct, array_like=True, frozen=True):
+    """Start one actor on the node asked, as its own child.
+
+    Attributes:
+        target: What to start.
+        how: How, its timeouts resolved by the requester (``process``, ``inherit`` and
+            ``node`` are the requester's business; ``start`` ``None``: as the node starts
+            its actors).
+        transport: The requester's transport settings, encoded (``TransportOptions``): the
+            actor gets them, bound on the node's host.
+        root: The system root's reply inbox (where the actor's own ``spawn(node=...)``
+            resolves node names).
+    """
+
+    target: SpawnTarget
+    how: SpawnOptions
+    transport: msgspec.Raw
     root: str
-    start: str | None = None
 
 
 class RemoteSpawned(msgspec.Struct, array_like=True, frozen=True):

@@ -31,14 +31,12 @@ from ._auth import Keys
 from ._codec import encode_spawn_value
 from ._errors import RemoteActorError, SpawnError
 from ._message import type_path
-from ._protocol import Header, Kind, ReadyBody, ready_decoder
+from ._protocol import Header, Kind, ReadyBody, SpawnOptions, SpawnTarget, ready_decoder
 from ._transport import TransportOptions
 
 if TYPE_CHECKING:
-    from types import ModuleType
-
-if typing.TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
+    from types import ModuleType
 
 _LENGTH = struct.Struct("!I")
 
@@ -47,13 +45,10 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     """Everything a child process needs to start one actor.
 
     Attributes:
-        actor: ``module:QualName`` of the actor class.
-        main: How to re-import ``__main__`` when the class lives there: a module name
-            (``-m`` runs) or a script path, else ''.
-        name: The actor's name.
-        incarnation: Which incarnation of that name this is.
-        args: Each positional argument, encoded alone.
-        kwargs: Each keyword argument, encoded alone.
+        target: What to start.
+        how: How its starter starts it (``inherit`` is read here, by the parent, for the
+            descriptors the child gets).
+        defaults: The options of the child's own spawns that name none (its system's).
         ipc_dir: The system's private directory.
         options: Transport settings.
         parent_reply: Address the child reports ready (or failed) to.
@@ -62,26 +57,17 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
         sys_path: The parent's ``sys.path``, so the same modules import.
         cwd: The parent's working directory.
         log_level: Root logging level to use.
-        spawn_timeout: Default readiness timeout for the child's own spawns.
-        shutdown_timeout: Default graceful-stop timeout for the child's own children.
         cookie: The system's secret, carried by every header.
         keys: The system's CURVE keys (tcp only).
-        inherit: File descriptors the child inherits, under the same numbers (a listening
-            socket, one end of a socket pair): only these cross into it.
-        start: How the child's own system starts actors (``"spawn"`` or
-            ``"fork-server"``).
         preload: What the child's own fork server preloads.
         root: The system root's reply inbox (tcp), where node names resolve.
         env: The environment to take (a forked child has its fork server's otherwise);
             ``None`` for a fresh interpreter, which is started with it.
     """
 
-    actor: str
-    main: str
-    name: str
-    incarnation: int
-    args: list[msgspec.Raw]
-    kwargs: dict[str, msgspec.Raw]
+    target: SpawnTarget
+    how: SpawnOptions
+    defaults: SpawnOptions
     ipc_dir: str
     options: TransportOptions
     parent_reply: str
@@ -90,12 +76,8 @@ class SpawnSpec(msgspec.Struct, kw_only=True):
     sys_path: list[str]
     cwd: str
     log_level: int
-    spawn_timeout: float
-    shutdown_timeout: float
     cookie: bytes
     keys: Keys | None = None
-    inherit: list[int] = []
-    start: str = "spawn"
     preload: list[str] = []
     env: dict[str, str] | None = None
     root: str = ""
@@ -299,7 +281,7 @@ class ChildProcess:
             [sys.executable, "-m", "runtime._child"],
             stdin=subprocess.PIPE,
             close_fds=True,
-            pass_fds=tuple(spec.inherit),
+            pass_fds=spec.how.inherit,
             # Its own process group: a terminal's Ctrl-C reaches the root only, which then
             # stops the tree in order (the children still die with their parent). Not its
             # own session: Linux gives each session its own scheduling group (autogroup),
@@ -389,7 +371,7 @@ async def start_process(
         SpawnError: It reported a failure, exited first, or was too slow (it is then
             killed); in every case the process has been reaped.
     """
-    name = spec.name
+    name = spec.target.name
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:

@@ -24,9 +24,8 @@ import msgspec
 
 from ._actor import Actor, handler
 from ._errors import SpawnError, TokenyardError
-from ._launcher import StartMethod
 from ._message import Message, Request
-from ._protocol import Cause, Down
+from ._protocol import Cause, Down, SpawnOptions
 from ._ref import ActorRef
 from ._spawn import actor_path, main_reference, resolve_class
 from ._stats import ChildRecord
@@ -59,8 +58,9 @@ class Restart(enum.Enum):
     """Never."""
 
 
-class ChildSpec(msgspec.Struct, kw_only=False):
-    """How to start (and restart) one child.
+class ChildSpec(SpawnOptions, frozen=True, kw_only=False):
+    """How to start (and restart) one child: what, its restart type, and the `SpawnOptions`
+    (each a keyword here, as in ``ActorSystem.spawn``).
 
     Args:
         actor: The Actor class (or its ``module:QualName``).
@@ -68,19 +68,15 @@ class ChildSpec(msgspec.Struct, kw_only=False):
         kwargs: Keyword constructor arguments (msgspec-encodable).
         name: The child's name, unique under its supervisor (default: the class name).
         restart: When to restart it.
-        process: Run it in its own process (default) or in the supervisor's loop.
-        shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
-        stall_timeout: For a process child: seconds it may leave liveness probes unanswered
-            before it is killed (and restarted like any dead child); ``None``: not probed.
-        inherit: File descriptors a process child inherits (see ``ActorSystem.spawn``);
-            a supervisor filling them in at each start does it in ``spec_for``.
-        start: How a process child starts: ``"spawn"`` (a fresh interpreter) or
-            ``"fork-server"``; ``None``: as its supervisor's system starts them.
-        node: Where a process child runs: ``None`` (the supervisor's host), the name of a
-            node of the system, or several names tried in order (``""`` is the
-            supervisor's host). A child whose node was lost (`Cause.NOCONNECTION`) starts
-            again on the first other one that takes it, and on the lost one only when none
-            does (docs/guides/multi-host.md).
+        main: How a process re-imports ``__main__`` for a class defined there (filled in
+            from ``actor``).
+
+    The options are those of `SpawnOptions`; for a child: ``stall_timeout`` kills a process
+    child that stops answering (and restarts it like any dead child); a supervisor filling in
+    ``inherit`` at each start does it in ``spec_for``; ``node`` may name several nodes, tried
+    in order (``""`` is the supervisor's host): a child whose node was lost
+    (`Cause.NOCONNECTION`) starts again on the first other one that takes it, and on the lost
+    one only when none does (docs/guides/multi-host.md).
 
     Example:
         >>> ChildSpec(Echo, name="echo", restart=Restart.TRANSIENT)
@@ -88,34 +84,22 @@ class ChildSpec(msgspec.Struct, kw_only=False):
 
     actor: Any
     args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}  # noqa: RUF012 - a msgspec field, copied per instance
     name: str = ""
     restart: Restart = Restart.PERMANENT
-    process: bool = True
-    shutdown_timeout: float | None = None
     main: str = ""
-    stall_timeout: float | None = None
-    inherit: tuple[int, ...] = ()
-    start: StartMethod | None = None
-    node: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.actor, type):
             cls = self.actor
-            self.main = main_reference(cls)
-            self.actor = actor_path(cls)
-            self.name = self.name or cls.__name__
+            msgspec.structs.force_setattr(self, "main", main_reference(cls))
+            msgspec.structs.force_setattr(self, "actor", actor_path(cls))
+            msgspec.structs.force_setattr(self, "name", self.name or cls.__name__)
         elif not isinstance(self.actor, str) or ":" not in self.actor:
             raise TypeError(f"ChildSpec.actor must be an Actor class, got {self.actor!r}")
         if not self.name:
-            self.name = self.actor.rpartition(":")[2]
-        if self.node is not None and not self.process:
-            raise ValueError(f"ChildSpec {self.name!r}: node= is for process children")
-        if self.stall_timeout is not None and not self.process:
-            raise ValueError(
-                f"ChildSpec {self.name!r}: stall_timeout is for process children (an "
-                "in-process child shares its supervisor's loop: nothing could probe it)"
-            )
+            msgspec.structs.force_setattr(self, "name", str(self.actor).rpartition(":")[2])
+        self.check(f"ChildSpec {self.name!r}: ")
 
 
 class SupervisorStatistics(Message):
@@ -267,18 +251,14 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             raise SpawnError(f"{spec.actor} is not an Actor class")
         failures: list[str] = []
         places = entry.places()
+        options = msgspec.structs.asdict(spec.options())
         for place in places:
             try:
                 ref = await self.system.spawn(
                     cls,
                     *spec.args,
                     name=spec.name,
-                    process=spec.process,
-                    shutdown_timeout=spec.shutdown_timeout,
-                    stall_timeout=spec.stall_timeout,
-                    inherit=spec.inherit,
-                    start=spec.start,
-                    node=place or None,
+                    **{**options, "node": place or None},
                     **spec.kwargs,
                 )
             except SpawnError as err:

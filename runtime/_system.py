@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import itertools
 import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
@@ -20,61 +17,48 @@ import anyio.abc
 import msgspec
 
 from ._auth import Keys, cookie_of
-from ._cell import Cell, Ending, host
-from ._children import Child, Children, RemoteProcess
+from ._cell import Cell, Ending, live
 from ._credentials import Credentials
-from ._errors import (
-    ActorDeadError,
-    ActorNotFoundError,
-    SpawnError,
-    TokenyardError,
-)
-from ._exit import oom_kills
-from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, StartMethod, check_start
+from ._errors import ActorDeadError, ActorNotFoundError, TokenyardError, sole_error
+from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, check_start
 from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
 from ._metrics import REGISTRY
 from ._node import Node
-from ._nodes import NodeTable, find_node, list_nodes, spawn_on
+from ._nodes import NodeTable, list_nodes
 from ._protocol import (
-    Cause,
     Down,
+    ErrorBody,
     Kind,
     LookupQuery,
     LookupReply,
     NodeInfo,
+    ReadyBody,
     RemoteSpawn,
+    SpawnOptions,
+    StartMethod,
     body_encoder,
     new_cookie,
 )
 from ._ref import ActorRef
-from ._spawn import (
-    SpawnSpec,
-    actor_path,
-    child_env,
-    decode_arguments,
-    encode_arguments,
-    main_reference,
-    start_process,
-)
+from ._role import Role
+from ._spawn import SpawnSpec, decode_arguments
+from ._spawner import Spawner, enter_parent
 from ._stats import ProcessMetrics, ProcessStats, SystemMetrics, now
 from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Watch
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Sequence
+    from collections.abc import Awaitable, Callable, Coroutine, Sequence
     from types import TracebackType
 
     from ._actor import Actor
+    from ._children import Child
 
 
 logger = logging.getLogger("tokenyard.system")
 
 M = TypeVar("M", bound=Message)
-
-#: The in-process actor whose code is running (its mailbox address): what it spawns is its
-#: own, and stopped when it ends.
-_spawning_parent: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_parent")
 
 
 class ActorSystem:
@@ -154,73 +138,92 @@ class ActorSystem:
         heartbeat: float = 5.0,
         root: str = "",
     ) -> None:
-        self.name = name
-        self.options: TransportOptions = TransportOptions(
-            hwm=hwm,
-            rcvhwm=rcvhwm,
-            max_message_size=max_message_size,
-            mailbox_bytes=mailbox_bytes,
-            send_timeout=send_timeout,
-            transport=transport,
-            tcp_host=tcp_host,
-            max_peers=max_peers,
-            peer_idle=peer_idle,
-            curve=curve,
-            heartbeat=heartbeat,
+        if attach is not None:
+            role = Role.attached_to(attach)
+        elif root:
+            role = Role.node_of(root, keys)
+        else:
+            role = Role.new_root(keys)
+        self._setup(
+            role,
+            name,
+            TransportOptions(
+                hwm=hwm,
+                rcvhwm=rcvhwm,
+                max_message_size=max_message_size,
+                mailbox_bytes=mailbox_bytes,
+                send_timeout=send_timeout,
+                transport=transport,
+                tcp_host=tcp_host,
+                max_peers=max_peers,
+                peer_idle=peer_idle,
+                curve=curve,
+                heartbeat=heartbeat,
+            ),
+            SpawnOptions(
+                spawn_timeout=spawn_timeout,
+                shutdown_timeout=shutdown_timeout,
+                start=check_start(start, "ActorSystem("),
+            ),
+            preload,
         )
         self._port = port
-        self._root = root
+        self._eager_fork_server = eager_fork_server
+
+    def _setup(
+        self,
+        role: Role,
+        name: str,
+        options: TransportOptions,
+        defaults: SpawnOptions,
+        preload: Sequence[str],
+    ) -> None:
+        """What every constructor does: the settings of ``role`` over this system's own."""
+        self.name = name
+        #: Which member of its system this is.
+        self.role = role
+        self.options: TransportOptions = role.transport or options
+        self._port = 0
+        self._eager_fork_server = False
         #: The root's list of the system's nodes (a tcp system's root only).
         self.node_table: NodeTable | None = None
-        self.spawn_timeout = spawn_timeout
-        self.shutdown_timeout = shutdown_timeout
+        #: What a spawn that names no options takes.
+        self.defaults = defaults
+        assert defaults.spawn_timeout is not None
+        assert defaults.shutdown_timeout is not None
+        assert defaults.start is not None
+        self.spawn_timeout: float = defaults.spawn_timeout
+        self.shutdown_timeout: float = defaults.shutdown_timeout
         #: How this system starts actor processes, and its fork server (``.server``).
-        self.launcher = Launcher(name, check_start(start, "ActorSystem("), preload)
-        self._eager_fork_server = eager_fork_server
-        self.ipc_dir = ""
-        self.root_pid = os.getpid()
-        self._owns_dir = True
-        self._cookie = new_cookie()
-        self._keys_source = keys
+        self.launcher = Launcher(name, defaults.start, preload)
+        self.ipc_dir = role.ipc_dir
+        self.root_pid = role.root_pid or os.getpid()
+        self._cookie = role.cookie or new_cookie()
         self._keys: Keys | None = None
-        #: An actor process's system: it reports to a parent and lingers on close.
-        self._in_child = False
         self._node: Node | None = None
+        self._spawner: Spawner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._children = Children()
         self._cells: dict[str, Cell] = {}
-        self._incarnations: dict[str, int] = {}
-        self._names = itertools.count(1)
         #: The write end of the guardian's pipe (-1: none).
         self._guardian = -1
         #: Files `save_credentials` wrote, each with its guardian's pipe.
         self._saved: dict[str, int] = {}
         self.closing = False
-        if attach is not None:
-            self.options = attach.options
-            self.ipc_dir = attach.ipc_dir
-            self.root_pid = attach.root_pid
-            self._owns_dir = False
-            self._cookie = attach.cookie
-            self._keys_source = attach.keys
 
     @classmethod
-    def _for_child(cls, spec: SpawnSpec) -> ActorSystem:
+    def _of_actor_process(cls, spec: SpawnSpec) -> ActorSystem:
         """The system of an actor process: it shares its root's directory, never owns it."""
-        system = cls(
-            name=spec.name,
-            spawn_timeout=spec.spawn_timeout,
-            shutdown_timeout=spec.shutdown_timeout,
+        system = cls.__new__(cls)
+        assert spec.defaults.start is not None
+        system._setup(
+            Role.actor_process(spec),
+            spec.target.name,
+            spec.options,
+            msgspec.structs.replace(
+                spec.defaults, start=check_start(spec.defaults.start, "SpawnSpec(")
+            ),
+            spec.preload,
         )
-        system.options = spec.options
-        system.ipc_dir = spec.ipc_dir
-        system.root_pid = spec.root_pid
-        system._owns_dir = False
-        system._cookie = spec.cookie
-        system._keys_source = spec.keys
-        system._in_child = True
-        system._root = spec.root
-        system.launcher = Launcher(spec.name, check_start(spec.start, "SpawnSpec("), spec.preload)
         return system
 
     @property
@@ -231,7 +234,25 @@ class ActorSystem:
     @property
     def root_address(self) -> str:
         """The reply inbox of the system's root (this process's own when it is the root)."""
-        return self._root or self.node.reply_address
+        return self.role.root or self.node.reply_address
+
+    @property
+    def nodes_root(self) -> str:
+        """The root's reply inbox when the system has nodes, where an actor's own
+        ``spawn(node=...)`` resolves names; '' otherwise."""
+        return self.role.root or (self.node.reply_address if self.node_table else "")
+
+    @property
+    def keys(self) -> Keys | None:
+        """The system's CURVE keys (tcp only; ``None`` until it opens)."""
+        return self._keys
+
+    @property
+    def spawner(self) -> Spawner:
+        """How this system starts its children, and their records."""
+        if self._spawner is None:
+            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
+        return self._spawner
 
     @property
     def node(self) -> Node:
@@ -288,7 +309,7 @@ class ActorSystem:
     def _resolve_keys(self) -> Keys | None:
         if self.options.transport != "tcp" or not self.options.curve:
             return None
-        source = self._keys_source
+        source = self.role.keys
         if isinstance(source, Keys):
             return source
         if source is None:
@@ -296,13 +317,14 @@ class ActorSystem:
         return Keys.load(source)
 
     async def __aenter__(self) -> ActorSystem:
-        if self._owns_dir:
+        role = self.role
+        if role.owns_dir:
             # Created 0700; the pid in the name tells whose it is.
             self.ipc_dir = tempfile.mkdtemp(prefix=f"tokenyard-{os.getpid()}-")
             self._guardian = _start_guardian(self.ipc_dir)
         try:
             self._keys = self._resolve_keys()
-            if self._keys is not None and not self._in_child and self._owns_dir:
+            if self._keys is not None and role.owns_dir:
                 self._cookie = cookie_of(self._keys)  # the same on every node
             self._node = Node(
                 self.ipc_dir, self.options, self.name, self._cookie, self._keys, self._port
@@ -311,8 +333,8 @@ class ActorSystem:
             self._remove_dir()
             raise
         self._node.open()
-        self._children.node = self._node
-        if self._keys is not None and not self._in_child and not self._root:
+        self._spawner = Spawner(self, self.launcher, self.defaults)
+        if self._keys is not None and role.keeps_nodes:
             self.node_table = NodeTable(self._node)
             self._node.on_node_frame = self.node_table.on_frame
         self._tg = anyio.create_task_group()
@@ -330,16 +352,17 @@ class ActorSystem:
         self.closing = True
         try:
             with anyio.CancelScope(shield=True):
-                if exc_type is None and not self._in_child:
+                if exc_type is None and not self.role.in_actor_process:
                     await self.deliver_tells()
-                await self._children.stop_all()
+                if self._spawner is not None:
+                    await self._spawner.children.stop_all()
                 await self.launcher.aclose()
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             node = self.node
-            node.close(self.options.linger_ms if self._in_child else 0)
+            node.close(self.options.linger_ms if self.role.in_actor_process else 0)
             self._remove_dir()
 
     def _remove_dir(self) -> None:
@@ -348,7 +371,7 @@ class ActorSystem:
                 os.unlink(path)
             os.close(guardian)
         self._saved.clear()
-        if not self._owns_dir:
+        if not self.role.owns_dir:
             return
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
         guardian, self._guardian = self._guardian, -1
@@ -358,233 +381,44 @@ class ActorSystem:
     # -- spawning -------------------------------------------------------------------------
 
     async def spawn(
-        self,
-        actor: type[Actor[M]],
-        *args: Any,
-        name: str | None = None,
-        process: bool = True,
-        spawn_timeout: float | None = None,
-        shutdown_timeout: float | None = None,
-        stall_timeout: float | None = None,
-        inherit: Sequence[int] = (),
-        start: StartMethod | None = None,
-        node: str | None = None,
-        **kwargs: Any,
+        self, actor: type[Actor[M]], *args: Any, name: str | None = None, **kwargs: Any
     ) -> ActorRef[M]:
         """Start an actor and return its ref once its ``on_start`` has finished.
 
         Args:
             actor: The Actor subclass.
-            *args: Positional arguments of its constructor (msgspec-encodable if
-                ``process``).
+            *args: Positional arguments of its constructor (msgspec-encodable if it runs in
+                a process).
             name: The actor's name (default: class name and a counter).
-            process: Run it in its own OS process (default) or as a task in this loop.
-            spawn_timeout: Seconds it has to become ready (default: the system's).
-            shutdown_timeout: Seconds it gets to stop before SIGTERM (default: the system's).
-            stall_timeout: For a process: seconds its event loop may leave liveness probes
-                unanswered (stopped, or blocked) before it is killed and reported ``Down``
-                with `Cause.UNRESPONSIVE`; ``None`` (default) never probes.
-            inherit: File descriptors its process inherits, under the same numbers (pass
-                them to it as arguments too): a listening socket, one end of a socket pair.
-                Nothing else crosses: every other descriptor of this process is closed in
-                the child. (An in-process actor shares this process's descriptors anyway.)
-            start: For a process: ``"spawn"`` (a fresh interpreter) or ``"fork-server"``;
-                default: the system's ``start``.
-            node: Start it on the system's node of that name (on another host, over CURVE
-                tcp: docs/guides/multi-host.md) rather than as this process's child. Its
-                class must import there; it is still this system's child (`stop`, `kill`,
-                `watch`, and its death ends as a local child's does).
-            **kwargs: Keyword arguments of its constructor.
+            **kwargs: How to start it, each a field of `SpawnOptions` (``process``,
+                ``spawn_timeout``, ``shutdown_timeout``, ``stall_timeout``, ``inherit``,
+                ``start``, ``node``; ``None`` or left out: the system's), and the keyword
+                arguments of its constructor (every other keyword). With ``node``, its class
+                must import on that node's host; it is still this system's child (`stop`,
+                `kill`, `watch`, and its death ends as a local child's does).
 
         Raises:
             SpawnError: Arguments not encodable, import failure, ``on_start`` raised, the
                 process died or did not become ready in time; for ``node``: no such node,
                 or it did not answer.
+            ValueError: Options that rule each other out, or an unknown start method.
         """
-        name = name or f"{actor.__name__}-{next(self._names)}"
-        incarnation = self._incarnations.get(name, 0) + 1
-        self._incarnations[name] = incarnation
-        stop_after = self.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
-        if stall_timeout is not None and stall_timeout <= 0:
-            raise ValueError(f"stall_timeout={stall_timeout} must be positive (or None)")
-        if stall_timeout is not None and not process:
-            raise ValueError(
-                "stall_timeout is for actor processes: an in-process actor shares this "
-                "process's event loop, so nothing could probe it (pass process=True)"
-            )
-        if not process:
-            if node is not None:
-                raise ValueError("node= starts a process on another host: pass process=True")
-            return await self._spawn_local(actor, args, kwargs, name, incarnation, stop_after)
-        if start is not None:
-            check_start(start, "spawn(")
-        if node is not None and inherit:
-            raise ValueError("inherit= cannot cross to another host (node=...)")
-        Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
-        enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
-        timeout = self.spawn_timeout if spawn_timeout is None else spawn_timeout
-        if node is not None:
-            request = RemoteSpawn(
-                actor=actor_path(actor),
-                main=main_reference(actor),
-                name=name,
-                incarnation=incarnation,
-                args=enc_args,
-                kwargs=enc_kwargs,
-                spawn_timeout=timeout,
-                shutdown_timeout=stop_after,
-                stall_timeout=stall_timeout,
-                options=msgspec.Raw(body_encoder.encode(self.options)),
-                root=self.root_address,
-                start=start,
-            )
-            return await self._spawn_remote(request, node)
-        child = await self._start_process(
-            actor_path(actor),
-            main_reference(actor),
-            enc_args,
-            enc_kwargs,
-            name,
-            incarnation,
-            stop_after,
-            timeout,
-            stall_timeout,
-            inherit,
-            start,
-            self.options,
-        )
-        return child.ref
-
-    @property
-    def _task_group(self) -> anyio.abc.TaskGroup:
-        if self._tg is None:
-            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
-        return self._tg
-
-    async def _start_process(
-        self,
-        path: str,
-        main: str,
-        enc_args: list[msgspec.Raw],
-        enc_kwargs: dict[str, msgspec.Raw],
-        name: str,
-        incarnation: int,
-        stop_after: float,
-        timeout: float,
-        stall_timeout: float | None,
-        inherit: Sequence[int],
-        start: StartMethod | None,
-        options: TransportOptions,
-        root: str = "",
-    ) -> Child:
-        """Start an actor process from its encoded pieces and record it as a child."""
-        node = self.node
-        token, ready = node.new_request(f"spawn:{name}")
-        spec = SpawnSpec(
-            actor=path,
-            main=main,
-            name=name,
-            incarnation=incarnation,
-            args=enc_args,
-            kwargs=enc_kwargs,
-            ipc_dir=self.ipc_dir,
-            options=options,
-            parent_reply=node.reply_address,
-            token=token,
-            root_pid=self.root_pid,
-            sys_path=list(sys.path),
-            cwd=os.getcwd(),
-            log_level=logging.getLogger().getEffectiveLevel(),
-            spawn_timeout=self.spawn_timeout,
-            shutdown_timeout=self.shutdown_timeout,
-            cookie=node.cookie,
-            keys=self._keys,
-            inherit=list(inherit),
-            start=self.launcher.start,
-            preload=list(self.launcher.preload),
-            root=root or self._root or (node.reply_address if self.node_table else ""),
-        )
-        launch = self.launcher.launcher(spec, start)
-        if launch is not None:
-            spec.env = child_env()
-        oom_before = oom_kills()
-        node.expect_last_words(token)
-        try:
-            proc, started = await start_process(spec, ready, timeout, launch)
-        except BaseException:
-            node.take_last_words(token)
-            raise
-        finally:
-            node.drop_request(token)
-        ref: ActorRef[Any] = ActorRef(name, started.address, incarnation, node.reply_address)
-        child = Child(
-            ref,
-            stop_after,
-            process=proc,
-            token=token,
-            node_address=started.node,
-            oom_before=oom_before,
-            parent=_spawning_parent.get(""),
-            stall_timeout=stall_timeout,
-        )
-        self._children.add(child)
-        self._task_group.start_soon(self._children.await_exit, child)
-        if stall_timeout is not None:
-            self._task_group.start_soon(self._children.probe, child)
-        return child
-
-    async def _spawn_remote(self, request: RemoteSpawn, node_name: str) -> ActorRef[Any]:
-        if self.options.transport != "tcp" or self._keys is None:
-            raise SpawnError(
-                "spawn(node=...) needs a system over tcp with CURVE keys "
-                "(ActorSystem(transport='tcp', keys=...)): docs/guides/multi-host.md"
-            )
-        answer_within = request.spawn_timeout + self.options.heartbeat
-        info = await find_node(self, node_name, answer_within)
-        spawned = await spawn_on(self, info, request, answer_within)
-        node = self.node
-        ref: ActorRef[Any] = ActorRef(
-            request.name, spawned.address, request.incarnation, info.address
-        )
-        remote = RemoteProcess(node, info.address, info.name, spawned.pid, spawned.address)
-        child = Child(
-            ref,
-            request.shutdown_timeout,
-            parent=_spawning_parent.get(""),
-            remote=remote,
-        )
-        node.on_death(ref.address, remote.deliver)
-        node.subscribe(ref)
-        self._children.add(child)
-        self._task_group.start_soon(self._children.await_exit, child)
-        return ref
+        how, kwargs = SpawnOptions.take(kwargs)
+        return await self.spawner.spawn(actor, args, kwargs, name, how)
 
     async def start_remote_child(self, request: RemoteSpawn, options: TransportOptions) -> Child:
-        """A node's half of ``spawn(node=...)``: start the actor asked for as this process's
-        own child, under the requester's transport settings (`runtime._nodes`)."""
-        return await self._start_process(
-            request.actor,
-            request.main,
-            request.args,
-            request.kwargs,
-            request.name,
-            request.incarnation,
-            request.shutdown_timeout,
-            request.spawn_timeout,
-            request.stall_timeout,
-            (),
-            check_start(request.start, "RemoteSpawn(") if request.start else None,
-            options,
-            request.root,
-        )
+        """A node's half of ``spawn(node=...)`` (`Spawner.start_for_node`)."""
+        return await self.spawner.start_for_node(request, options)
 
     def start_task(self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         """Run ``func(*args)`` in this system's task group (ended when the system closes)."""
-        self._task_group.start_soon(func, *args)
+        if self._tg is None:
+            raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
+        self._tg.start_soon(func, *args)
 
     def child_at(self, address: str) -> Child | None:
         """The live child whose mailbox is ``address``."""
-        return self._children.get(address)
+        return self.spawner.children.get(address)
 
     async def wait_nodes(self, names: Sequence[str], timeout: float) -> None:
         """Return once every node in ``names`` has joined this system (its root only).
@@ -613,15 +447,13 @@ class ActorSystem:
         """
         return (await list_nodes(self, timeout)).nodes
 
-    def _make_cell(
+    def make_cell(
         self,
         actor: type[Actor[Any]],
         args: Sequence[Any],
         kwargs: dict[str, Any],
         name: str,
         incarnation: int,
-        *,
-        encoded: bool = True,
         owner: str = "",
     ) -> Cell:
         """Build an actor in this process and bind its mailbox (``on_start`` not run yet).
@@ -631,8 +463,6 @@ class ActorSystem:
         then equals the ref its parent holds, and whoever gets it learns of its death.
         """
         decoder = Cell.decoder_for(actor)
-        if encoded:
-            args, kwargs = decode_arguments(actor, args, kwargs)
         instance = actor(*args, **kwargs)
         node = self.node
         options = self.options
@@ -653,67 +483,16 @@ class ActorSystem:
         self._cells[address] = cell
         return cell
 
-    async def _host(self, cell: Cell, on_ready: Any) -> Ending:
-        """Live the actor's life in ``cell`` (`runtime._cell.host`) as this system's member:
+    async def live(self, cell: Cell, on_ready: Callable[[], Awaitable[None]]) -> Ending:
+        """Live the actor's life in ``cell`` (`runtime._cell.live`) as this system's member:
         what it spawns is its own, and stopped when it ends."""
         address = cell.mailbox.address
-        _spawning_parent.set(address)
+        enter_parent(address)
+        children = self.spawner.children
         try:
-            return await host(cell, on_ready, lambda: self._children.stop_all(parent=address))
+            return await live(cell, on_ready, lambda: children.stop_all(parent=address))
         finally:
             self._cells.pop(address, None)
-
-    async def _spawn_local(
-        self,
-        actor: type[Actor[M]],
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        name: str,
-        incarnation: int,
-        stop_after: float,
-    ) -> ActorRef[M]:
-        cell = self._make_cell(actor, args, kwargs, name, incarnation, encoded=False)
-        ref: ActorRef[M] = ActorRef(
-            name, cell.mailbox.address, incarnation, self.node.reply_address
-        )
-        child = Child(ref, stop_after, cell=cell, parent=_spawning_parent.get(""))
-        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._children.add(child)
-        self._task_group.start_soon(self._run_local, child, ready)
-        try:
-            await ready
-        except BaseException:
-            self._children.live.pop(child.ref.address, None)
-            raise
-        return ref
-
-    async def _run_local(self, child: Child, ready: asyncio.Future[None]) -> None:
-        cell = child.cell
-        assert cell is not None
-
-        async def on_ready() -> None:
-            ready.set_result(None)
-
-        ending: Ending | None = None
-        try:
-            with anyio.CancelScope() as child.scope:
-                ending = await self._host(cell, on_ready)
-                if ending.stop is not None:
-                    with anyio.CancelScope(shield=True):
-                        try:
-                            await self.node.reply(ending.stop, None)
-                        except TokenyardError as err:
-                            logger.debug("stop of %s not acknowledged: %s", child.ref.name, err)
-        finally:
-            if not ready.done():
-                if ending is not None and ending.error is not None:
-                    ready.set_exception(
-                        SpawnError(f"actor {child.ref.name!r} failed in on_start: {ending.error!r}")
-                    )
-                else:
-                    ready.cancel()
-            elif ready.exception() is None:
-                self._children.died(child, _local_down(child, ending))
 
     # -- watching and stopping ------------------------------------------------------------
 
@@ -735,7 +514,7 @@ class ActorSystem:
         node = self.node
         fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
         if (
-            ref.address not in self._children.live
+            ref.address not in self.spawner.children.live
             and not ref.owner
             and not node.is_dead(ref.address)
         ):
@@ -780,7 +559,7 @@ class ActorSystem:
         Raises:
             ActorDeadError: It was already dead.
         """
-        child = self._children.get(ref.address)
+        child = self.spawner.children.get(ref.address)
         if child is None:
             if self.node.is_dead(ref.address):
                 raise ActorDeadError(f"actor {ref.name!r} is already dead")
@@ -788,7 +567,7 @@ class ActorSystem:
                 f"actor {ref.name!r} is not a child of this system: stop it through the "
                 "system or supervisor that started it"
             )
-        return await self._children.stop(
+        return await self.spawner.children.stop(
             child, child.shutdown_timeout if timeout is None else timeout
         )
 
@@ -800,7 +579,7 @@ class ActorSystem:
         Raises:
             ActorDeadError: It is dead already, or not a child of this system.
         """
-        child = self._children.get(ref.address)
+        child = self.spawner.children.get(ref.address)
         if child is None:
             raise ActorDeadError(f"actor {ref.name!r} is not a live child of this system")
         if child.process is not None:
@@ -810,7 +589,7 @@ class ActorSystem:
             child.remote.signal(signal.SIGKILL, reason)  # its node makes it UNRESPONSIVE
         elif child.scope is not None:
             child.scope.cancel()
-        await self._children.await_exit(child)
+        await self.spawner.children.await_exit(child)
         assert child.down is not None
         return child.down
 
@@ -820,7 +599,7 @@ class ActorSystem:
 
         A graceful exit does this, so that no accepted ``tell`` is lost with the process.
         """
-        late = await self.node.flush(self.shutdown_timeout, {*skip, *self._children.live})
+        late = await self.node.flush(self.shutdown_timeout, {*skip, *self.spawner.children.live})
         for address in late:
             logger.warning(
                 "%s: the mailbox at %s did not take its tells within shutdown_timeout=%g s; "
@@ -854,7 +633,7 @@ class ActorSystem:
         Raises:
             ActorNotFoundError: Nobody live has that name (unless ``missing_ok``).
         """
-        children = list(self._children.live.values())
+        children = list(self.spawner.children.live.values())
         for child in reversed(children):  # the newest incarnation of a name wins
             if child.ref.name == name:
                 return child.ref
@@ -875,12 +654,12 @@ class ActorSystem:
 
     def child_pids(self) -> list[int]:
         """The process ids of this system's live child actor processes."""
-        return [c.process.pid for c in self._children.live.values() if c.process is not None]
+        return [c.process.pid for c in self.spawner.children.live.values() if c.process is not None]
 
     def pid_of(self, ref: ActorRef[Any]) -> int | None:
         """The process id of a child of this system (None if it runs in-process or died);
         for one on another node, its pid there (see `node_of`)."""
-        child = self._children.get(ref.address)
+        child = self.spawner.children.get(ref.address)
         if child is None:
             return None
         if child.remote is not None:
@@ -889,7 +668,7 @@ class ActorSystem:
 
     def node_of(self, ref: ActorRef[Any]) -> str | None:
         """The name of the node a live child runs on (None: this host, or not a child)."""
-        child = self._children.get(ref.address)
+        child = self.spawner.children.get(ref.address)
         return None if child is None or child.remote is None else child.remote.node_name
 
     async def statistics(self, ref: ActorRef[Any], timeout: float = 5.0) -> MailboxStatistics:
@@ -927,7 +706,9 @@ class ActorSystem:
         """
         started = now()
         children = [
-            c for c in self._children.live.values() if c.process is not None or c.remote is not None
+            c
+            for c in self.spawner.children.live.values()
+            if c.process is not None or c.remote is not None
         ]
         answers: list[list[ProcessMetrics]] = [[] for _ in children]
 
@@ -948,20 +729,71 @@ class ActorSystem:
         return SystemMetrics(processes=processes, gathered_at=started)
 
 
-def _local_down(child: Child, ending: Ending | None) -> Down:
-    """The ``Down`` of an in-process actor that had started, from how it ended."""
-    ref = child.ref
-    if ending is None:  # cancelled by the stop's escalation
-        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: it did not stop in time")
-    if ending.error is None:
-        return Down(ref=ref, cause=Cause.NORMAL, reason="normal")
-    err = ending.error
-    logger.error("in-process actor %s crashed", ref.name, exc_info=err)
-    return Down(
-        ref=ref,
-        cause=Cause.EXCEPTION,
-        reason=f"exception: {type(err).__module__}.{type(err).__qualname__}: {err}",
-    )
+async def run_actor_process(
+    spec: SpawnSpec, cls: type | BaseException, on_bound: Callable[[ActorSystem], None]
+) -> int:
+    """The life of an actor process's system, the one entry `runtime._child` has: open it,
+    build the actor ``spec`` asks for (``cls``, or why it could not be imported), report it
+    ready to the parent, serve until it ends, and say how (last words before exiting 1).
+
+    Args:
+        spec: What the parent asked for.
+        cls: The actor class, or the error its import raised (reported as a failed spawn).
+        on_bound: Called with the system once it is open and again once the actor's
+            mailbox is bound (the process removes those files if a signal ends it).
+
+    Returns:
+        The process's exit status: 0 after a graceful stop, 1 after a failure.
+    """
+    from ._actor import Actor
+
+    system = ActorSystem._of_actor_process(spec)
+    target = spec.target
+
+    async def report_failure(err: BaseException) -> None:
+        body = body_encoder.encode(ErrorBody.of(err))
+        await system.node.send_control(spec.parent_reply, Kind.FAILED, spec.token, body)
+
+    async with system:
+        on_bound(system)
+        try:
+            if isinstance(cls, BaseException):
+                raise cls
+            if not issubclass(cls, Actor):
+                raise TypeError(f"{target.actor} is not an Actor class")
+            args, kwargs = decode_arguments(cls, target.args, target.kwargs)
+            cell = system.make_cell(
+                cls, args, kwargs, target.name, target.incarnation, owner=spec.parent_reply
+            )
+        except Exception as err:  # noqa: BLE001 - reported to the parent as a SpawnError
+            await report_failure(err)
+            return 1
+        on_bound(system)
+
+        async def on_ready() -> None:
+            ready = ReadyBody(cell.mailbox.address, os.getpid(), system.node.reply_address)
+            await system.node.send_control(
+                spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
+            )
+
+        ending = await system.live(cell, on_ready)
+        if ending.error is not None:  # the actor crashed: say why, then exit 1
+            cause = sole_error(ending.error)
+            logging.getLogger("tokenyard.child").error(
+                "actor %s %s",
+                target.name,
+                "crashed" if ending.started else "failed to start",
+                exc_info=cause,
+            )
+            # Before ready, this fails the spawn; after, these are the actor's last words,
+            # which its parent puts in the Down reason.
+            await report_failure(cause)
+            return 1
+        system.closing = True
+        await system.deliver_tells(skip=[cell.mailbox.address])
+        if ending.stop is not None:
+            await system.node.reply(ending.stop, None)
+    return 0
 
 
 def _start_guardian(path: str, *, directory: bool = True) -> int:

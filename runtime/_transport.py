@@ -313,8 +313,6 @@ class Outbox:
         #: Sockets closed to stay under ``max_peers``, and for being idle.
         self.evicted = 0
         self.idled = 0
-        #: Called with each address a new socket is opened to (the node subscribes there).
-        self.on_open: Callable[[str], None] = _nothing
 
     def allows(self, address: str) -> bool:
         """Whether ``address`` is one of the system's own."""
@@ -350,7 +348,6 @@ class Outbox:
             sock.close(0)
             raise ProtocolError(f"cannot connect to {address!r}: {err}") from err
         peer = self._peers[address] = _Peer(sock, self._uses)
-        self.on_open(address)
         return peer
 
     def _evict(self) -> None:
@@ -499,7 +496,3 @@ class Outbox:
         self._closed = True
         for address in list(self._peers):
             self._close(address, self._options.linger_ms if linger_ms is None else linger_ms)
-
-
-def _nothing(address: str) -> None:
-    """The default `Outbox.on_open`."""

@@ -11,7 +11,7 @@ in-process `actors.Pipeline`. Serve it with uvicorn (the ``serve`` extra)::
 
 from __future__ import annotations
 
-from runtime._message import publish as _publish
+from runtime import publish as _publish
 
 from ._app import HTTPStatistics as HTTPStatistics
 from ._app import OpenAIApp as OpenAIApp

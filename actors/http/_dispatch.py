@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from runtime._throttle import Throttle
+from runtime import Throttle
 
 from ._config import ServeConfig
 from ._connections import CLOSED, MARKS_PER_MESSAGE, TAKEN

@@ -27,9 +27,8 @@ from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, Vllm
 from actors.messages import Drain, GetWorkerStats
 from actors.pipeline import Pipeline
-from runtime import TokenyardError
+from runtime import TokenyardError, configure_logging
 from runtime._child import raise_fd_limit
-from runtime._logging import configure_logging
 
 from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig

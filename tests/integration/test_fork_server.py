@@ -90,7 +90,7 @@ class TestForkedActors:
             ActorSystem(start="forkserver")  # type: ignore[arg-type] # the wrong name, on purpose
         async with ActorSystem() as system:
             with pytest.raises(ValueError, match="choose 'fork-server' or 'spawn'"):
-                await system.spawn(Forked, start="exec")  # type: ignore[arg-type] # on purpose
+                await system.spawn(Forked, start="exec")  # the wrong name, on purpose
 
     async def test_preloaded_modules_run_once_in_an_eager_fork_server(self) -> None:
         async with ActorSystem(

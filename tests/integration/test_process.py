@@ -92,7 +92,7 @@ class TestAskAndTell:
             # The child asks an actor of this process: the answer needs a socket to the
             # child's reply inbox.
             assert await child.ask(Forward(target=local, n=1)) == Pong(n=5)
-            record = system._children.get(child.address)
+            record = system.spawner.children.get(child.address)
             assert record is not None
             inbox = record.node_address
             assert inbox in system.node.outbox.connected()

@@ -1,5 +1,11 @@
-"""The runtime's modules import each other without a circle, ``TYPE_CHECKING`` imports and
-imports inside functions included: each module knows only the ones below it."""
+"""The packages import each other's modules without a circle, ``TYPE_CHECKING`` imports and
+imports inside functions included: each module knows only the ones below it.
+
+The graph spans ``runtime``, ``actors`` and ``benchmarks``, subpackages included: a circle
+through two packages is a circle too. A package's ``__init__`` is the module named after the
+package; ``from package import x`` imports the module ``package.x`` when there is one, else
+the package.
+"""
 
 from __future__ import annotations
 
@@ -8,35 +14,60 @@ from pathlib import Path
 
 import pytest
 
-import runtime
+ROOT = Path(__file__).resolve().parents[2]
+#: The packages whose modules the graph holds.
+PACKAGES = ("runtime", "actors", "benchmarks")
+#: Imports known to close a circle, each with why it is left for now. The engine specs'
+#: factory (``actors.engines``) imports each engine's generator inside a function, and each
+#: generator imports the engine contract back: the engines' own work (point 5 of the core
+#: reshape issue) moves the factory. An entry whose import is gone fails
+#: `test_every_known_circle_is_still_there`, so that it is struck off.
+KNOWN_CIRCLES = {
+    ("actors.engines", "actors._fake_model"),
+    ("actors.engines", "actors._llamacpp_engine"),
+}
 
-PACKAGE = Path(runtime.__file__).parent
+
+def module_name(path: Path) -> str:
+    """The dotted name of the module in ``path`` (a package by its own name)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
-def imports_of(module: str) -> set[str]:
-    """The runtime modules ``runtime.<module>`` imports, anywhere in its source."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+def module_files() -> dict[str, Path]:
+    """Every module of the packages, by its dotted name."""
+    return {
+        module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+    }
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that the module ``name`` (in ``path``) imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                found.add(node.module.split(".")[0])
-            elif node.level == 1:  # from . import _context
-                found.update(alias.name for alias in node.names)
-            elif node.module and node.module.startswith("runtime."):
-                found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found.update(
-                alias.name.split(".")[1]
-                for alias in node.names
-                if alias.name.startswith("runtime.")
-            )
-    return found - {module}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{node.module}" if node.module else anchor
+            else:
+                base = node.module or ""
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & known
+            found |= submodules
+            if len(submodules) < len(node.names):
+                found.add(base)
+    return (found & known) - {name}
 
 
 def graph() -> dict[str, set[str]]:
-    modules = sorted(p.stem for p in PACKAGE.glob("_*.py") if p.stem != "__init__")
-    return {m: imports_of(m) & set(modules) for m in modules}
+    """Each module of the packages and the modules of them it imports."""
+    files = module_files()
+    known = set(files)
+    return {name: imports_of(path, name, known) for name, path in files.items()}
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -62,15 +93,56 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_runtime_module_imports_one_that_imports_it_back() -> None:
-    cycle = find_cycle(graph())
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    edges = graph()
+    for importer, imported in KNOWN_CIRCLES:
+        edges[importer].discard(imported)
+    cycle = find_cycle(edges)
     assert cycle is None, " -> ".join(cycle or [])
+
+
+def reaches(edges: dict[str, set[str]], start: str, goal: str) -> bool:
+    """Whether ``start`` imports ``goal``, directly or through other modules."""
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in edges[todo.pop()] - seen:
+            if nxt == goal:
+                return True
+            seen.add(nxt)
+            todo.append(nxt)
+    return False
+
+
+def test_every_known_circle_is_still_there() -> None:
+    edges = graph()
+    gone = {
+        (importer, imported)
+        for importer, imported in KNOWN_CIRCLES
+        if imported not in edges[importer] or not reaches(edges, imported, importer)
+    }
+    assert gone == set(), "strike these off KNOWN_CIRCLES"
+
+
+def test_the_graph_spans_the_three_packages() -> None:
+    edges = graph()
+    assert {name.partition(".")[0] for name in edges} == set(PACKAGES)
+    assert "runtime" in edges["benchmarks.pipeline"]  # one package's module importing another's
+    assert "runtime._context" in edges["runtime._node"]  # from . import _context
+    assert "actors.http._serve" in edges["actors.http"]  # a subpackage's relative imports
+
+
+def test_runtime_never_imports_actors_or_benchmarks() -> None:
+    edges = graph()
+    above = {m for m in edges if not m.startswith("runtime")}
+    assert {
+        m: edges[m] & above for m in edges if m.startswith("runtime") and edges[m] & above
+    } == {}
 
 
 def test_refs_and_the_current_node_sit_at_the_bottom() -> None:
     edges = graph()
-    assert edges["_context"] <= {"_errors", "_message"}
-    assert edges["_ref"] <= {"_context", "_errors", "_message"}
+    assert edges["runtime._context"] <= {"runtime._errors", "runtime._message"}
+    assert edges["runtime._ref"] <= {"runtime._context", "runtime._errors", "runtime._message"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,331 @@
+"""How one system starts its children: in this process, in a process of their own, or on a
+node of the system on another host.
+
+A spawn is a `SpawnTarget` (what: the class, its name and incarnation, its encoded
+arguments) and `SpawnOptions` (how), both declared once in `runtime._protocol`; the
+`Spawner` resolves the options against its system's defaults and takes one of three paths.
+Every child it starts is recorded in its `ChildTable`, where its death, its stop and its
+liveness probes are handled. The spawner sees its system through `SpawnerSystem`, a narrow
+protocol, so that this module imports nothing of `runtime._system`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import anyio
+import msgspec
+
+from ._cell import Cell
+from ._children import Child, ChildTable, RemoteProcess
+from ._errors import SpawnError, TokenyardError
+from ._exit import oom_kills
+from ._launcher import check_start
+from ._message import Message
+from ._nodes import NodeHost, find_node, spawn_on
+from ._protocol import Cause, Down, RemoteSpawn, SpawnTarget, body_encoder
+from ._ref import ActorRef
+from ._spawn import (
+    SpawnSpec,
+    actor_path,
+    child_env,
+    encode_arguments,
+    main_reference,
+    start_process,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from ._actor import Actor
+    from ._auth import Keys
+    from ._cell import Ending
+    from ._launcher import Launcher
+    from ._protocol import SpawnOptions
+    from ._transport import TransportOptions
+
+logger = logging.getLogger("tokenyard.system")
+
+M = TypeVar("M", bound=Message)
+
+#: The in-process actor whose code is running (its mailbox address): what it spawns is its
+#: own, and stopped when it ends.
+_spawning_parent: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_parent")
+
+
+def enter_parent(address: str) -> None:
+    """Make the in-process actor at ``address`` the parent of what the running code spawns."""
+    _spawning_parent.set(address)
+
+
+class SpawnerSystem(NodeHost, Protocol):
+    """What the spawner needs of the system it spawns for (an open ``ActorSystem``)."""
+
+    ipc_dir: str
+    root_pid: int
+
+    @property
+    def keys(self) -> Keys | None:
+        """The system's CURVE keys (tcp only)."""
+        ...
+
+    @property
+    def nodes_root(self) -> str:
+        """The root's reply inbox when the system has nodes, else ''."""
+        ...
+
+    def make_cell(
+        self,
+        actor: type[Actor[Any]],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str,
+        incarnation: int,
+    ) -> Cell:
+        """An actor built in this process, its mailbox bound (``on_start`` not run yet)."""
+        ...
+
+    async def live(self, cell: Cell, on_ready: Callable[[], Awaitable[None]]) -> Ending:
+        """Live the actor's life in ``cell`` as the system's member."""
+        ...
+
+
+class Spawner:
+    """Starts the children of one system and keeps their records.
+
+    Args:
+        system: The open system it spawns for.
+        launcher: How the system starts actor processes (and its fork server).
+        defaults: The options a spawn that names none takes (the system's timeouts and start
+            method).
+    """
+
+    def __init__(self, system: SpawnerSystem, launcher: Launcher, defaults: SpawnOptions):
+        self.system = system
+        self.launcher = launcher
+        self.defaults = defaults
+        self.children = ChildTable(system.node)
+        self._incarnations: dict[str, int] = {}
+        self._names = itertools.count(1)
+
+    async def spawn(
+        self,
+        actor: type[Actor[M]],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str | None,
+        how: SpawnOptions,
+    ) -> ActorRef[M]:
+        """Start ``actor`` as ``how`` says; its ref once it is ready (``ActorSystem.spawn``).
+
+        Raises:
+            SpawnError: As ``ActorSystem.spawn`` says.
+            ValueError: A start method this platform does not have.
+        """
+        name = name or f"{actor.__name__}-{next(self._names)}"
+        incarnation = self._incarnations.get(name, 0) + 1
+        self._incarnations[name] = incarnation
+        if how.start is not None:
+            check_start(how.start, "spawn(")
+        given, how = how, how.over(self.defaults)
+        if not how.process:
+            return await self._in_process(actor, args, kwargs, name, incarnation, how)
+        Cell.decoder_for(actor)  # a class without handlers fails here, not in the child
+        enc_args, enc_kwargs = encode_arguments(actor, args, kwargs)
+        target = SpawnTarget(
+            actor=actor_path(actor),
+            main=main_reference(actor),
+            name=name,
+            incarnation=incarnation,
+            args=enc_args,
+            kwargs=enc_kwargs,
+        )
+        if how.node is not None:
+            if not isinstance(how.node, str):
+                raise ValueError(
+                    f"spawn(node={how.node!r}): name one node (a ChildSpec tries more)"
+                )
+            # The node starts it as it starts its own actors, unless this spawn names how.
+            asked = msgspec.structs.replace(how, start=given.start, node=None)
+            return await self._on_node(target, asked, how.node)
+        child = await self._in_own_process(target, how, self.system.options, self.system.nodes_root)
+        return child.ref
+
+    # -- in this process --------------------------------------------------------------------
+
+    async def _in_process(
+        self,
+        actor: type[Actor[M]],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str,
+        incarnation: int,
+        how: SpawnOptions,
+    ) -> ActorRef[M]:
+        system = self.system
+        cell = system.make_cell(actor, args, kwargs, name, incarnation)
+        ref: ActorRef[M] = ActorRef(
+            name, cell.mailbox.address, incarnation, system.node.reply_address
+        )
+        child = Child(ref, how, cell=cell, parent=_spawning_parent.get(""))
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.children.add(child)
+        system.start_task(self._run_in_process, child, ready)
+        try:
+            await ready
+        except BaseException:
+            self.children.live.pop(child.ref.address, None)
+            raise
+        return ref
+
+    async def _run_in_process(self, child: Child, ready: asyncio.Future[None]) -> None:
+        cell = child.cell
+        assert cell is not None
+        node = self.system.node
+
+        async def on_ready() -> None:
+            ready.set_result(None)
+
+        ending: Ending | None = None
+        try:
+            with anyio.CancelScope() as child.scope:
+                ending = await self.system.live(cell, on_ready)
+                if ending.stop is not None:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await node.reply(ending.stop, None)
+                        except TokenyardError as err:
+                            logger.debug("stop of %s not acknowledged: %s", child.ref.name, err)
+        finally:
+            if not ready.done():
+                if ending is not None and ending.error is not None:
+                    ready.set_exception(
+                        SpawnError(f"actor {child.ref.name!r} failed in on_start: {ending.error!r}")
+                    )
+                else:
+                    ready.cancel()
+            elif ready.exception() is None:
+                self.children.died(child, _local_down(child, ending))
+
+    # -- in a process of its own ------------------------------------------------------------
+
+    async def _in_own_process(
+        self, target: SpawnTarget, how: SpawnOptions, transport: TransportOptions, root: str
+    ) -> Child:
+        """Start an actor process and record it as a child, once it is ready."""
+        system, node = self.system, self.system.node
+        token, ready = node.new_request(f"spawn:{target.name}")
+        spec = SpawnSpec(
+            target=target,
+            how=how,
+            defaults=self.defaults,
+            ipc_dir=system.ipc_dir,
+            options=transport,
+            parent_reply=node.reply_address,
+            token=token,
+            root_pid=system.root_pid,
+            sys_path=list(sys.path),
+            cwd=os.getcwd(),
+            log_level=logging.getLogger().getEffectiveLevel(),
+            cookie=node.cookie,
+            keys=system.keys,
+            preload=list(self.launcher.preload),
+            root=root,
+        )
+        fork = self.launcher.fork_for(spec)
+        if fork is not None:
+            spec.env = child_env()
+        oom_before = oom_kills()
+        node.expect_last_words(token)
+        timeout = _resolved(how.spawn_timeout)
+        try:
+            proc, started = await start_process(spec, ready, timeout, fork)
+        except BaseException:
+            node.take_last_words(token)
+            raise
+        finally:
+            node.drop_request(token)
+        ref: ActorRef[Any] = ActorRef(
+            target.name, started.address, target.incarnation, node.reply_address
+        )
+        child = Child(
+            ref,
+            how,
+            process=proc,
+            token=token,
+            node_address=started.node,
+            oom_before=oom_before,
+            parent=_spawning_parent.get(""),
+        )
+        self.children.add(child)
+        system.start_task(self.children.await_exit, child)
+        if how.stall_timeout is not None:
+            system.start_task(self.children.probe, child)
+        return child
+
+    # -- on a node of the system ------------------------------------------------------------
+
+    async def _on_node(self, target: SpawnTarget, how: SpawnOptions, place: str) -> ActorRef[Any]:
+        system = self.system
+        if system.options.transport != "tcp" or system.keys is None:
+            raise SpawnError(
+                "spawn(node=...) needs a system over tcp with CURVE keys "
+                "(ActorSystem(transport='tcp', keys=...)): docs/guides/multi-host.md"
+            )
+        request = RemoteSpawn(
+            target=target,
+            how=how,
+            transport=msgspec.Raw(body_encoder.encode(system.options)),
+            root=system.root_address,
+        )
+        answer_within = _resolved(how.spawn_timeout) + system.options.heartbeat
+        info = await find_node(system, place, answer_within)
+        spawned = await spawn_on(system, info, request, answer_within)
+        node = system.node
+        ref: ActorRef[Any] = ActorRef(
+            target.name, spawned.address, target.incarnation, info.address
+        )
+        remote = RemoteProcess(node, info.address, info.name, spawned.pid, spawned.address)
+        child = Child(ref, how, parent=_spawning_parent.get(""), remote=remote)
+        node.on_death(ref.address, remote.deliver)
+        node.subscribe(ref)
+        self.children.add(child)
+        system.start_task(self.children.await_exit, child)
+        return ref
+
+    async def start_for_node(self, request: RemoteSpawn, transport: TransportOptions) -> Child:
+        """A node's half of ``spawn(node=...)``: start the actor asked for as this process's
+        own child, under the requester's transport settings (`runtime._nodes`)."""
+        how = request.how
+        if how.start is not None:
+            check_start(how.start, "RemoteSpawn(")
+        how = msgspec.structs.replace(how, inherit=(), node=None).over(self.defaults)
+        return await self._in_own_process(request.target, how, transport, request.root)
+
+
+def _resolved(seconds: float | None) -> float:
+    """A timeout that `SpawnOptions.over` filled in from the system's defaults."""
+    assert seconds is not None
+    return seconds
+
+
+def _local_down(child: Child, ending: Ending | None) -> Down:
+    """The ``Down`` of an in-process actor that had started, from how it ended."""
+    ref = child.ref
+    if ending is None:  # cancelled by the stop's escalation
+        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: it did not stop in time")
+    if ending.error is None:
+        return Down(ref=ref, cause=Cause.NORMAL, reason="normal")
+    err = ending.error
+    logger.error("in-process actor %s crashed", ref.name, exc_info=err)
+    return Down(
+        ref=ref,
+        cause=Cause.EXCEPTION,
+        reason=f"exception: {type(err).__module__}.{type(err).__qualname__}: {err}",
+    )
