@@ -25,6 +25,7 @@ PACKAGES = ("runtime", "actors", "benchmarks")
 KNOWN_CIRCLES = {
     ("actors.engines", "actors._fake_model"),
     ("actors.engines", "actors._llamacpp_engine"),
+    ("actors.engines", "actors._vllm_engine"),
 }
 
 
