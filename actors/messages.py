@@ -496,6 +496,19 @@ class MemberStuck(Message):
     reason: str
 
 
+class EngineState(Message):
+    """Told by the scheduler to its supervisor when its engine becomes ready to generate, or
+    stops being ready (an engine that has not connected yet, or was lost).
+
+    Attributes:
+        scheduler: The scheduler it is about (a late word of a dead one is ignored).
+        ready: Whether the engine takes requests now.
+    """
+
+    scheduler: ActorRef[SchedulerMessage]
+    ready: bool
+
+
 class Topology(Message):
     """Told by the supervisor to every member: the live refs of the shared members (None
     while one restarts). Members address each other only through the latest topology.
@@ -504,11 +517,14 @@ class Topology(Message):
         scheduler: The scheduler.
         detokenizers: Each detokenizer, by index (a request keeps its index for life).
         router: The router.
+        engine_ready: Whether the scheduler's engine takes requests now (``False`` too
+            while no scheduler is up): what a worker's ``/health`` answers.
     """
 
     scheduler: ActorRef[SchedulerMessage] | None
     detokenizers: list[ActorRef[DetokenizerMessage] | None]
     router: ActorRef[RouterMessage] | None
+    engine_ready: bool = False
 
 
 class CheckLoad(Message):
@@ -591,6 +607,8 @@ class SchedulerStats(Message):
         running: Requests in the running batch right now.
         waiting: Requests waiting to be admitted right now.
         generated_tokens: Token ids generated, over all requests.
+        engine_ready: Whether the engine takes requests now (one that has not connected
+            yet does not).
     """
 
     received: int = 0
@@ -603,6 +621,7 @@ class SchedulerStats(Message):
     running: int = 0
     waiting: int = 0
     generated_tokens: int = 0
+    engine_ready: bool = True
 
 
 class GetSchedulerStats(Request[SchedulerStats]):
@@ -702,5 +721,5 @@ DetokenizerMessage = BatchTokenIDOutput | RouteUpdate | Topology | AbortAll | Ge
 RouterMessage = RouteUpdate | LoadReply | FlushReply | AbortNotice | GetRouterStats
 """What the router accepts."""
 
-PipelineSupervisorMessage = SupervisorMessage | RegisterWorker | MemberStuck
+PipelineSupervisorMessage = SupervisorMessage | RegisterWorker | MemberStuck | EngineState
 """What the pipeline supervisor accepts."""

@@ -146,6 +146,9 @@ class _CallerState:
         self._rr = itertools.count()
         self.inbox: ActorRef[CallerMessage] | None = None
         self.closed = False
+        #: Set with the reason when the pipeline supervisor failed (`Pipeline.until_failed`).
+        self.supervisor_failed = anyio.Event()
+        self.failure = ""
         self.resubmitted = 0
         self.failed = 0
         self._resubmissions = _metrics.RESUBMISSIONS.labels(config.model_name)
@@ -314,6 +317,8 @@ class PipelineInbox(Actor[CallerMessage]):
         """The pipeline supervisor failed (restart intensity exceeded): nothing will be
         served any more, so every waiting request fails now rather than hang."""
         self.state.close(WorkerDiedError("*", Member.SUPERVISOR, msg.reason))
+        self.state.failure = msg.reason
+        self.state.supervisor_failed.set()
 
     async def _resubmit(self, req: _Request) -> None:
         try:
@@ -607,6 +612,14 @@ class Pipeline:
         if self._supervisor is None:
             raise PipelineClosedError("the pipeline is not open")
         return self._supervisor
+
+    async def until_failed(self) -> str:
+        """Wait until the pipeline supervisor fails (its restart intensity exceeded, or an
+        engine that never starts: `PipelineConfig.engine_start_tries`): nothing is served
+        after it. Its reason. Waits for ever on a pipeline that does not fail: race it
+        against what else ends the caller's work (``serve`` races it against its signals)."""
+        await self._state.supervisor_failed.wait()
+        return self._state.failure
 
     @property
     def resubmitted(self) -> int:

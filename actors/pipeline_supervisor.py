@@ -27,6 +27,8 @@ from .messages import (
     Abort,
     AbortAll,
     CallerMessage,
+    EngineState,
+    GetSchedulerStats,
     Member,
     MemberStuck,
     Origin,
@@ -46,6 +48,12 @@ from .scheduler import Scheduler
 from .tokenizer_worker import Limits, TokenizerWorker
 
 logger = logging.getLogger("tokenyard.pipeline")
+
+
+class EngineStartError(TokenyardError):
+    """The engine never became ready in ``PipelineConfig.engine_start_tries`` starts in a
+    row: the pipeline fails rather than start it again (its message has the last reason)."""
+
 
 #: The members every worker talks to that there is one of, by the name of their spec.
 SHARED = {Member.ROUTER.value: Member.ROUTER, Member.SCHEDULER.value: Member.SCHEDULER}
@@ -128,6 +136,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             tokenizer file must be at the same path on every host.
         engine: What generates behind the scheduler (`actors.engines`); ``None``: the
             stand-in, with ``step_time``.
+        engine_start_tries: Scheduler deaths in a row, each before its engine was ever
+            ready (a launched vLLM engine that exits at start: a wrong argument, a model
+            that does not load), after which the pipeline gives up and fails with the last
+            reason instead of starting the engine again and again.
     """
 
     workers: int = 4
@@ -149,6 +161,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     worker_nodes: tuple[str, ...] = ()
     engine: EngineSpec | None = None
+    engine_start_tries: int = 3
 
     def worker_places(self, k: int) -> str | tuple[str, ...] | None:
         """Where worker ``k`` may run, in order (``ChildSpec.node``)."""
@@ -171,6 +184,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_new_tokens",
             "max_stream_buffer",
             "submit_timeout",
+            "engine_start_tries",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")
@@ -197,7 +211,7 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         return Limits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
 
 
-class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
+class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState]):
     """Starts detokenizer, router, scheduler and N workers; one-for-one restarts.
 
     Registration: a worker asks ``RegisterWorker``; the route goes to the detokenizer and the
@@ -259,6 +273,10 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         self.config = config
         self.client = client
         self.channels = channels
+        #: Whether the live scheduler's engine takes requests (`EngineState`).
+        self.engine_ready = False
+        #: Schedulers in a row that died before their engine was ever ready.
+        self.failed_engine_starts = 0
         self.collector = collector
         self._restarts = _metrics.MEMBER_RESTARTS
         self.routes: dict[Origin, ActorRef[WorkerMessage]] = {}
@@ -299,6 +317,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 "tokenizer": cfg.tokenizer,
                 "max_batch_size": cfg.max_batch_size,
                 "model_name": cfg.model_name,
+                "supervisor": self.ref,
             }
         else:
             k = self.worker_ids[spec.name]
@@ -323,6 +342,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             scheduler=self.child(Member.SCHEDULER.value),
             detokenizers=[self.child(n) for n in self.detokenizer_ids],
             router=self.child(Member.ROUTER.value),
+            engine_ready=self.engine_ready and self.child(Member.SCHEDULER.value) is not None,
         )
 
     def routers(self) -> list[ActorRef[Any]]:
@@ -334,6 +354,10 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
         if name in self.worker_ids:
             await self._tell(ref, self.topology())
             return
+        if name == Member.SCHEDULER.value:
+            self.engine_ready = await self._engine_ready(ref)
+            if self.engine_ready:
+                self.failed_engine_starts = 0
         if name != Member.SCHEDULER.value:
             for origin, worker in self.routes.items():
                 await self._route(ref, origin, worker)
@@ -408,6 +432,29 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
             # The member died meanwhile: its restart republishes every route.
             logger.warning("route %s not published to %s: %s", origin, member.name, err)
 
+    # -- the engine's readiness ------------------------------------------------------------
+
+    async def _engine_ready(self, scheduler: ActorRef[Any]) -> bool:
+        """Whether a scheduler that just started has its engine ready (one that has not
+        connected yet has not: it tells `EngineState` when that changes)."""
+        try:
+            stats = await scheduler.ask(GetSchedulerStats(), timeout=10)
+        except TokenyardError as err:
+            logger.warning("the scheduler did not say whether its engine is ready: %s", err)
+            return False
+        return stats.engine_ready
+
+    @handler
+    async def engine_state(self, msg: EngineState) -> None:
+        """The scheduler's engine became ready, or stopped being ready: every member is
+        told (a worker's ``/health`` answers it)."""
+        if msg.scheduler != self.child(Member.SCHEDULER.value) or msg.ready == self.engine_ready:
+            return  # a word of a scheduler that is gone, or nothing new
+        self.engine_ready = msg.ready
+        if msg.ready:
+            self.failed_engine_starts = 0
+        await self._broadcast(self.topology())
+
     # -- deaths and stalls ----------------------------------------------------------------
 
     @handler
@@ -458,6 +505,18 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck]):
                 )
                 await self._tell(scheduler, abort)
         elif SHARED[name] is Member.SCHEDULER:
+            if not self.engine_ready:
+                self.failed_engine_starts += 1
+                tries = self.config.engine_start_tries
+                if self.failed_engine_starts >= tries:
+                    await self.give_up(
+                        EngineStartError(
+                            f"the engine was never ready in {tries} starts in a row; "
+                            f"the last ended with: {down.reason}"
+                        )
+                    )
+                    return
+            self.engine_ready = False
             for n in self.detokenizer_ids:
                 detokenizer = self.child(n)
                 if detokenizer is not None:

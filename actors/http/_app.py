@@ -463,6 +463,11 @@ class OpenAIApp:
         await send_json(ex.send, 200, _version_body())
 
     async def _health(self, ex: _Exchange, bound: _Bound) -> None:
+        """200 when the engine generates; 503 with the reason while it cannot (starting,
+        restarting), so that a load balancer sends requests elsewhere meanwhile."""
+        why = bound.engine.not_ready()
+        if why is not None:
+            raise HTTPError(503, why, code="service_unavailable", headers=((b"retry-after", b"1"),))
         await ex.send({"type": "http.response.start", "status": 200, "headers": []})
         await ex.send({"type": "http.response.body", "body": b""})
 

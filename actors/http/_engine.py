@@ -121,6 +121,11 @@ class Engine(Protocol):
         """The text of ``ids``, special tokens included."""
         ...
 
+    def not_ready(self) -> str | None:
+        """Why the engine cannot generate now (an engine still starting, or restarting),
+        or ``None`` when it can: ``/health`` answers 503 with it, 200 without."""
+        ...
+
     async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
         """Generate a whole completion of ``prompt`` (text or token ids).
 
@@ -214,3 +219,8 @@ class TokenizerFacts:
             return text
         texts: list[str] = self._tokenizer.decode_batch([ids], skip_special_tokens=False)
         return texts[0]
+
+    def not_ready(self) -> str | None:
+        """Ready whenever asked: the pipeline's worker engine says otherwise while the
+        scheduler or its engine is not up."""
+        return None

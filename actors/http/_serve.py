@@ -263,6 +263,15 @@ def _parser() -> argparse.ArgumentParser:
         help="vllm, launched: the Python of the venv vLLM is installed in (default "
         "$TOKENYARD_VLLM_PYTHON, else .venv-vllm/bin/python)",
     )
+    engine.add_argument(
+        "--engine-start-tries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="give up (exit 1) when the engine was never ready in N starts in a row, each "
+        "ending in the scheduler's death (a launched engine that exits at start: a wrong "
+        "vllm serve argument, a model that does not load) (default 3)",
+    )
     defaults = LlamaCpp(model="")
     engine.add_argument(
         "--n-parallel",
@@ -431,8 +440,9 @@ def _config(args: argparse.Namespace) -> ServeConfig:
 
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's engine, from ``--engine`` and its options (already checked)."""
+    tries = {"engine_start_tries": args.engine_start_tries}
     if args.engine == "stand-in":
-        return {"step_time": args.step_time}
+        return {"step_time": args.step_time, **tries}
     if args.engine == "vllm":
         vllm = Vllm(
             handshake=args.engine_handshake,
@@ -440,14 +450,14 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             args=tuple(args.vllm_args),
             python=args.vllm_python,
         )
-        return {"engine": vllm, "context_length": _max_model_len(args.vllm_args)}
+        return {"engine": vllm, "context_length": _max_model_len(args.vllm_args), **tries}
     spec = LlamaCpp(
         model=args.model,
         n_parallel=args.n_parallel,
         context_length=args.engine_context,
         threads=args.engine_threads,
     )
-    return {"engine": spec, "context_length": spec.context_length}
+    return {"engine": spec, "context_length": spec.context_length, **tries}
 
 
 def _max_model_len(vllm_args: list[str]) -> int | None:
@@ -564,14 +574,27 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
 
 async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:
     """Serve until a signal, then drain; a signal during the drain ends what still runs
-    at once. 0 after a clean drain, else 1."""
-    async for signum in signals:
-        logger.warning(
-            "%s: draining (new connections refused; requests in flight have %g s to finish)",
-            signal.Signals(signum).name,
-            server.dispatcher.config.drain_timeout,
-        )
-        break
+    at once. 0 after a clean drain, else 1; 1 at once when the pipeline fails (it serves
+    nothing more: its supervisor gave up)."""
+    failure: list[str] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch_pipeline() -> None:
+            failure.append(await server.pipeline.until_failed())
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch_pipeline)
+        async for signum in signals:
+            logger.warning(
+                "%s: draining (new connections refused; requests in flight have %g s to finish)",
+                signal.Signals(signum).name,
+                server.dispatcher.config.drain_timeout,
+            )
+            break
+        tg.cancel_scope.cancel()
+    if failure:
+        logger.error("the pipeline failed, nothing more is served: %s", failure[0])
+        return 1
     drained: list[bool] = []
     async with anyio.create_task_group() as tg:
 

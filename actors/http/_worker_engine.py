@@ -153,6 +153,14 @@ class WorkerEngine(TokenizerFacts):
         self._live.pop(rid, None)
         self._worker.release_local(rid)
 
+    def not_ready(self) -> str | None:
+        """Why requests cannot be generated now, as the latest `Topology` says."""
+        if self._worker.scheduler is None:
+            return "the scheduler is restarting: requests wait for it"
+        if not self._worker.engine_ready:
+            return "the engine is not ready (starting, or not connected yet): requests wait for it"
+        return None
+
     @property
     def in_flight(self) -> int:
         """Requests being generated now."""

@@ -1,0 +1,100 @@
+"""The engine's state as the server shows it: ``/health`` says 503 with the reason while
+the scheduler's engine has not connected (a vLLM engine attached over its own protocol,
+here a fake one replaying frames recorded from the real engine) and 200 once it has; an
+engine that never starts makes ``serve`` give up and exit 1 with the reason, not launch
+it again for ever."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import aiohttp
+import anyio
+import pytest
+
+from actors._hf_model import write_hf_model_dir
+from tests.engines.test_protocol import FakeEngine, free_port
+
+from ._server import ROOT, running_serve
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def health(session: aiohttp.ClientSession, url: str) -> tuple[int, str, str | None]:
+    async with session.get(f"{url}/health") as response:
+        return response.status, await response.text(), response.headers.get("Retry-After")
+
+
+async def test_health_is_503_until_the_engine_attaches_and_200_after() -> None:
+    handshake = f"tcp://127.0.0.1:{free_port()}"
+    with running_serve("--engine", "vllm", "--engine-handshake", handshake, workers=2) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        async with aiohttp.ClientSession() as session:
+            # Every worker says so (a connection each time: the owner hands them round).
+            for _ in range(4):
+                status, body, retry_after = await health(session, url)
+                assert status == 503, body
+                assert "the engine is not ready" in body
+                assert retry_after == "1"
+            engine = FakeEngine(handshake)
+            try:
+                await engine.start()
+                # The engine's READY reaches the scheduler, the supervisor, then each
+                # worker: an HTTP poll cannot wait on that chain's events.
+                for _ in range(400):
+                    if (await health(session, url))[0] == 200:
+                        break
+                    await anyio.sleep(0.05)  # sync-ok: polling the server from outside
+                else:
+                    pytest.fail("/health did not answer 200 within 20 s of the engine's READY")
+                for _ in range(4):
+                    assert (await health(session, url))[0] == 200
+            finally:
+                engine.close()
+
+
+async def test_a_ready_engine_is_healthy_as_soon_as_the_server_says_it_serves() -> None:
+    """The stand-in is ready at once: no 503 window after ``serving`` is printed (the
+    supervisor asks a started scheduler for its engine's state before it starts a worker)."""
+    with running_serve(workers=2) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(4):
+                status, body, _ = await health(session, url)
+                assert status == 200, body
+
+
+def test_an_engine_that_never_starts_makes_serve_exit_1_after_its_tries(tmp_path: Path) -> None:
+    """A launched engine that exits at once (its "Python" is ``false``: as a wrong ``vllm
+    serve`` argument does, only sooner) kills the scheduler before the engine was ever
+    ready; after ``--engine-start-tries`` such deaths in a row the pipeline gives up."""
+    write_hf_model_dir(tmp_path)
+    command = [
+        sys.executable,
+        "-m",
+        "actors",
+        "serve",
+        "--workers",
+        "1",
+        "--port",
+        str(free_port()),
+        "--engine",
+        "vllm",
+        "--model",
+        str(tmp_path),
+        "--vllm-python",
+        "/bin/false",
+        "--engine-start-tries",
+        "2",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=50, cwd=ROOT)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "serving http://" in done.stdout
+    assert "the engine was never ready in 2 starts in a row" in done.stderr
+    assert "its process exited (status 1)" in done.stderr
+    assert done.stderr.count("launched vLLM's engine") == 2
