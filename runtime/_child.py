@@ -96,20 +96,33 @@ _PF_EXITING = 0x4
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs; a killed parent not yet reaped (a zombie) counts as dead, and
     so does one still exiting: its descriptors close (the end of file that wakes
-    `_watch_parent_pipe`) before it is a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    `_watch_parent_pipe`) before it is a zombie. So does one reaped between the two looks:
+    `kill` finds a killed root's zombie, whoever waits for it reaps it, and its ``/proc``
+    entry is gone when read. Taken for alive, that root's children would each skip removing
+    the system directory, which would then outlive them all (left to the guardian)."""
+    if not _signalable(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rpartition(b")")[2].split()
         state, flags = fields[0], int(fields[6])
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped since (or no /proc on this system): ask the kernel again.
+        return _signalable(pid)
     except (OSError, IndexError, ValueError):
         return True
     return state not in (b"Z", b"X") and not flags & _PF_EXITING
+
+
+def _signalable(pid: int) -> bool:
+    """Whether ``pid`` exists (running, exiting or a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        pass
+    return True
 
 
 def _set_parent_death_signal() -> None:
