@@ -51,6 +51,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALLEST: dict[str, list[str]] = {
     "mailbox": ["--messages", "1", "--batches", "1", "--asks", "1"],
     "dispatch": ["--steps", "1", "--workers", "2"],
+    "detokenize": ["--tokens", "1"],
     "pipeline": ["--requests", "1", "--concurrency", "1", "--workers", "2"],
     "supervision": ["--kills", "1"],
     "spawn": ["--actors", "1"],
@@ -200,6 +201,15 @@ EXPECTED: dict[str, dict[str, Any]] = {
         ],
         "targets": ["raw.throughput", "actors.throughput"],
         "charts": ["dispatch-throughput"],
+    },
+    "detokenize": {
+        "params": {"tokens": 1, "rounds": 1},
+        "figures": [f"{v}.per_token" for v in ("decodestream", "tokenyard", "windows", "stops")],
+        "ratios": [
+            (f"{v}.per_token", "decodestream.per_token") for v in ("tokenyard", "windows", "stops")
+        ],
+        "targets": ["tokenyard.per_token"],
+        "charts": ["detokenize-per-token"],
     },
     "pipeline": {
         # --workers 2 runs the 1-worker baseline too.
