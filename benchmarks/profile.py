@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,12 @@ def profile(messages: int, rounds: int, runtime: str = "", floor: bool = False) 
     return msgspec.json.decode(lines[-1], type=Profile)
 
 
+def slug(part: str) -> str:
+    """A part's name as a figure key's last part (``"libzmq I/O threads"`` ->
+    ``"libzmq_i_o_threads"``)."""
+    return re.sub(r"[^a-z0-9]+", "_", part.lower()).strip("_")
+
+
 def figures_of(key: str, label: str, role: str, measured: Profile) -> list[Figure]:
     """The total and the parts of one profile."""
     figures = [
@@ -109,21 +116,21 @@ def figures_of(key: str, label: str, role: str, measured: Profile) -> list[Figur
             variant=label,
             payload=TOTAL,
             metric="per tell",
-            value=measured.cpu_us,
-            unit="us",
+            value=round(measured.cpu_us * 1000),
+            unit="ns",
             role=role,
-            rounds=measured.rounds,
+            rounds=[round(r * 1000) for r in measured.rounds],
             note=f"runtime from {measured.runtime}",
         )
     ]
     figures += [
         Figure(
-            key=f"{key}.{part.replace(' ', '_')}",
+            key=f"{key}.{slug(part)}",
             variant=label,
             payload=PAYLOAD,
             metric=part,
-            value=measured.parts.get(part, 0.0),
-            unit="us",
+            value=round(measured.parts.get(part, 0.0) * 1000),
+            unit="ns",
             role=INFO,
         )
         for part in PARTS
@@ -168,7 +175,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
                 title="where a small tell's CPU time goes, both ends in one process (cProfile"
                 " shares of the unprofiled time; lower is better)",
                 metrics=list(PARTS),
-                unit="us",
+                unit="ns",
                 payloads=[PAYLOAD],
                 kind=STACKED,
             )
