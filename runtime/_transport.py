@@ -268,9 +268,13 @@ def peer_limit(max_peers: int) -> int:
     return max(1, min(max_peers, soft // (2 * FDS_PER_PEER)))
 
 
-#: A bundle is sent once it holds this many tells, or this many bytes of them; a tell of
-#: more bytes than `BUNDLE_FRAME` goes alone (after the bundle before it).
+#: A bundle is sent once it holds this many tells (and never more than an eighth of the
+#: high-water mark: a queue of ``hwm`` bundles then holds at most ``hwm**2 / 8`` tells, and
+#: below ``hwm=16`` nothing coalesces, so a small hwm keeps its tight back-pressure), or
+#: this many bytes of them; a tell of more bytes than `BUNDLE_FRAME` goes alone (after the
+#: bundle before it).
 BUNDLE_TELLS = 256
+BUNDLE_HWM_SHARE = 8
 BUNDLE_BYTES = 64 * 1024
 BUNDLE_FRAME = 16 * 1024
 #: What a bundle adds to its tells' bytes, at most: the array's head and each item's.
@@ -332,7 +336,8 @@ class Outbox:
     by hand may point at any socket) coalesce. The first tell to an address in a turn of
     the event loop goes out at once, as its own frame; the ones after it in the same turn
     (a handler answering a batch, a loop of tells that never waits) wait in a *bundle*, one
-    ``Kind.TELLS`` frame sent when the turn ends, when it holds `BUNDLE_TELLS` tells or
+    ``Kind.TELLS`` frame sent when the turn ends, when it holds `BUNDLE_TELLS` tells (at
+    most ``hwm / 8``: with ``hwm`` under 16 nothing coalesces) or
     `BUNDLE_BYTES`, or before anything else is sent to that address, so the order of
     everything sent to one address holds. A bundle is opened only when the queue has room
     for it, so a tell to a full mailbox waits as before; libzmq's per-message work (and
@@ -367,13 +372,17 @@ class Outbox:
         self._bundle_header = b"" if tells is None else tells.bundle
         # Bundles stay well inside the message size the receiver accepts.
         room = (self._max - len(self._bundle_header) - _BUNDLE_OVERHEAD) // 2
-        self._bundle_bytes = max(min(BUNDLE_BYTES, room), 0) if tells is not None else 0
+        self._bundle_tells = min(BUNDLE_TELLS, options.hwm // BUNDLE_HWM_SHARE)
+        coalesce = tells is not None and self._bundle_tells >= 2
+        self._bundle_bytes = max(min(BUNDLE_BYTES, room), 0) if coalesce else 0
         self._bundle_frame = min(BUNDLE_FRAME, self._bundle_bytes)
         #: Turns of the event loop in which this outbox sent a tell, and whether the end
         #: of the current one is scheduled; the peers with an open bundle.
         self._turn = 0
         self._turn_ends = False
         self._bundling: list[_Peer] = []
+        #: Tasks sending a bundle that met a full queue (held so they are not collected).
+        self._unstalling: set[asyncio.Task[None]] = set()
         self._peers: dict[str, _Peer] = {}
         #: Uses of a socket so far: a peer's ``used`` orders the peers by their last use.
         self._uses = 0
@@ -466,7 +475,7 @@ class Outbox:
             if bundle is not None:
                 bundle.append(frame)
                 peer.bundle_bytes += size
-                if len(bundle) >= BUNDLE_TELLS or peer.bundle_bytes >= self._bundle_bytes:
+                if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
                     self._flush(peer)
                 return True
             if peer.turn == self._turn and not peer.stalled:
@@ -499,7 +508,7 @@ class Outbox:
             if bundle is not None:
                 bundle.append((frame, trace))
                 peer.bundle_bytes += size
-                if len(bundle) >= BUNDLE_TELLS or peer.bundle_bytes >= self._bundle_bytes:
+                if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
                     self._flush(peer)
                 return True
             if peer.traced_turn == self._turn:
@@ -564,7 +573,9 @@ class Outbox:
         except zmq.Again:
             peer.stalled = (self._bundle_header, body)
             with contextlib.suppress(RuntimeError):  # no loop: the next send clears it
-                asyncio.get_running_loop().create_task(self._unstall(peer))
+                task = asyncio.get_running_loop().create_task(self._unstall(peer))
+                self._unstalling.add(task)
+                task.add_done_callback(self._unstalling.discard)
             return
         _send(peer.sock, body, 0)
 

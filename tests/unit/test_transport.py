@@ -335,6 +335,22 @@ class TestBundles:
             assert tells[:2] == [msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))]
             assert tells[2] == (msgspec.msgpack.encode(Seq(n=3)), ("ctx-3",))
 
+    async def test_with_a_small_hwm_every_tell_stays_one_frame(self) -> None:
+        async with ActorSystem(hwm=10, shutdown_timeout=0.3) as system:
+            sock = system.node.ctx.socket(zmq.PULL)
+            path = os.path.join(system.ipc_dir, "tight")
+            sock.bind(f"ipc://{path}")
+            ref: ActorRef[Seq] = ActorRef("tight", f"ipc://{path}", 1, system.node.reply_address)
+            try:
+                for n in range(3):
+                    await ref.tell(Seq(n=n))
+                frames = [await anyio.to_thread.run_sync(sock.recv_multipart) for _ in range(3)]
+            finally:
+                sock.close(0)
+            decode = msgspec.msgpack.Decoder(Seq).decode
+            got = [[decode(f) for f in parts] for parts in frames]
+            assert got == [[Seq(n=n)] for n in range(3)]
+
     async def test_a_bad_bundle_is_one_rejection_and_a_bad_tell_in_one_is_one_more(self) -> None:
         async with ActorSystem() as system:
             ref = await system.spawn(Recorder, name="recorder", process=True)
