@@ -41,7 +41,7 @@ ROUTER = "router"
 #: tokenyard's scheduler process, where the engine is not in it (vLLM, attached): the
 #: engine's client, a part of the front end (vLLM's API server does that work itself). With
 #: llama.cpp in-process, the scheduler process is the engine.
-SCHEDULER = "scheduler"
+SCHEDULER = "engine_client"
 HTTP = "http"  # llama.cpp: every thread of its server but the compute threads
 API_SERVER = "api_server"  # vLLM: its API server processes
 ENGINE = "engine"
@@ -109,8 +109,8 @@ def title(pid: int) -> str:
 
 def tokenyard_part(name: str, scheduler: str = ENGINE) -> str:
     """The part a process of ``python -m actors serve`` plays, from its title; the
-    scheduler's is ``scheduler`` (`ENGINE` when the engine runs in it, `SCHEDULER` when it
-    is an outside engine's client)."""
+    scheduler's is the ``scheduler`` argument (`ENGINE` when the engine runs in it,
+    `SCHEDULER` when it is an outside engine's client)."""
     name = name.removeprefix("tokenyard::")
     for prefix, part in (
         ("tokenizer_worker", WORKER),
