@@ -41,8 +41,13 @@ async def where(ref: ActorRef[Any]) -> Here:
 
 
 def wait_exited(pid: int, timeout: float) -> bool:
-    """Wait on ``pid``'s pidfd until it has exited (a zombie counts), without reaping it."""
-    fd = os.pidfd_open(pid)
+    """Wait on ``pid``'s pidfd until it has exited (a zombie counts), without reaping it.
+    A pid already reaped (the system reaps its fork server as soon as it exits) has
+    exited too: ``pidfd_open`` then finds no such process."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
     try:
         return bool(select.select([fd], [], [], timeout)[0])
     finally:
