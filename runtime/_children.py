@@ -136,7 +136,7 @@ class ChildTable:
         words = None
         if not self.node.closed:
             self.node.read_replies()
-            words = self.node.take_last_words(child.token)
+            words = self.node.deaths.take_last_words(child.token)
         cause, reason, signum = reason_for_status(code, words, child.oom_before)
         if child.unresponsive and cause is Cause.SIGNAL:
             cause, reason = Cause.UNRESPONSIVE, child.unresponsive
@@ -179,9 +179,9 @@ class ChildTable:
         self.live.pop(child.ref.address, None)
         node = self.node
         if not node.closed:
-            node.mark_dead(down)
+            node.deaths.mark_dead(down)
             if child.node_address:
-                node.owner_died(child.node_address, child.ref.name)
+                node.deaths.owner_died(child.node_address, child.ref.name)
         if not down.normal:
             logger.warning("actor %s died: %s", child.ref.name, down.reason)
 

@@ -7,7 +7,7 @@ which keeps the system's list of nodes (NODES); anyone in the system may then as
 start an actor (SPAWN), and the actor runs as the node's own child: the node sees its death
 from the process itself and reports it, exit status and signal included, to every watcher.
 
-Liveness across hosts is one mechanism, the heartbeat of `runtime._node`: a process that
+Liveness across hosts is one mechanism, the heartbeat of `runtime._heartbeat`: a process that
 watches refs owned by another process pings it every eighth of ``heartbeat``, and one silent
 for 0.8 of it is lost, so a loss is known within one ``heartbeat``: its actors are
 ``Down`` with `Cause.NOCONNECTION` and their pending asks fail. The node side holds a *lease*
@@ -34,7 +34,7 @@ import anyio
 import msgspec
 
 from ._errors import AskTimeoutError, RemoteActorError, SpawnError, TokenyardError
-from ._node import BEATS
+from ._heartbeat import BEATS
 from ._protocol import (
     Down,
     Header,
@@ -184,7 +184,7 @@ class NodeTable:
             return
         if held is None:
             self.nodes[hello.name] = NodeInfo(hello.name, hello.address, hello.host)
-            node.link(hello.address, self._lost)
+            node.heartbeat.link(hello.address, self._lost)
             logger.info("node %s joined from %s (pid %d)", hello.name, hello.host, hello.pid)
             self.joined.set()
             self.joined = asyncio.Event()
@@ -200,7 +200,7 @@ class NodeTable:
         """Forget the node ``name`` (its placement ended it)."""
         info = self.nodes.pop(name, None)
         if info is not None:
-            self.node.unlink(info.address)
+            self.node.heartbeat.unlink(info.address)
 
 
 # -- the node's side --------------------------------------------------------------------------
@@ -241,7 +241,7 @@ class NodeService:
         """Join the root, and join again whenever it is lost, until cancelled."""
         system, node = self.system, self.system.node
         node.on_node_frame = self.on_frame
-        node.on_ping = self._pinged
+        node.heartbeat.on_ping = self._pinged
         self._watchdog = threading.Thread(
             target=self._watch_leases, name="tokenyard-leases", daemon=True
         )
@@ -261,7 +261,7 @@ class NodeService:
                     await anyio.sleep(beat / 4)  # sync-ok: the pace of asking again
                     continue
                 lost = asyncio.Event()
-                node.link(self.root, _setter(lost))
+                node.heartbeat.link(self.root, _setter(lost))
                 self._root_pinged = time.monotonic()
                 logger.info("node %s joined the system at %s", self.name, self.root)
                 if self.on_joined is not None:
@@ -271,12 +271,12 @@ class NodeService:
                 while not lost.is_set() and time.monotonic() - self._root_pinged < beat:
                     with anyio.move_on_after(beat / BEATS):
                         await lost.wait()
-                node.unlink(self.root)
+                node.heartbeat.unlink(self.root)
                 logger.warning("node %s lost the root: joining again", self.name)
         finally:
             self._stopping.set()
             node.on_node_frame = None
-            node.on_ping = None
+            node.heartbeat.on_ping = None
 
     def on_frame(self, header: Header, body: bytes) -> None:
         """SPAWN and KILL (from a loop callback)."""
@@ -314,7 +314,7 @@ class NodeService:
                     options.heartbeat * LEASE_SHARE, time.monotonic()
                 )
             lease.children[child.ref.address] = child
-        node.on_death(child.ref.address, lambda down: self._ended(requester, down))
+        node.deaths.on_death(child.ref.address, lambda down: self._ended(requester, down))
         node.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
 
     def _ended(self, requester: str, down: Down) -> None:

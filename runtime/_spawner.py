@@ -242,12 +242,12 @@ class Spawner:
         if fork is not None:
             spec.env = child_env()
         oom_before = oom_kills()
-        node.expect_last_words(token)
+        node.deaths.expect_last_words(token)
         timeout = _resolved(how.spawn_timeout)
         try:
             proc, started = await start_process(spec, ready, timeout, fork)
         except BaseException:
-            node.take_last_words(token)
+            node.deaths.take_last_words(token)
             raise
         finally:
             node.drop_request(token)
@@ -293,8 +293,8 @@ class Spawner:
         )
         remote = RemoteProcess(node, info.address, info.name, spawned.pid, spawned.address)
         child = Child(ref, how, parent=_spawning_parent.get(""), remote=remote)
-        node.on_death(ref.address, remote.deliver)
-        node.subscribe(ref)
+        node.deaths.on_death(ref.address, remote.deliver)
+        node.deaths.subscribe(ref)
         self.children.add(child)
         system.start_task(self.children.await_exit, child)
         return ref

@@ -516,7 +516,7 @@ class ActorSystem:
         if (
             ref.address not in self.spawner.children.live
             and not ref.owner
-            and not node.is_dead(ref.address)
+            and not node.deaths.is_dead(ref.address)
         ):
             raise TokenyardError(
                 f"cannot watch actor {ref.name!r}: its ref names no owner and it is not a "
@@ -538,8 +538,8 @@ class ActorSystem:
             if notify is not None and self._tg is not None:
                 self._tg.start_soon(self._tell_down, notify, down)
 
-        node.on_death(ref.address, deliver)
-        node.subscribe(ref)
+        node.deaths.on_death(ref.address, deliver)
+        node.deaths.subscribe(ref)
         return Watch(fut)
 
     async def _tell_down(self, notify: ActorRef[Down], down: Down) -> None:
@@ -561,7 +561,7 @@ class ActorSystem:
         """
         child = self.spawner.children.get(ref.address)
         if child is None:
-            if self.node.is_dead(ref.address):
+            if self.node.deaths.is_dead(ref.address):
                 raise ActorDeadError(f"actor {ref.name!r} is already dead")
             raise ActorDeadError(
                 f"actor {ref.name!r} is not a child of this system: stop it through the "

@@ -48,7 +48,7 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
             for measuring its cost only: anyone who can reach a port can then send to it.
         heartbeat: Over tcp, seconds without an answer after which a process that holds
             refs owned by another process (a node on another host) counts that owner as
-            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._node`).
+            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._heartbeat`).
     """
 
     hwm: int = 1_000

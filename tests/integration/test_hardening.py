@@ -513,7 +513,7 @@ class TestTheCookieNeverLeaves:
                 sock.send_multipart([header(Kind.DOWN, b""), down])
                 sock.send_multipart([header(Kind.DOWN, system.node.cookie), down])
             assert await echo.ask(Ping(n=1)) == Pong(n=1)
-            assert not system.node.is_dead(echo.address)
+            assert not system.node.deaths.is_dead(echo.address)
 
 
 class TestLogsCannotBeFlooded:
