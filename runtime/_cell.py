@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ._actor import Actor
     from ._mailbox import Item, Mailbox
     from ._message import Message
-    from ._node import Node
+    from ._station import Station
 
 logger = logging.getLogger("tokenyard.actor")
 
@@ -65,13 +65,13 @@ class Cell:
     Args:
         actor: The actor instance.
         mailbox: Its bound mailbox.
-        node: The node replies are sent from.
+        station: The station replies are sent from.
     """
 
-    def __init__(self, actor: Actor[Any], mailbox: Mailbox, node: Node) -> None:
+    def __init__(self, actor: Actor[Any], mailbox: Mailbox, station: Station) -> None:
         self.actor = actor
         self.mailbox = mailbox
-        self.node = node
+        self.station = station
         self.stopping = False
         table = handler_table(type(actor))
         self._handlers: _Handlers = {
@@ -313,9 +313,9 @@ class Cell:
     async def _reply(self, header: Header, result: object) -> None:
         try:
             try:
-                await self.node.reply(header, result)
+                await self.station.reply(header, result)
             except ProtocolError as err:  # not a Message, or too big: say so instead
-                await self.node.reply_error(header, ErrorBody.of(err))
+                await self.station.reply_error(header, ErrorBody.of(err))
         except TokenyardError as err:
             # The asker is unreachable (gone, or its inbox stayed full): it will time out or
             # learn of the failure some other way; this actor carries on.
@@ -325,7 +325,7 @@ class Cell:
 
     async def _reply_error(self, header: Header, body: ErrorBody) -> None:
         try:
-            await self.node.reply_error(header, body)
+            await self.station.reply_error(header, body)
         except TokenyardError as err:
             self._errors.warning(
                 "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
@@ -340,7 +340,7 @@ async def live(
     """Live an actor's whole life in ``cell`` and say how it ended.
 
     Args:
-        cell: The actor, its mailbox and node.
+        cell: The actor, its mailbox and station.
         on_ready: Reports the actor ready (after ``on_start``).
         stop_children: Stops the actors this one started, whatever its ending: a dead
             supervisor leaves no child unsupervised.

@@ -119,7 +119,7 @@ class MetricsCollector(Actor[CollectorMessage]):
         actor, process = seen
         # An actor process of its own (not one of several in this process, the root):
         # the process died with it.
-        own = len(process.actors) == 1 and process.node != self.ref.owner
+        own = len(process.actors) == 1 and process.station != self.ref.owner
         if own:
             self._retire(process.families)
         self._dead[msg.ref.address] = DeadIncarnation(

@@ -4,7 +4,7 @@ when an actor it owns dies, and its child processes' last words.
 
 `Deaths` sends nothing itself: its owner hands it a ``notify`` callable (a best-effort
 control frame from a loop callback) and a ``cut`` callable (fail what is pending on an
-address and close the socket to it). So this module imports nothing of the process's node,
+address and close the socket to it). So this module imports nothing of the process's station,
 which owns a `Deaths` and would otherwise be imported back.
 """
 

@@ -7,7 +7,7 @@ it owned are dead to this process (`Cause.NOCONNECTION`), and its links are call
 
 The heartbeat sends through a ``notify`` callable its owner hands it, and learns the
 watched owners and reports losses through the process's `Deaths`; it imports nothing of
-the node that owns it.
+the station that owns it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ._deaths import Deaths
 
-logger = logging.getLogger("tokenyard.node")
+logger = logging.getLogger("tokenyard.heartbeat")
 #: The correlation id of heartbeat pings (their answers resolve no request).
 BEAT_CORR = 1
 #: Heartbeat pings per ``heartbeat``.

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
     from ._children import Child
-    from ._node import Node
+    from ._station import Station
 
 logger = logging.getLogger("tokenyard.nodes")
 _encode = body_encoder.encode
@@ -78,7 +78,7 @@ class NodeHost(Protocol):
     node_table: NodeTable | None
 
     @property
-    def node(self) -> Node: ...
+    def station(self) -> Station: ...
 
     @property
     def root_address(self) -> str: ...
@@ -113,7 +113,7 @@ async def list_nodes(host: NodeHost, timeout: float) -> NodeList:
     if table is not None:
         return table.listing()
     try:
-        body = await host.node.request(host.root_address, Kind.NODES, b"", timeout)
+        body = await host.station.request(host.root_address, Kind.NODES, b"", timeout)
     except (AskTimeoutError, RemoteActorError) as err:
         raise SpawnError(f"the system's root did not list its nodes: {err}") from err
     return nodes_decoder.decode(body)
@@ -128,7 +128,7 @@ async def spawn_on(
         SpawnError: The node refused, failed to start it, or did not answer in time.
     """
     try:
-        body = await host.node.request(info.address, Kind.SPAWN, _encode(request), timeout)
+        body = await host.station.request(info.address, Kind.SPAWN, _encode(request), timeout)
     except AskTimeoutError as err:
         raise SpawnError(
             f"node {info.name!r} did not start {request.target.name!r}: {err}"
@@ -150,29 +150,29 @@ class NodeTable:
     first is lost (a node restarted on the same host joins again once its old process is).
     """
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, station: Station) -> None:
+        self.station = station
         self.nodes: dict[str, NodeInfo] = {}
         #: Set (and replaced) whenever a node joins.
         self.joined = asyncio.Event()
 
     def listing(self) -> NodeList:
         """The nodes now."""
-        return NodeList(root=self.node.reply_address, nodes=list(self.nodes.values()))
+        return NodeList(root=self.station.reply_address, nodes=list(self.nodes.values()))
 
     def on_frame(self, header: Header, body: bytes) -> None:
         """JOIN and NODES (the root answers nothing else of the node protocol)."""
-        node = self.node
+        station = self.station
         if header.kind is Kind.NODES:
-            node.answer(header, _encode(self.listing()))
+            station.answer(header, _encode(self.listing()))
             return
         if header.kind is not Kind.JOIN:
-            node.answer_error(header, TokenyardError(f"the root does no {header.kind.name}"))
+            station.answer_error(header, TokenyardError(f"the root does no {header.kind.name}"))
             return
         hello = hello_decoder.decode(body)
         held = self.nodes.get(hello.name)
         if held is not None and held.address != hello.address:
-            node.answer_error(
+            station.answer_error(
                 header,
                 TokenyardError(
                     f"a node named {hello.name!r} is already in the system at {held.address}"
@@ -180,15 +180,17 @@ class NodeTable:
             )
             return
         if held is None and len(self.nodes) >= MAX_NODES:
-            node.answer_error(header, TokenyardError(f"the system has {MAX_NODES} nodes already"))
+            station.answer_error(
+                header, TokenyardError(f"the system has {MAX_NODES} nodes already")
+            )
             return
         if held is None:
             self.nodes[hello.name] = NodeInfo(hello.name, hello.address, hello.host)
-            node.heartbeat.link(hello.address, self._lost)
+            station.heartbeat.link(hello.address, self._lost)
             logger.info("node %s joined from %s (pid %d)", hello.name, hello.host, hello.pid)
             self.joined.set()
             self.joined = asyncio.Event()
-        node.answer(header, _encode(self.listing()))
+        station.answer(header, _encode(self.listing()))
 
     def _lost(self, address: str) -> None:
         for name, info in list(self.nodes.items()):
@@ -200,7 +202,7 @@ class NodeTable:
         """Forget the node ``name`` (its placement ended it)."""
         info = self.nodes.pop(name, None)
         if info is not None:
-            self.node.heartbeat.unlink(info.address)
+            self.station.heartbeat.unlink(info.address)
 
 
 # -- the node's side --------------------------------------------------------------------------
@@ -239,21 +241,21 @@ class NodeService:
 
     async def run(self) -> None:
         """Join the root, and join again whenever it is lost, until cancelled."""
-        system, node = self.system, self.system.node
-        node.on_node_frame = self.on_frame
-        node.heartbeat.on_ping = self._pinged
+        system, station = self.system, self.system.station
+        station.on_node_frame = self.on_frame
+        station.heartbeat.on_ping = self._pinged
         self._watchdog = threading.Thread(
             target=self._watch_leases, name="tokenyard-leases", daemon=True
         )
         self._watchdog.start()
         hello = _encode(
-            NodeHello(self.name, node.reply_address, system.options.tcp_host, os.getpid())
+            NodeHello(self.name, station.reply_address, system.options.tcp_host, os.getpid())
         )
         beat = system.options.heartbeat
         try:
             while True:
                 try:
-                    await node.request(self.root, Kind.JOIN, hello, beat)
+                    await station.request(self.root, Kind.JOIN, hello, beat)
                 except AskTimeoutError:
                     continue  # the root is unreachable: ask again (the wait was the pacing)
                 except RemoteActorError as err:
@@ -261,7 +263,7 @@ class NodeService:
                     await anyio.sleep(beat / 4)  # sync-ok: the pace of asking again
                     continue
                 lost = asyncio.Event()
-                node.heartbeat.link(self.root, _setter(lost))
+                station.heartbeat.link(self.root, _setter(lost))
                 self._root_pinged = time.monotonic()
                 logger.info("node %s joined the system at %s", self.name, self.root)
                 if self.on_joined is not None:
@@ -271,16 +273,16 @@ class NodeService:
                 while not lost.is_set() and time.monotonic() - self._root_pinged < beat:
                     with anyio.move_on_after(beat / BEATS):
                         await lost.wait()
-                node.heartbeat.unlink(self.root)
+                station.heartbeat.unlink(self.root)
                 logger.warning("node %s lost the root: joining again", self.name)
         finally:
             self._stopping.set()
-            node.on_node_frame = None
-            node.heartbeat.on_ping = None
+            station.on_node_frame = None
+            station.heartbeat.on_ping = None
 
     def on_frame(self, header: Header, body: bytes) -> None:
         """SPAWN and KILL (from a loop callback)."""
-        node = self.system.node
+        station = self.system.station
         if header.kind is Kind.SPAWN:
             request = spawn_decoder.decode(body)
             self.system.start_task(self._spawn, header, request)
@@ -291,18 +293,18 @@ class NodeService:
                 if kill.reason:
                     child.unresponsive = kill.reason
                 child.process.signal(kill.signal)
-            node.answer(header, b"")
+            station.answer(header, b"")
         else:
-            node.answer_error(header, TokenyardError(f"a node does no {header.kind.name}"))
+            station.answer_error(header, TokenyardError(f"a node does no {header.kind.name}"))
 
     async def _spawn(self, header: Header, request: RemoteSpawn) -> None:
-        node, requester = self.system.node, header.reply_to
+        station, requester = self.system.station, header.reply_to
         try:
             options = _options_decoder.decode(request.transport)
             options = msgspec.structs.replace(options, tcp_host=self.system.options.tcp_host)
             child = await self.system.start_remote_child(request, options)
         except BaseException as err:  # the requester hears of every failure
-            node.answer_error(header, err)
+            station.answer_error(header, err)
             if not isinstance(err, Exception):
                 raise
             return
@@ -314,8 +316,8 @@ class NodeService:
                     options.heartbeat * LEASE_SHARE, time.monotonic()
                 )
             lease.children[child.ref.address] = child
-        node.deaths.on_death(child.ref.address, lambda down: self._ended(requester, down))
-        node.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
+        station.deaths.on_death(child.ref.address, lambda down: self._ended(requester, down))
+        station.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
 
     def _ended(self, requester: str, down: Down) -> None:
         with self._lock:

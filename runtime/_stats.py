@@ -131,7 +131,7 @@ class ProcessMetrics(Message):
 
     Attributes:
         name: The process's system name (an actor process's: its actor's name).
-        node: Its node's reply address.
+        station: The reply inbox of its station (`runtime._station`), which owns its actors.
         process: Its resources.
         actors: Every actor it hosts.
         asks: Round trips of the asks it sent, by the name of the actor asked.
@@ -140,7 +140,8 @@ class ProcessMetrics(Message):
     """
 
     name: str
-    node: str
+    #: On the wire it keeps its first name, ``node``: the METRICS reply did not change.
+    station: str = msgspec.field(name="node")
     process: ProcessStats
     actors: list[ActorMetrics] = msgspec.field(default_factory=list)
     asks: dict[str, HistogramSnapshot] = msgspec.field(default_factory=dict)

@@ -55,7 +55,7 @@ def process(
     name: str, pid: int, cpu: float, actors: list[ActorMetrics], at: float
 ) -> ProcessMetrics:
     stats = ProcessStats(pid=pid, cpu_seconds=cpu, rss_bytes=95_000_000)
-    return ProcessMetrics(name=name, node="", process=stats, actors=actors, gathered_at=at)
+    return ProcessMetrics(name=name, station="", process=stats, actors=actors, gathered_at=at)
 
 
 def gathering(at: float, scale: int) -> SystemMetrics:

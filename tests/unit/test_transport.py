@@ -44,7 +44,7 @@ class TestFullMailbox:
         # A bare socket never acknowledges the exit's flush: a short shutdown_timeout.
         async with ActorSystem(hwm=10, send_timeout=0.2, shutdown_timeout=0.3) as system:
             # A mailbox nobody reads: a bare PULL socket in the system's directory.
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.RCVHWM, 10)
             path = os.path.join(system.ipc_dir, "stuck")
             sock.bind(f"ipc://{path}")
@@ -69,14 +69,14 @@ class TestFullMailbox:
         self,
     ) -> None:
         async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.RCVHWM, 10)
             path = os.path.join(system.ipc_dir, "slow-reader")
             sock.bind(f"ipc://{path}")
             reader: ActorRef[Ping] = ActorRef("slow-reader", f"ipc://{path}")
             try:
                 sent = 0
-                while system.node.try_tell(reader, Ping(n=sent)) is None:
+                while system.station.try_tell(reader, Ping(n=sent)) is None:
                     sent += 1  # until the queues are full
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(reader.tell, Ping(n=-1))
@@ -107,7 +107,7 @@ class TestRejections:
     ) -> None:
         async with ActorSystem() as system:
             ref = await system.spawn(Counter, process=False, name="counter")
-            push = system.node.ctx.socket(zmq.PUSH)
+            push = system.station.ctx.socket(zmq.PUSH)
             push.connect(ref.address)
             try:
                 with caplog.at_level(logging.WARNING, logger="tokenyard.mailbox"):
@@ -196,12 +196,12 @@ def open_outbox(
 ) -> Iterator[tuple[Outbox, list[str]]]:
     """An outbox of its own in ``system``'s process, and ``sinks`` bare PULL sockets bound
     in its directory for it to send to."""
-    outbox = Outbox(system.node.ctx, TransportOptions(**options), system.node.policy)
+    outbox = Outbox(system.station.ctx, TransportOptions(**options), system.station.policy)
     socks: list[zmq.Socket[bytes]] = []
     addresses: list[str] = []
     try:
         for i in range(sinks):
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.LINGER, 0)
             socks.append(sock)
             addresses.append(f"ipc://{system.ipc_dir}/sink-{i}")

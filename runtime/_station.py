@@ -1,12 +1,14 @@
-"""The per-process core of an actor system: zmq context, outbox, reply inbox, pending asks.
+"""A process's station: its zmq context and outbox, where its messages leave, and its reply
+inbox and pending asks, where their answers arrive.
 
-Every process that runs actors has one ``Node`` per open ``ActorSystem``. Refs find it
+Every process that runs actors has one ``Station`` per open ``ActorSystem`` (a *node*, in
+contrast, is a member of the system on another host: `runtime._nodes`). Refs find it
 through `runtime._context`. Its reply inbox takes everything that is not a mailbox's: replies
 and errors, readiness reports and last words of its child processes, watch requests and
 death notices from other processes, and liveness probes, which it answers from the event loop
 at once. It dispatches each frame by its kind through a table of small methods; what a
 process knows of deaths is its `Deaths` (`runtime._deaths`), and its pings over tcp are its
-`Heartbeat` (`runtime._heartbeat`), each handed `Node.notify` to send with. Like a mailbox,
+`Heartbeat` (`runtime._heartbeat`), each handed `Station.notify` to send with. Like a mailbox,
 the reply inbox survives any bytes: whatever fails to decode, or lacks the system's cookie,
 is counted and skipped.
 """
@@ -79,7 +81,7 @@ if TYPE_CHECKING:
 
     from ._context import Frames, RefLike
 
-logger = logging.getLogger("tokenyard.node")
+logger = logging.getLogger("tokenyard.station")
 #: How many addresses the tell path remembers having subscribed for.
 _KNOWN_KEPT = 100_000
 #: Sockets one process's zmq context may hold.
@@ -113,7 +115,7 @@ class _Pending:
     timer: asyncio.TimerHandle | None = field(default=None)
 
 
-class Node:
+class Station:
     """Sockets and bookkeeping shared by everything of one system in one process.
 
     Args:
@@ -207,7 +209,7 @@ class Node:
         return f"{prefix}{os.getpid()}-{self._nonce}-{next(self._stems)}"
 
     def open(self) -> None:
-        """Start reading replies on the running loop and make this the current node."""
+        """Start reading replies on the running loop and make this the current station."""
         self._loop = asyncio.get_running_loop()
         if self.zap is not None:
             self.zap.start(self._loop)
@@ -257,7 +259,7 @@ class Node:
             await self.outbox.send_frames(ref.address, frames, timeout, check)
 
     def _learn(self, ref: RefLike) -> None:
-        """First message to an address: subscribe to its death if another node owns it."""
+        """First message to an address: subscribe to its death if another process owns it."""
         if len(self._known) >= _KNOWN_KEPT:
             self._known.clear()  # subscribing again is harmless; remembering all is not
         self._known.add(ref.address)
@@ -285,7 +287,7 @@ class Node:
     def header(
         self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
     ) -> bytearray:
-        """An encoded header from this node, with the cookie (and trace context, if any).
+        """An encoded header from this station, with the cookie (and trace context, if any).
 
         Raises:
             ProtocolError: More than `MAX_TRACE` contexts, or one longer than
@@ -370,7 +372,7 @@ class Node:
         await self.send_control(ref.address, Kind.STOP, 0)
 
     async def flush(self, timeout: float, skip: Container[str] = ()) -> list[str]:
-        """Wait until every mailbox this node told has handled all it was told.
+        """Wait until every mailbox this station told has handled all it was told.
 
         PUSH/PULL gives no receipt: a process that exits while its queue to a busy mailbox
         is full loses the tail, whatever its linger. So a FLUSH frame follows the tells down
@@ -452,12 +454,13 @@ class Node:
         if header.reply_to:
             self.notify(header.reply_to, Kind.ERROR, _encode(ErrorBody.of(error)), header.corr)
 
-    async def ping(self, node_address: str, timeout: float) -> bool:
-        """Probe the node at ``node_address``: whether its event loop answered in time."""
-        corr, future = self.new_request(node_address)
+    async def ping(self, address: str, timeout: float) -> bool:
+        """Probe the process whose reply inbox is ``address``: whether its event loop
+        answered in time."""
+        corr, future = self.new_request(address)
         try:
             with anyio.move_on_after(timeout):
-                await self.send_control(node_address, Kind.PING, corr, timeout=timeout)
+                await self.send_control(address, Kind.PING, corr, timeout=timeout)
                 await future
                 return True
         except TokenyardError:
