@@ -206,7 +206,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         return self._states
 
     @handler
-    def on_route_update(self, msg: RouteUpdate) -> RouteAck:
+    def route(self, msg: RouteUpdate) -> RouteAck:
         """Add or drop a worker incarnation's route; reply once the table has changed."""
         for gone in self._routes.update(msg.origin, msg.ref):
             self._drop_states(gone)
@@ -230,7 +230,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
             )
 
     @handler
-    async def on_batch(self, msg: BatchTokenIDOutput) -> None:
+    async def detokenize(self, msg: BatchTokenIDOutput) -> None:
         """Detokenize one engine step and tell each worker its own sub-batch."""
         self._batches += 1
         self._requests += len(msg.rids)
@@ -452,7 +452,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
                 logger.warning("could not report %s stuck: %s", origin, err)
 
     @handler
-    def on_topology(self, msg: Topology) -> None:
+    def topology(self, msg: Topology) -> None:
         """Follow the scheduler's restarts: aborts go to its live incarnation (or nowhere)."""
         self._scheduler = msg.scheduler
         if msg.scheduler is None or msg.scheduler == self._last_scheduler:
@@ -462,7 +462,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         self._last_scheduler = msg.scheduler
 
     @handler
-    def on_abort_all(self, msg: AbortAll) -> None:
+    def abort_all(self, msg: AbortAll) -> None:
         """The scheduler died: no more output comes for any live state."""
         self._drop_all(f"the scheduler died: {msg.reason}")
 
@@ -477,7 +477,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
             )
 
     @handler
-    def on_get_stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:
+    def stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:
         """Reply with the counters."""
         return DetokenizerStats(
             batches=self._batches,

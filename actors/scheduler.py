@@ -322,7 +322,7 @@ class Scheduler(Actor[SchedulerMessage]):
     # -- handlers -------------------------------------------------------------------------
 
     @handler
-    def on_tokenized(self, msg: TokenizedGenerate) -> None:
+    def enqueue(self, msg: TokenizedGenerate) -> None:
         """Queue a request, or refuse it with an `AbortNotice` to the router."""
         self._received += 1
         key = (msg.origin, msg.rid)
@@ -338,7 +338,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._wake.set()
 
     @handler
-    def on_abort(self, msg: Abort) -> None:
+    def abort(self, msg: Abort) -> None:
         """Abort one request (reported once more) or every request of an origin (silently)."""
         if msg.rid is None:
             self._drop_origin(msg.origin)
@@ -353,7 +353,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._wake.set()
 
     @handler
-    def on_topology(self, msg: Topology) -> None:
+    def topology(self, msg: Topology) -> None:
         """Follow a restarted detokenizer or router (the supervisor publishes their refs)."""
         if msg.detokenizers != self._detokenizers:
             self._detokenizers = list(msg.detokenizers)
@@ -362,7 +362,7 @@ class Scheduler(Actor[SchedulerMessage]):
             self._router.retarget(msg.router)
 
     @handler
-    def on_abort_all(self, msg: AbortAll) -> None:
+    def abort_all(self, msg: AbortAll) -> None:
         """Drop every request (the detokenizer they streamed to is gone, say) and report
         them, per worker, so that each caller hears of its request."""
         which = msg.detokenizer
@@ -392,7 +392,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._wake.set()
 
     @handler
-    def on_get_load(self, msg: GetLoad) -> None:
+    def get_load(self, msg: GetLoad) -> None:
         """Tell the router the load, for the worker that asked."""
         reply = LoadReply(
             origin=msg.origin,
@@ -404,14 +404,14 @@ class Scheduler(Actor[SchedulerMessage]):
         self._router.put(reply)
 
     @handler
-    def on_flush_cache(self, msg: FlushCache) -> None:
+    def flush_cache(self, msg: FlushCache) -> None:
         """Forget the cached prefixes if nothing is running; tell the router whether it did."""
         success = not self._running and self._generator is not None and self._generator.flush()
         reply = FlushReply(origin=msg.origin, request_id=msg.request_id, success=success)
         self._router.put(reply)
 
     @handler
-    def on_get_stats(self, msg: GetSchedulerStats) -> SchedulerStats:
+    def stats(self, msg: GetSchedulerStats) -> SchedulerStats:
         """Reply with the counters."""
         return SchedulerStats(
             received=self._received,

@@ -278,7 +278,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     # -- requests from callers ------------------------------------------------------------
 
     @handler
-    async def generate(self, msg: Generate) -> None:
+    async def admit(self, msg: Generate) -> None:
         """Tokenize a request and hand it to the scheduler."""
         await self._admit(msg.rid, msg.reply_to, msg.text, msg.input_ids, msg.sampling, msg.stream)
 

@@ -111,7 +111,7 @@ class MetricsCollector(Actor[CollectorMessage]):
                 self._seen[address] = (actor, process)
 
     @handler
-    def on_down(self, msg: Down) -> None:
+    def down(self, msg: Down) -> None:
         """An actor seen alive died: keep its last statistics by the rule."""
         seen = self._seen.pop(msg.ref.address, None)
         if seen is None:

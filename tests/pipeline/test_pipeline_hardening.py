@@ -457,7 +457,7 @@ class FailingWorker(Actor[LoadReply]):
     """A worker stand-in whose handler fails on every control reply the router passes it."""
 
     @handler
-    def on_load(self, msg: LoadReply) -> None:
+    def load(self, msg: LoadReply) -> None:
         raise ValueError(f"cannot take {msg.request_id}")
 
 

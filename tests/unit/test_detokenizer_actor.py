@@ -59,7 +59,7 @@ class FakeWorker(Actor[BatchStrOutput]):
         self.traces = traces
 
     @handler
-    def on_output(self, msg: BatchStrOutput) -> None:
+    def output(self, msg: BatchStrOutput) -> None:
         self.traces.append((msg.step, current_trace()))
         self.inbox.put(msg)
 
@@ -71,7 +71,7 @@ class FakeScheduler(Actor[Abort]):
         self.inbox = inbox
 
     @handler
-    def on_abort(self, msg: Abort) -> None:
+    def abort(self, msg: Abort) -> None:
         self.inbox.put(msg)
 
 

@@ -54,15 +54,15 @@ class RecordingWorker(Actor[LoadReply | FlushReply | AbortNotice]):
         self.inbox = inbox
 
     @handler
-    def on_load(self, msg: LoadReply) -> None:
+    def load(self, msg: LoadReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_flush(self, msg: FlushReply) -> None:
+    def flush(self, msg: FlushReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_abort(self, msg: AbortNotice) -> None:
+    def abort(self, msg: AbortNotice) -> None:
         self.inbox.put(msg)
 
 

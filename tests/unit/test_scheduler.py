@@ -152,7 +152,7 @@ class FakeDetokenizer(Actor[BatchTokenIDOutput]):
         self.steps = steps
 
     @handler
-    def on_batch(self, msg: BatchTokenIDOutput) -> None:
+    def batch(self, msg: BatchTokenIDOutput) -> None:
         self.steps.traces.append(current_trace())
         self.steps.put(msg)
 
@@ -164,15 +164,15 @@ class FakeRouter(Actor[LoadReply | FlushReply | AbortNotice]):
         self.inbox = inbox
 
     @handler
-    def on_load(self, msg: LoadReply) -> None:
+    def load(self, msg: LoadReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_flush(self, msg: FlushReply) -> None:
+    def flush(self, msg: FlushReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_notice(self, msg: AbortNotice) -> None:
+    def notice(self, msg: AbortNotice) -> None:
         self.inbox.put(msg)
 
 
