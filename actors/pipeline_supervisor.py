@@ -45,7 +45,7 @@ from .router import Router
 if TYPE_CHECKING:
     from collections.abc import Callable
 from .scheduler import Scheduler
-from .tokenizer_worker import Limits, TokenizerWorker
+from .tokenizer_worker import RequestLimits, TokenizerWorker
 
 logger = logging.getLogger("tokenyard.pipeline")
 
@@ -206,9 +206,9 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.model or model_id_of(self.tokenizer)
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> RequestLimits:
         """What one request may ask for."""
-        return Limits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
+        return RequestLimits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
 
 
 class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState]):

@@ -120,7 +120,7 @@ class _Control:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class RequestLimits:
     """What one request may ask of a worker.
 
     Attributes:
@@ -186,12 +186,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
         supervisor: ActorRef[PipelineSupervisorMessage],
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
-        limits: Limits | None = None,
+        limits: RequestLimits | None = None,
         model_name: str | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.supervisor = supervisor
-        self.limits = limits or Limits()
+        self.limits = limits or RequestLimits()
         self.tokenizer_path = tokenizer
         self.register_timeout = register_timeout
         self.tokenizer: Any = None

@@ -37,7 +37,7 @@ from ._stats import ActorMetrics as ActorMetrics
 from ._stats import ChildRecord as ChildRecord
 from ._stats import DeadIncarnation as DeadIncarnation
 from ._stats import ProcessMetrics as ProcessMetrics
-from ._stats import ProcessStats as ProcessStats
+from ._stats import ProcessResources as ProcessResources
 from ._stats import SystemMetrics as SystemMetrics
 from ._supervisor import Children as Children
 from ._supervisor import ChildSpec as ChildSpec
@@ -79,7 +79,7 @@ __all__ = (
     "Message",
     "MetricsCollector",
     "ProcessMetrics",
-    "ProcessStats",
+    "ProcessResources",
     "ProtocolError",
     "RemoteActorError",
     "Request",

@@ -128,7 +128,7 @@ class Cell:
                     try:
                         await actor.on_stop()
                     except Exception:
-                        logger.exception("%s: on_stop raised", self.mailbox.owner)
+                        logger.exception("%s: on_stop raised", self.mailbox.actor_name)
                 finally:
                     actor._task_group = None
                 tg.cancel_scope.cancel()
@@ -140,7 +140,7 @@ class Cell:
                 try:
                     await actor.on_failure(err)
                 except Exception:
-                    logger.exception("%s: on_failure raised", self.mailbox.owner)
+                    logger.exception("%s: on_failure raised", self.mailbox.actor_name)
             if err is not failure and isinstance(err, Exception):
                 raise err from None
             raise
@@ -240,7 +240,7 @@ class Cell:
     def _handler_failed(self, msg: Message, err: Exception) -> None:
         self.mailbox.fail()
         self._errors.error(
-            "%s: handler of %s raised", self.mailbox.owner, type(msg).__name__, exc_info=err
+            "%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__, exc_info=err
         )
 
     async def _handle_framed(self, item: Envelope) -> Header | None:
@@ -302,7 +302,7 @@ class Cell:
             result = await fn(msg) if is_async else fn(msg)
         except Exception as err:  # noqa: BLE001 - the asker gets the error as data
             self.mailbox.fail()
-            logger.debug("%s: handler of %s raised", self.mailbox.owner, type(msg).__name__)
+            logger.debug("%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__)
             await self._reply_error(header, ErrorBody.of(err))
             return
         finally:
@@ -320,7 +320,7 @@ class Cell:
             # The asker is unreachable (gone, or its inbox stayed full): it will time out or
             # learn of the failure some other way; this actor carries on.
             self._errors.warning(
-                "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
+                "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
             )
 
     async def _reply_error(self, header: Header, body: ErrorBody) -> None:
@@ -328,7 +328,7 @@ class Cell:
             await self.station.reply_error(header, body)
         except TokenyardError as err:
             self._errors.warning(
-                "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
+                "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
             )
 
 

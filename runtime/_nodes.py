@@ -71,7 +71,7 @@ LEASE_SHARE = 0.6
 MAX_NODES = 4_096
 
 
-class NodeHost(Protocol):
+class NodeSystem(Protocol):
     """What this module needs of the system it serves (an open ``ActorSystem``)."""
 
     options: TransportOptions
@@ -95,32 +95,32 @@ class NodeHost(Protocol):
 # -- the requester's side -------------------------------------------------------------------
 
 
-async def find_node(host: NodeHost, name: str, timeout: float) -> NodeInfo:
+async def find_node(system: NodeSystem, name: str, timeout: float) -> NodeInfo:
     """The node named ``name``, as the system's root knows it now.
 
     Raises:
         SpawnError: The root knows no such node, or did not answer.
     """
-    for info in (await list_nodes(host, timeout)).nodes:
+    for info in (await list_nodes(system, timeout)).nodes:
         if info.name == name:
             return info
     raise SpawnError(f"the system has no node named {name!r} (is it started and joined?)")
 
 
-async def list_nodes(host: NodeHost, timeout: float) -> NodeList:
+async def list_nodes(system: NodeSystem, timeout: float) -> NodeList:
     """The system's nodes, from its root (this process's table when it is the root)."""
-    table = host.node_table
+    table = system.node_table
     if table is not None:
         return table.listing()
     try:
-        body = await host.station.request(host.root_address, Kind.NODES, b"", timeout)
+        body = await system.station.request(system.root_address, Kind.NODES, b"", timeout)
     except (AskTimeoutError, RemoteActorError) as err:
         raise SpawnError(f"the system's root did not list its nodes: {err}") from err
     return nodes_decoder.decode(body)
 
 
 async def spawn_on(
-    host: NodeHost, info: NodeInfo, request: RemoteSpawn, timeout: float
+    system: NodeSystem, info: NodeInfo, request: RemoteSpawn, timeout: float
 ) -> RemoteSpawned:
     """Ask node ``info`` to start an actor; its answer.
 
@@ -128,7 +128,7 @@ async def spawn_on(
         SpawnError: The node refused, failed to start it, or did not answer in time.
     """
     try:
-        body = await host.station.request(info.address, Kind.SPAWN, _encode(request), timeout)
+        body = await system.station.request(info.address, Kind.SPAWN, _encode(request), timeout)
     except AskTimeoutError as err:
         raise SpawnError(
             f"node {info.name!r} did not start {request.target.name!r}: {err}"
@@ -227,7 +227,7 @@ class NodeService:
         root: The root's reply inbox (its ``ActorSystem.address``).
     """
 
-    def __init__(self, system: NodeHost, name: str, root: str) -> None:
+    def __init__(self, system: NodeSystem, name: str, root: str) -> None:
         self.system = system
         self.name = name
         self.root = root

@@ -28,7 +28,7 @@ from ._errors import SpawnError, TokenyardError
 from ._exit import oom_kills
 from ._launcher import check_start
 from ._message import Message
-from ._nodes import NodeHost, find_node, spawn_on
+from ._nodes import NodeSystem, find_node, spawn_on
 from ._protocol import Cause, Down, RemoteSpawn, SpawnTarget, body_encoder
 from ._ref import ActorRef
 from ._spawn import (
@@ -64,7 +64,7 @@ def enter_parent(address: str) -> None:
     _spawning_parent.set(address)
 
 
-class SpawnerSystem(NodeHost, Protocol):
+class SpawnerSystem(NodeSystem, Protocol):
     """What the spawner needs of the system it spawns for (an open ``ActorSystem``)."""
 
     ipc_dir: str

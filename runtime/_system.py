@@ -44,7 +44,7 @@ from ._role import Role
 from ._spawn import SpawnSpec, decode_arguments
 from ._spawner import Spawner, enter_parent
 from ._station import Station
-from ._stats import ProcessMetrics, ProcessStats, SystemMetrics, now
+from ._stats import ProcessMetrics, ProcessResources, SystemMetrics, now
 from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Watch
 
@@ -313,7 +313,7 @@ class ActorSystem:
         if isinstance(source, Keys):
             return source
         if source is None:
-            return Keys.generate()
+            return Keys.new()
         return Keys.load(source)
 
     async def __aenter__(self) -> ActorSystem:
@@ -691,7 +691,7 @@ class ActorSystem:
         return ProcessMetrics(
             name=self.name,
             station=station.reply_address,
-            process=ProcessStats.read(),
+            process=ProcessResources.read(),
             actors=[cell.metrics() for cell in list(self._cells.values())],
             asks=station.ask_statistics(),
             families=REGISTRY.snapshot(),

@@ -24,7 +24,7 @@ from actors.messages import (
     PipelineSupervisorMessage,
     WorkerStats,
 )
-from actors.tokenizer_worker import Limits, TokenizerWorker
+from actors.tokenizer_worker import RequestLimits, TokenizerWorker
 from runtime import ActorRef, GetMetrics, handler
 
 from ._app import OpenAIApp
@@ -91,7 +91,7 @@ class HttpWorker(TokenizerWorker):
         supervisor: ActorRef[PipelineSupervisorMessage],
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
-        limits: Limits | None = None,
+        limits: RequestLimits | None = None,
         http: HttpSettings | None = None,
         model_name: str | None = None,
         collector: ActorRef[GetMetrics] | None = None,

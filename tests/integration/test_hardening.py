@@ -390,7 +390,7 @@ class TestTcpIsAuthenticated:
             cookie = system.station.cookie
             zap = system.station.zap
             assert zap is not None
-            stranger = Keys.generate()
+            stranger = Keys.new()
             for options in (
                 {},  # no CURVE at all
                 {  # CURVE with a key of its own: the server's is public, its key is not

@@ -15,7 +15,7 @@ from runtime._stats import (
     ChildRecord,
     DeadIncarnation,
     ProcessMetrics,
-    ProcessStats,
+    ProcessResources,
     SystemMetrics,
 )
 from runtime._top import COLUMNS, Frame, render_frame
@@ -54,7 +54,7 @@ def actor(
 def process(
     name: str, pid: int, cpu: float, actors: list[ActorMetrics], at: float
 ) -> ProcessMetrics:
-    stats = ProcessStats(pid=pid, cpu_seconds=cpu, rss_bytes=95_000_000)
+    stats = ProcessResources(pid=pid, cpu_seconds=cpu, rss_bytes=95_000_000)
     return ProcessMetrics(name=name, station="", process=stats, actors=actors, gathered_at=at)
 
 
