@@ -47,8 +47,8 @@ from .messages import (
     BatchStrOutput,
     BatchTokenIDOutput,
     DetokenizerMessage,
-    DetokenizerStats,
-    GetDetokenizerStats,
+    DetokenizerStatistics,
+    GetDetokenizerStatistics,
     MemberStuck,
     Origin,
     PipelineSupervisorMessage,
@@ -95,7 +95,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
     Handles `RouteUpdate` (ask; answered with `RouteAck` once the route table changed),
     `BatchTokenIDOutput` (tell, from the scheduler), `Topology` (tell, from the pipeline
     supervisor: the scheduler's live ref), `AbortAll` (tell, from the pipeline supervisor:
-    the scheduler died) and `GetDetokenizerStats` (ask).
+    the scheduler died) and `GetDetokenizerStatistics` (ask).
 
     A request's state lives from its first output until its last (a finish reason from the
     scheduler, or a stop string found by the detokenizer). A request ended here rather than
@@ -477,9 +477,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
             )
 
     @handler
-    def stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:
+    def statistics(self, msg: GetDetokenizerStatistics) -> DetokenizerStatistics:
         """Reply with the counters."""
-        return DetokenizerStats(
+        return DetokenizerStatistics(
             batches=self._batches,
             requests=self._requests,
             dropped_unknown_origin=self._dropped_unknown_origin,

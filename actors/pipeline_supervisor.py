@@ -28,7 +28,7 @@ from .messages import (
     AbortAll,
     CallerMessage,
     EngineState,
-    GetSchedulerStats,
+    GetSchedulerStatistics,
     Member,
     MemberStuck,
     Origin,
@@ -438,7 +438,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         """Whether a scheduler that just started has its engine ready (one that has not
         connected yet has not: it tells `EngineState` when that changes)."""
         try:
-            stats = await scheduler.ask(GetSchedulerStats(), timeout=10)
+            stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10)
         except TokenyardError as err:
             logger.warning("the scheduler did not say whether its engine is ready: %s", err)
             return False

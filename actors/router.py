@@ -24,11 +24,11 @@ from ._routes import Routes
 from .messages import (
     AbortNotice,
     FlushReply,
-    GetRouterStats,
+    GetRouterStatistics,
     LoadReply,
     RouteAck,
     RouterMessage,
-    RouterStats,
+    RouterStatistics,
     RouteUpdate,
 )
 
@@ -90,9 +90,9 @@ class Router(Actor[RouterMessage]):
         self.forwarded += 1
 
     @handler
-    def stats(self, msg: GetRouterStats) -> RouterStats:
+    def statistics(self, msg: GetRouterStatistics) -> RouterStatistics:
         """The router's counters."""
-        return RouterStats(
+        return RouterStatistics(
             forwarded=self.forwarded, dropped_unknown_origin=self.dropped, routes=len(self.routes)
         )
 

@@ -55,13 +55,13 @@ from .messages import (
     FlushCache,
     FlushReply,
     GetLoad,
-    GetSchedulerStats,
+    GetSchedulerStatistics,
     LoadReply,
     Origin,
     RouterMessage,
     SamplingParams,
     SchedulerMessage,
-    SchedulerStats,
+    SchedulerStatistics,
     TokenizedGenerate,
     Topology,
 )
@@ -183,7 +183,7 @@ class Scheduler(Actor[SchedulerMessage]):
     """The pipeline's engine: continuous batching over a generator (`actors.engines`).
 
     Handles `TokenizedGenerate`, `Abort`, `AbortAll`, `GetLoad` and `FlushCache` (tells) and
-    `GetSchedulerStats` (ask, answered with `SchedulerStats`). Tells the detokenizer one
+    `GetSchedulerStatistics` (ask, answered with `SchedulerStatistics`). Tells the detokenizer one
     `BatchTokenIDOutput` per step, and the router `LoadReply`, `FlushReply` and
     `AbortNotice`, for the worker named by their origin.
 
@@ -309,7 +309,7 @@ class Scheduler(Actor[SchedulerMessage]):
 
     async def _tell_engine_state(self) -> None:
         """Tell the supervisor when the engine's readiness changed since it was last told
-        (it asks for the state at the start: `SchedulerStats.engine_ready`)."""
+        (it asks for the state at the start: `SchedulerStatistics.engine_ready`)."""
         ready = self.engine_ready
         if ready == self._told_ready:
             return
@@ -411,9 +411,9 @@ class Scheduler(Actor[SchedulerMessage]):
         self._router.put(reply)
 
     @handler
-    def stats(self, msg: GetSchedulerStats) -> SchedulerStats:
+    def statistics(self, msg: GetSchedulerStatistics) -> SchedulerStatistics:
         """Reply with the counters."""
-        return SchedulerStats(
+        return SchedulerStatistics(
             received=self._received,
             finished=self._finished,
             aborted=self._aborted,

@@ -59,7 +59,7 @@ from .messages import (
     FlushReply,
     Generate,
     GetLoad,
-    GetWorkerStats,
+    GetWorkerStatistics,
     LoadReply,
     Member,
     Origin,
@@ -72,7 +72,7 @@ from .messages import (
     TokenizedGenerate,
     Topology,
     WorkerMessage,
-    WorkerStats,
+    WorkerStatistics,
 )
 
 logger = logging.getLogger("tokenyard.worker")
@@ -161,8 +161,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
     """Tokenizes requests, forwards them, streams their output back to their callers.
 
     Handles `Generate`, `AbortRequest`, `BatchStrOutput`, `AbortNotice`, `CheckLoad`,
-    `CheckFlush`, `LoadReply`, `FlushReply` and `Topology` (tells) and `GetWorkerStats`
-    (ask, answered with `WorkerStats`).
+    `CheckFlush`, `LoadReply`, `FlushReply` and `Topology` (tells) and `GetWorkerStatistics`
+    (ask, answered with `WorkerStatistics`).
 
     While the scheduler is dead (or restarting) a request is kept but not forwarded: once
     the successor is up the pipeline resolves every request that was in flight, and lets
@@ -598,9 +598,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         return Draining(connections=0, requests=len(self.requests))
 
     @handler
-    def stats(self, msg: GetWorkerStats) -> WorkerStats:
+    def statistics(self, msg: GetWorkerStatistics) -> WorkerStatistics:
         """The worker's counters."""
-        return WorkerStats(
+        return WorkerStatistics(
             origin=self.origin,
             received=self.received,
             finished=self.finished,

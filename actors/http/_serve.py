@@ -25,7 +25,7 @@ from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, Vllm
-from actors.messages import Drain, GetWorkerStats
+from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
 from runtime import TokenyardError, configure_logging
 from runtime._child import raise_fd_limit
@@ -139,7 +139,7 @@ class Server:
             if ref is None:
                 return False
             try:
-                stats = await ref.ask(GetWorkerStats(), timeout=DRAIN_ASK_TIMEOUT)
+                stats = await ref.ask(GetWorkerStatistics(), timeout=DRAIN_ASK_TIMEOUT)
             except TokenyardError:
                 return False
             if stats.cut:

@@ -20,8 +20,8 @@ from actors.messages import (
     Abort,
     BatchStrOutput,
     BatchTokenIDOutput,
-    DetokenizerStats,
-    GetDetokenizerStats,
+    DetokenizerStatistics,
+    GetDetokenizerStatistics,
     Origin,
     RouteAck,
     RouteUpdate,
@@ -131,10 +131,10 @@ class Harness:
     async def send(self, *entries: Entry, step: int, trace: tuple[str, ...] = ()) -> None:
         await self.detokenizer.tell(engine_step(entries, step), trace=trace)
 
-    async def stats(self) -> DetokenizerStats:
+    async def stats(self) -> DetokenizerStatistics:
         # Asked after the tells: the reply proves every step told before was handled.
-        stats = await self.detokenizer.ask(GetDetokenizerStats(), timeout=5)
-        assert isinstance(stats, DetokenizerStats)
+        stats = await self.detokenizer.ask(GetDetokenizerStatistics(), timeout=5)
+        assert isinstance(stats, DetokenizerStatistics)
         return stats
 
     async def received(self, origin: Origin, step: int) -> list[BatchStrOutput]:

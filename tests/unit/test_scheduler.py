@@ -26,12 +26,12 @@ from actors.messages import (
     FlushCache,
     FlushReply,
     GetLoad,
-    GetSchedulerStats,
+    GetSchedulerStatistics,
     LoadReply,
     Member,
     Origin,
     SamplingParams,
-    SchedulerStats,
+    SchedulerStatistics,
     TokenizedGenerate,
     Topology,
 )
@@ -201,10 +201,10 @@ class Engine:
     async def tell(self, msg: Message) -> None:
         await self.ref.tell(msg)
 
-    async def stats(self) -> SchedulerStats:
+    async def stats(self) -> SchedulerStatistics:
         # Asked after the tells: the reply proves every message told before was handled.
-        stats = await self.ref.ask(GetSchedulerStats(), timeout=5)
-        assert isinstance(stats, SchedulerStats)
+        stats = await self.ref.ask(GetSchedulerStatistics(), timeout=5)
+        assert isinstance(stats, SchedulerStatistics)
         return stats
 
     async def reply(self, n: int) -> Message:
