@@ -282,7 +282,6 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         self.routes: dict[Origin, ActorRef[WorkerMessage]] = {}
         self.duplicate_registrations = 0
         self.failed_registrations = 0
-        self.killed_stuck = 0
 
     # -- starting -------------------------------------------------------------------------
 
@@ -464,7 +463,6 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         ref = self.child(name) if name in self.worker_ids else None
         if ref is None or ref.incarnation != msg.origin.incarnation:
             return  # already gone
-        self.killed_stuck += 1
         logger.warning("killing %s: %s", msg.origin, msg.reason)
         try:
             await self.system.kill(ref, f"stuck: {msg.reason}")

@@ -129,8 +129,6 @@ class RouterLink:
         self._queue: list[Routed] = []
         self._pending = anyio.Event()
         self._changed = anyio.Event()
-        #: Messages sent again because their first run was not confirmed.
-        self.resent = 0
 
     @property
     def router(self) -> ActorRef[RouterMessage]:
@@ -170,7 +168,6 @@ class RouterLink:
                 pass  # its handler failed, but it was reached, after everything before it
             except TokenyardError as err:
                 self._queue[:0] = batch
-                self.resent += len(batch)
                 logger.warning(
                     "%d message(s) for the workers wait for the router %s: %s",
                     len(batch),

@@ -240,7 +240,6 @@ class Scheduler(Actor[SchedulerMessage]):
         if not detokenizers:
             raise ValueError("detokenizers is empty: a scheduler needs at least one")
         self._detokenizers: list[ActorRef[DetokenizerMessage] | None] = list(detokenizers)
-        self._undelivered = 0
         self._retry_after = retry_after
         #: The step's batches not yet taken, by detokenizer; steps pause until all are.
         self._held: dict[int, _Share] = {}
@@ -531,14 +530,12 @@ class Scheduler(Actor[SchedulerMessage]):
                     if not detokenizer.try_tell(batch, trace=trace):
                         await detokenizer.tell(batch, timeout=self._retry_after, trace=trace)
                 except ActorDeadError as err:
-                    self._undelivered += 1
                     waiting_for_successor = True
                     self._holding.warning(
                         "step %d held: detokenizer %d died: %s", batch.step, index, err
                     )
                     continue
                 except TokenyardError as err:
-                    self._undelivered += 1
                     self._holding.warning(
                         "step %d held: detokenizer %d does not take it: %s", batch.step, index, err
                     )

@@ -51,6 +51,7 @@ from ._supervisor import SupervisorStatistics as SupervisorStatistics
 from ._supervisor import WhichChildren as WhichChildren
 from ._system import ActorSystem as ActorSystem
 from ._throttle import Throttle as Throttle
+from ._transport import raise_fd_limit as raise_fd_limit
 from ._watch import Watch as Watch
 
 __all__ = (
@@ -101,6 +102,7 @@ __all__ = (
     "current_trace",
     "handler",
     "publish",
+    "raise_fd_limit",
 )
 
 publish(__name__, globals(), __all__)

@@ -27,8 +27,7 @@ from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
-from runtime import TokenyardError, configure_logging
-from runtime._child import raise_fd_limit
+from runtime import TokenyardError, configure_logging, raise_fd_limit
 
 from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig

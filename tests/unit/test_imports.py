@@ -140,6 +140,18 @@ def test_runtime_never_imports_actors_or_benchmarks() -> None:
     } == {}
 
 
+def test_actors_and_benchmarks_import_only_the_public_runtime() -> None:
+    """What ``actors`` and ``benchmarks`` need of the runtime is public (``runtime``,
+    ``runtime.top``, ...): a private module of it is free to change under them."""
+    edges = graph()
+    private = {
+        m: sorted(i for i in edges[m] if i.startswith("runtime._"))
+        for m in edges
+        if not m.startswith("runtime")
+    }
+    assert {m: found for m, found in private.items() if found} == {}
+
+
 def test_refs_and_the_current_station_sit_at_the_bottom() -> None:
     edges = graph()
     assert edges["runtime._context"] <= {"runtime._errors", "runtime._message"}

@@ -1,4 +1,4 @@
-"""``runtime._top``'s view at every terminal width: columns are left out, numbers never cut."""
+"""``runtime.top``'s view at every terminal width: columns are left out, numbers never cut."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from runtime._stats import (
     ProcessResources,
     SystemMetrics,
 )
-from runtime._top import COLUMNS, Frame, render_frame
+from runtime.top import COLUMNS, Frame, render_frame
 
 BOUNDS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
