@@ -38,16 +38,18 @@ class Deaths:
     Args:
         reply_address: This process's reply inbox, where other processes report deaths.
         notify: Sends a control frame (address, kind, body, correlation id) without waiting.
-        cut: Called with an address and the error to fail its pending requests with
-            (``None``: fail none) when nothing more will come from there: the owner closes
-            its socket to it too, which libzmq would otherwise keep reconnecting.
+        cut: Called with an address when nothing more will come from there, and the
+            ``Down`` of the actor that lived there (``None``: the address is a process's
+            reply inbox, whose requests stay pending): the owner fails the requests pending
+            on that actor and closes its socket to the address, which libzmq would otherwise
+            keep reconnecting.
     """
 
     def __init__(
         self,
         reply_address: str,
         notify: Callable[[str, Kind, bytes, int], None],
-        cut: Callable[[str, ActorDeadError | None], None],
+        cut: Callable[[str, Down | None], None],
     ) -> None:
         self.reply_address = reply_address
         self._notify = notify
@@ -86,11 +88,10 @@ class Deaths:
         address = down.ref.address
         if address in self.dead:
             return
-        reason = down.reason
         self.dead[address] = down
         if len(self.dead) > _DEAD_KEPT:
             del self.dead[next(iter(self.dead))]
-        self._cut(address, ActorDeadError(f"actor {down.ref.name!r} died: {reason}", reason=reason))
+        self._cut(address, down)
         self._watched.pop(address, None)
         for listener in self._listeners.pop(address, []):
             listener(down)

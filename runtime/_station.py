@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Container, Iterator, Sequence
 
     from ._context import Frames, RefLike
+    from ._protocol import Down
 
 logger = logging.getLogger("tokenyard.station")
 #: How many addresses the tell path remembers having subscribed for.
@@ -633,16 +634,20 @@ class Station:
             decoder = self._reply_decoders[body_type] = msgspec.msgpack.Decoder(cls)
         return decoder.decode(body)
 
-    def _cut(self, address: str, error: ActorDeadError | None) -> None:
+    def _cut(self, address: str, down: Down | None) -> None:
         """Nothing more comes from ``address`` (`Deaths` calls this): fail the requests
-        pending on it with ``error`` (if one is given) and close the socket to it."""
-        if error is not None:
+        pending on the actor that died there (``down``, if one did) and close the socket to
+        it."""
+        if down is not None:
+            reason = down.reason
             for corr, pending in list(self._pending.items()):
                 if pending.target == address and not pending.future.done():
                     del self._pending[corr]
                     if pending.timer is not None:
                         pending.timer.cancel()
-                    pending.future.set_exception(error)
+                    pending.future.set_exception(
+                        ActorDeadError(f"actor {down.ref.name!r} died: {reason}", reason=reason)
+                    )
         self.outbox.forget(address)
 
     def notify(self, address: str, kind: Kind, body: bytes, corr: int = 0) -> None:
