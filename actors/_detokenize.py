@@ -14,8 +14,12 @@ Two layers, each with its own invariant:
 
 from __future__ import annotations
 
+import re
+from codecs import utf_8_decode
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from ._byte_table import byte_table
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -65,9 +69,13 @@ class IncrementalDetokenizer:
     with ``no_stop_trim``). The earliest stop string is the one that is complete first,
     i.e. whose first occurrence ends first; on a tie the longer one wins.
 
-    Cost per push is two decodes of a window holding the new ids and the previous push's
-    ids (plus any held-back partial character), not of everything decoded so far, and
-    only that window is kept.
+    With a byte-level BPE tokenizer (``actors._byte_table``), a push looks each new id's
+    bytes up in a table built once per tokenizer and decodes them with an incremental
+    UTF-8 decoder, which holds back only the bytes of an incomplete last character: no
+    call into the tokenizer at all. With any other tokenizer, the cost per push is two
+    decodes of a window holding the new ids and the previous push's ids (plus any
+    held-back partial character), not of everything decoded so far, and only that window
+    is kept.
 
     Args:
         tokenizer: Anything with HF ``tokenizers``' ``decode(ids, skip_special_tokens)``.
@@ -93,6 +101,13 @@ class IncrementalDetokenizer:
             )
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
+        table = byte_table(tokenizer)
+        # Layer 1 on bytes: each id's bytes, and a decoder holding an incomplete character.
+        self._bytes: tuple[bytes, ...] | None = (
+            None if table is None else table.of(skip_special_tokens)
+        )
+        # The bytes of an incomplete last character, held until it completes.
+        self._partial = b""
         self._no_stop_trim = no_stop_trim
         # dict.fromkeys: de-duplicated, first-seen order kept.
         self._stops = tuple(dict.fromkeys(stop))
@@ -100,7 +115,14 @@ class IncrementalDetokenizer:
         # A stop string straddling pushes starts at most len-1 characters before the new
         # text, so that much trailing context is enough to find it.
         self._context_len = max(longest - 1, 0)
-        self._stop_prefixes = frozenset(s[:k] for s in self._stops for k in range(1, len(s)))
+        prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
+        # The longest suffix that is a proper prefix of a stop string starts at the
+        # leftmost position where one of them matches through to the end.
+        self._held_suffix = (
+            re.compile("(?:" + "|".join(map(re.escape, sorted(prefixes))) + r")\Z")
+            if prefixes
+            else None
+        )
 
         # Layer 1: ids[surr:] is kept as _window; _window[:_prefix_len] is ids[surr:read].
         self._window: list[int] = []
@@ -163,12 +185,38 @@ class IncrementalDetokenizer:
             raise RuntimeError("push after the final push (finished=True) of this request")
         self._num_tokens += len(new_ids)
         self._finished = finished
-        if self.stopped:
+        if self._matched_stop is not None:
             return ""
-        piece = self._filter_stops(self._decode(new_ids, finished), finished)
+        table = self._bytes
+        if table is None:
+            text = self._decode(new_ids, finished)
+        else:
+            if len(new_ids) == 1 and 0 <= new_ids[0] < len(table):
+                data = table[new_ids[0]]
+            else:
+                data = self._join_bytes(table, new_ids)
+            if self._partial:
+                data = self._partial + data
+            # Lossy UTF-8 decoding that stops before an incomplete last character (all of
+            # it on the final push): joined, exactly the one-shot decode of every byte.
+            text, used = utf_8_decode(data, "replace", finished)
+            self._partial = data[used:] if used < len(data) else b""
+        piece = self._filter_stops(text, finished) if self._stops else text
         if piece:
             self._pieces.append(piece)
         return piece
+
+    def _join_bytes(self, table: tuple[bytes, ...], ids: Sequence[int]) -> bytes:
+        """The bytes of ``ids``; an id outside the vocabulary is what the tokenizer makes
+        of it (nothing, or its error for a negative id)."""
+        size = len(table)
+        out = []
+        for i in ids:
+            if 0 <= i < size:
+                out.append(table[i])
+            else:
+                self._tokenizer.decode([i], skip_special_tokens=self._skip_special_tokens)
+        return b"".join(out)
 
     def _decode(self, new_ids: Sequence[int], finished: bool) -> str:
         """Layer 1: decode the window and return the final new text, all of it final."""
@@ -236,10 +284,10 @@ class IncrementalDetokenizer:
 
     def _held_suffix_len(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
-        for k in range(min(len(buf), self._context_len), 0, -1):
-            if buf[len(buf) - k :] in self._stop_prefixes:
-                return k
-        return 0
+        if self._held_suffix is None:
+            return 0
+        found = self._held_suffix.search(buf, max(len(buf) - self._context_len, 0))
+        return 0 if found is None else len(buf) - found.start()
 
 
 class DetokenizerStates(Generic[OriginT]):

@@ -9,7 +9,18 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from . import dispatch, engines, mailbox, multihost, pipeline, serve, spawn, supervision
+from . import (
+    detokenize,
+    dispatch,
+    engines,
+    mailbox,
+    multihost,
+    pipeline,
+    profile,
+    serve,
+    spawn,
+    supervision,
+)
 from ._console import RichProgress, print_summary
 from ._proc import BenchmarkError
 from ._results import Results, describe_machine, now_iso, read_results, write_results
@@ -26,7 +37,9 @@ SUITES: dict[str, Suite] = {
     suite.name: suite
     for suite in (
         mailbox.SUITE,
+        profile.SUITE,
         dispatch.SUITE,
+        detokenize.SUITE,
         pipeline.SUITE,
         serve.SUITE,
         engines.SUITE,

@@ -80,6 +80,7 @@ UNIT_LABELS = {
     "req/s": "requests per second",
     "tok/s": "tokens per second",
     "us": "microseconds (µs)",
+    "ns": "nanoseconds (ns)",
     "ms": "milliseconds (ms)",
     "s": "seconds (s)",
     "MiB": "memory (MiB)",
@@ -90,7 +91,18 @@ UNIT_LABELS = {
 _ROLE_COLOURS = {SUBJECT: "#1f77b4", BASELINE: "#8c8c8c", INFO: "#d0d0d0"}
 _ROLE_NAMES = {SUBJECT: "tokenyard", BASELINE: "baseline", INFO: "for context"}
 _METRIC_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")
-_STACK_COLOURS = ("#d62728", "#c7c7c7", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")
+_STACK_COLOURS = (
+    "#d62728",
+    "#c7c7c7",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+)
 
 
 def metric_label(metric: str) -> str:

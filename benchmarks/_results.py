@@ -80,7 +80,7 @@ class Target(msgspec.Struct, kw_only=True):
         name: The goal in words (``"tell small >= 0.5x floor"``).
         figure: Key of the figure checked.
         baseline: Key of the baseline when the goal is a ratio, else ``""``.
-        op: ``">="`` or ``"<"``.
+        op: ``">="``, ``"<"`` or ``"<="``.
         threshold: The bound.
         value: The ratio (or the absolute value) measured.
         met: Whether ``value op threshold`` holds.

@@ -216,6 +216,28 @@ TARGETS = (
         2.0,
     ),
     ("ask p50 (small) < 150 us", "ask.small.p50", "", "<", 150.0),
+    ("tell small >= 0.85x floor", "tell.small.throughput", "floor.small.throughput", ">=", 0.85),
+    (
+        "traced tell small >= 0.6x untraced",
+        "tell_traced.small.throughput",
+        "tell.small.throughput",
+        ">=",
+        0.6,
+    ),
+    (
+        "traced tell batch >= 0.9x untraced",
+        "tell_traced.batch.throughput",
+        "tell.batch.throughput",
+        ">=",
+        0.9,
+    ),
+    (
+        "ask p50 (small) <= 1.0x zmq.asyncio",
+        "ask.small.p50",
+        "ask_asyncio.small.p50",
+        "<=",
+        1.0,
+    ),
     (
         "tell small with metrics >= 0.97x metrics off",
         "tell.small.throughput",
@@ -287,6 +309,8 @@ def _check(op: str, value: float, threshold: float) -> bool:
         return value >= threshold
     if op == "<":
         return value < threshold
+    if op == "<=":
+        return value <= threshold
     raise ValueError(f"unknown comparison {op!r}")
 
 

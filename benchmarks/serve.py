@@ -523,6 +523,7 @@ TARGETS = (
     ),
     ("serve 2 req/s >= best baseline", "serve2.requests_per_s", "BEST_BASELINE", ">=", 1.0),
     ("serve 4 balance <= 1.25x", "serve4.balance", "", "<=", 1.25),
+    ("serve 2 inter-token latency p50 <= 0.5 ms", "serve2.itl_p50", "", "<=", 0.5),
     ("0 waiting connections lost over the kills", "kills.lost_waiting", "", "<=", 0.0),
 )
 

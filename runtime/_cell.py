@@ -21,7 +21,7 @@ from ._actor import handler_table
 from ._codec import MailboxDecoder
 from ._context import enter_trace, handling_address, leave_trace
 from ._errors import ProtocolError, TokenyardError, sole_error
-from ._mailbox import Envelope
+from ._mailbox import Envelope, Traced
 from ._message import type_path
 from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
 from ._protocol import HANDLED_KINDS, ErrorBody, Header, Kind, LookupQuery, LookupReply
@@ -174,23 +174,32 @@ class Cell:
         open_tell = mailbox.open
         stop: Header | None = None
         for item in items:
+            token = None
             if type(item) is bytes:
                 msg = open_tell(item)
-                if msg is None:
-                    continue
-                fn, is_async = handlers[type(msg)]
-                try:
-                    if is_async:
-                        await fn(msg)
-                    else:
-                        fn(msg)
-                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-                    self._handler_failed(msg, err)
-                if actor._failure is not None:
-                    raise actor._failure  # crash() was called: nothing more is handled
+            elif isinstance(item, Traced):  # a traced tell of a bundle: its context current
+                msg = mailbox.open_traced(item)
+                if msg is not None:
+                    token = enter_trace(item.trace)
+            else:
+                assert isinstance(item, Envelope)
+                stop = await self._handle_framed(item) or stop
                 continue
-            assert isinstance(item, Envelope)
-            stop = await self._handle_framed(item) or stop
+            if msg is None:
+                continue
+            fn, is_async = handlers[type(msg)]
+            try:
+                if is_async:
+                    await fn(msg)
+                else:
+                    fn(msg)
+            except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
+                self._handler_failed(msg, err)
+            finally:
+                if token is not None:
+                    leave_trace(token)
+            if actor._failure is not None:
+                raise actor._failure  # crash() was called: nothing more is handled
         return stop
 
     async def _handle_timed(self, items: list[Item], clock: Callable[[], int]) -> Header | None:
@@ -205,8 +214,15 @@ class Cell:
         spent = 0
         started = clock()
         for item in items:
-            if type(item) is bytes:
-                msg = open_tell(item)
+            token = None
+            if type(item) is bytes or isinstance(item, Traced):
+                if type(item) is bytes:
+                    msg = open_tell(item)
+                else:
+                    assert isinstance(item, Traced)
+                    msg = mailbox.open_traced(item)
+                    if msg is not None:
+                        token = enter_trace(item.trace)
                 if msg is None:
                     continue
                 fn, is_async = handlers[type(msg)]
@@ -217,6 +233,9 @@ class Cell:
                         fn(msg)
                 except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
                     self._handler_failed(msg, err)
+                finally:
+                    if token is not None:
+                        leave_trace(token)
                 ended = clock()
                 took = ended - started
                 slots[(took // 1000).bit_length()] += 1

@@ -24,6 +24,7 @@ from ._protocol import (
     ErrorBody,
     Header,
     Kind,
+    bundle_decoder,
     cookie_ok,
     decode_header,
     lookup_decoder,
@@ -39,7 +40,16 @@ if TYPE_CHECKING:
 
 #: Kinds a mailbox reads (the rest go to a node's reply inbox).
 _MAILBOX_KINDS = frozenset(
-    {Kind.ASK, Kind.TELL, Kind.STOP, Kind.STATS, Kind.LOOKUP, Kind.FLUSH, Kind.METRICS}
+    {
+        Kind.ASK,
+        Kind.TELL,
+        Kind.TELLS,
+        Kind.STOP,
+        Kind.STATS,
+        Kind.LOOKUP,
+        Kind.FLUSH,
+        Kind.METRICS,
+    }
 )
 
 
@@ -47,7 +57,8 @@ class MailboxStatistics(Message):
     """Counters of one mailbox.
 
     Attributes:
-        received: Frames read off the socket (control frames included).
+        received: Messages read off the socket (control frames included; each tell of a
+            bundle counts as one).
         rejected: Frames refused: undecodable, of a type this actor does not accept, or
             breaking the framing or trust rules.
         handled: Messages handed to their handler that did not fail (the running one
@@ -94,11 +105,33 @@ class Envelope:
         self.body = body
 
 
+class Traced:
+    """A traced tell of a bundle: its undecoded message and its trace context.
+
+    Attributes:
+        body: The message, decoded by `Mailbox.open_traced` just before its handler.
+        trace: Its trace context, current while its handler runs.
+    """
+
+    __slots__ = ("body", "trace")
+
+    def __init__(self, body: bytes, trace: tuple[str, ...]) -> None:
+        self.body = body
+        self.trace = trace
+
+
 #: One received item: a tell's frame, or a framed message. Bodies are decoded only just
 #: before their handler runs, framed or not (decoding a whole drained run up front would
 #: keep hundreds of decoded messages alive at once, and the garbage collector would walk
 #: them all on every collection: 10x slower for batches, measured again for traced tells).
-Item = bytes | Envelope
+Item = bytes | Traced | Envelope
+
+
+def _size(item: Item) -> int:
+    """The bytes an item counts for in the mailbox's budget."""
+    if isinstance(item, bytes):
+        return len(item)
+    return len(item.body) if isinstance(item, Traced) else item.size
 
 
 class Mailbox:
@@ -175,10 +208,13 @@ class Mailbox:
                 break
             self._received += 1
             if frame and frame[0] == HEADER_MARK:
-                envelope = self._framed(frame)
-                if envelope is not None:
-                    items.append(envelope)
-                    size += envelope.size
+                framed = self._framed(frame)
+                if isinstance(framed, Envelope):
+                    items.append(framed)
+                    size += framed.size
+                elif framed is not None:  # a bundle of tells
+                    items += framed
+                    size += sum(map(_size, framed))
                 continue
             items.append(frame)
             size += len(frame)
@@ -197,7 +233,7 @@ class Mailbox:
             if items:
                 return items
 
-    def _framed(self, first: bytes) -> Envelope | None:
+    def _framed(self, first: bytes) -> Envelope | list[Item] | None:
         rest = recv_rest(self.sock, MAX_FRAMES)
         try:
             header = decode_header(first)
@@ -215,8 +251,12 @@ class Mailbox:
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, first)
             return None
-        size = len(first) + sum(map(len, rest))
         body = rest[0]
+        if header.kind is Kind.TELLS:
+            return self._unbundle(body)
+        if header.kind is Kind.TELL:  # taken like a bundle's traced tell
+            return [Traced(body, header.trace)]
+        size = len(first) + sum(map(len, rest))
         if header.kind is Kind.LOOKUP:
             try:
                 return Envelope(header, size, lookup_decoder.decode(body))
@@ -230,6 +270,16 @@ class Mailbox:
             return Envelope(header, size, body=body)
         return Envelope(header, size)
 
+    def _unbundle(self, body: bytes) -> list[Item] | None:
+        """The tells of a bundle, in order: each a tell's frame, or a traced tell."""
+        try:
+            bundled = bundle_decoder.decode(body)
+        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
+            self.reject(err, body)
+            return None
+        self._received += len(bundled) - 1  # the frame was counted as one
+        return [tell if isinstance(tell, bytes) else Traced(*tell) for tell in bundled]
+
     # -- taking messages (the cell) ---------------------------------------------------------
 
     def open(self, frame: bytes) -> Message | None:
@@ -240,6 +290,19 @@ class Mailbox:
             msg = self._decode(frame)
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, frame)
+            return None
+        self._opened += 1
+        return msg
+
+    def open_traced(self, tell: Traced) -> Message | None:
+        """Take a traced tell of a bundle off the queue and decode it; ``None`` when it is
+        refused."""
+        self._queued -= 1
+        self._queued_bytes -= len(tell.body)
+        try:
+            msg = self._decode(tell.body)
+        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
+            self.reject(err, tell.body)
             return None
         self._opened += 1
         return msg

@@ -2,7 +2,9 @@
 the one death record.
 
 A ``tell`` travels as one frame: the msgpack body alone, unless it carries trace context
-(then it is a ``TELL`` with a header). Everything else (asks, replies, control) travels as
+(then it is a ``TELL`` with a header); the tells after the first that one process makes to
+one mailbox in one turn of its event loop travel together, as one ``TELLS`` (a `Bundle`).
+Everything else (asks, replies, control) travels as
 ``[header, body, *buffers]`` so a router can read the header and pass the
 body on as ``msgspec.Raw`` without decoding it. A header frame starts with 0xC1, the one byte
 msgpack never uses, so a receiver tells the two apart from the first byte alone.
@@ -18,12 +20,16 @@ from __future__ import annotations
 import enum
 import hmac
 import secrets
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
+from ._errors import ProtocolError
 from ._message import Message
 from ._ref import ActorRef
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 class Kind(enum.IntEnum):
@@ -73,6 +79,10 @@ class Kind(enum.IntEnum):
     TELL = 21
     """A one-way message that carries trace context (body: the message). An untraced tell
     has no header at all."""
+    TELLS = 22
+    """Several one-way messages from one sender to one mailbox, in order, as one frame
+    (body: `Bundle`): the tells a sender made to one address in one turn of its event
+    loop, after the first, and every traced tell."""
 
 
 #: Most trace contexts one message carries (one per request of a batch), and the longest
@@ -154,6 +164,66 @@ def encode_header(header: Header) -> bytearray:
 def decode_header(frame: bytes) -> Header:
     """Decode a header frame (the caller has checked the mark byte)."""
     return _header_decoder.decode(memoryview(frame)[1:])
+
+
+#: Most tells one `Kind.TELLS` frame carries (its bytes are bounded by the message size).
+MAX_BUNDLE = 4_096
+
+_Trace = Annotated[tuple[_Context, ...], msgspec.Meta(max_length=MAX_TRACE)]
+
+Bundle = Annotated[list[bytes | tuple[bytes, _Trace]], msgspec.Meta(max_length=MAX_BUNDLE)]
+"""The body of a `Kind.TELLS` frame: each tell's encoded message, in the order told; a
+traced one as ``(message, trace)``, its trace context as a header's ``trace``."""
+
+bundle_decoder: msgspec.msgpack.Decoder[list[bytes | tuple[bytes, tuple[str, ...]]]] = (
+    msgspec.msgpack.Decoder(Bundle)
+)
+
+
+class TellHeaders:
+    """The headers of one sender's tells, encoded once: a bundle's (`Kind.TELLS`), and a
+    traced tell's (`Kind.TELL`) up to its trace context, the header's last field.
+
+    Args:
+        sender: The sending node's name.
+        cookie: The system's cookie.
+    """
+
+    def __init__(self, sender: str, cookie: bytes) -> None:
+        self.bundle = bytes(encode_header(Header(Kind.TELLS, sender=sender, cookie=cookie)))
+        empty = encode_header(Header(Kind.TELL, sender=sender, cookie=cookie))
+        # An array-like struct encodes every field in order: the empty trace is its last
+        # byte (an empty msgpack array), and a traced tell's header is the rest followed by
+        # its trace context.
+        assert empty[-1] == 0x90
+        self._traced = bytes(empty[:-1])
+
+    def traced(self, trace: tuple[str, ...]) -> bytes:
+        """The header of a tell carrying ``trace`` (checked by `checked_trace`)."""
+        return self._traced + _trace_encoder.encode(trace)
+
+
+_trace_encoder = msgspec.msgpack.Encoder()
+
+
+def checked_trace(trace: Sequence[str]) -> tuple[str, ...]:
+    """``trace`` as a tuple of contexts (a string is one), within its bounds.
+
+    Raises:
+        ProtocolError: More than `MAX_TRACE` contexts, or one longer than
+            `MAX_TRACE_CHARS` (the receiver would refuse the message).
+    """
+    # One traceparent given as a string is one context, not one per character.
+    contexts = (trace,) if isinstance(trace, str) else tuple(trace)
+    if contexts:
+        longest = max(map(len, contexts))
+        if len(contexts) > MAX_TRACE or longest > MAX_TRACE_CHARS:
+            raise ProtocolError(
+                f"trace= holds {len(contexts):,} contexts, the longest of "
+                f"{longest:,} characters: a message carries at most "
+                f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
+            )
+    return contexts
 
 
 # -- control bodies ---------------------------------------------------------------------------

@@ -49,13 +49,13 @@ from ._metrics import ENABLED, POW2_SLOTS, HistogramSnapshot, pow2_snapshot
 from ._protocol import (
     HEADER_BYTE,
     MAX_FRAMES,
-    MAX_TRACE,
-    MAX_TRACE_CHARS,
     NODE_KINDS,
     ErrorBody,
     Header,
     Kind,
+    TellHeaders,
     body_encoder,
+    checked_trace,
     cookie_ok,
     decode_header,
     down_decoder,
@@ -152,7 +152,7 @@ class Station:
         )
         #: Answers CURVE handshakes for this process's servers (it must exist first).
         self.zap = ZapHandler(self.ctx, keys) if keys is not None else None
-        self.outbox = Outbox(self.ctx, options, self.policy, keys)
+        self.outbox = Outbox(self.ctx, options, self.policy, keys, TellHeaders(name, cookie))
         self._stems = itertools.count()
         self._nonce = secrets.token_hex(4)
         try:
@@ -244,10 +244,14 @@ class Station:
         if self._dead and address in self._dead:
             self.deaths.check_alive(ref)
         body = _encode(msg)
+        # Coalesced only to a mailbox a node started (its ref names it): one of this system.
+        coalesce = bool(ref.owner)
         if trace:
-            frames = (self.header(Kind.TELL, trace=trace), body)
-            return None if self.outbox.try_send_frames(address, frames) else frames
-        if self.outbox.try_send(address, body):
+            contexts = checked_trace(trace)
+            if self.outbox.try_send_traced(address, body, contexts, coalesce):
+                return None
+            return (self.header(Kind.TELL, trace=contexts), body)
+        if self.outbox.try_send(address, body, coalesce):
             return None
         return body
 
@@ -294,16 +298,7 @@ class Station:
             ProtocolError: More than `MAX_TRACE` contexts, or one longer than
                 `MAX_TRACE_CHARS` (the receiver would refuse the message).
         """
-        # One traceparent given as a string is one context, not one per character.
-        contexts = (trace,) if isinstance(trace, str) else tuple(trace)
-        if contexts:  # untraced (every ask and reply but traced ones): nothing to check
-            longest = max(map(len, contexts))
-            if len(contexts) > MAX_TRACE or longest > MAX_TRACE_CHARS:
-                raise ProtocolError(
-                    f"trace= holds {len(contexts):,} contexts, the longest of "
-                    f"{longest:,} characters: a message carries at most "
-                    f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
-                )
+        contexts = checked_trace(trace) if trace else ()
         return encode_header(
             Header(
                 kind,

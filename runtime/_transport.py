@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ._auth import AddressPolicy, Keys
+    from ._protocol import TellHeaders
 
 
 class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,6 +153,11 @@ class ReadinessWaiter:
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    @property
     def waiting(self) -> bool:
         """Whether a task waits on the socket now."""
         return bool(self._waiters)
@@ -239,6 +245,8 @@ def recv_rest(sock: zmq.Socket[bytes], keep: int) -> list[bytes] | None:
     return rest if len(rest) <= keep else None
 
 
+_bundle_encoder = msgspec.msgpack.Encoder()
+
 #: Frames at least this large are sent zero-copy.
 COPY_THRESHOLD = 64 * 1024
 #: File descriptors one connected outgoing socket holds: its signalling eventfd and its
@@ -275,16 +283,54 @@ def peer_limit(max_peers: int) -> int:
     return max(1, min(max_peers, soft // (2 * FDS_PER_PEER)))
 
 
+#: A bundle is sent once it holds this many tells (and never more than an eighth of the
+#: high-water mark: a queue of ``hwm`` bundles then holds at most ``hwm**2 / 8`` tells, and
+#: below ``hwm=16`` nothing coalesces, so a small hwm keeps its tight back-pressure), or
+#: this many bytes of them; a tell of more bytes than `BUNDLE_FRAME` goes alone (after the
+#: bundle before it).
+BUNDLE_TELLS = 256
+BUNDLE_HWM_SHARE = 8
+BUNDLE_BYTES = 64 * 1024
+BUNDLE_FRAME = 16 * 1024
+#: What a bundle adds to its tells' bytes, at most: the array's head and each item's.
+_BUNDLE_OVERHEAD = 5 + 5 * BUNDLE_TELLS
+
+#: One tell waiting in a bundle: its encoded message, or that and its trace context.
+Bundled = bytes | tuple[bytes, tuple[str, ...]]
+
+
 class _Peer:
     """One PUSH socket connected to one address, and when it was last used: the outbox's
-    count of uses then."""
+    count of uses then.
 
-    __slots__ = ("sock", "used", "waiter")
+    Attributes:
+        turn: The outbox's turn of the event loop in which a tell last went out alone on
+            the socket: a second tell in the same turn opens a bundle.
+        traced_turn: The same for a traced tell: a second traced tell opens a bundle.
+        bundle: Tells of this turn waiting to go out as one frame, or ``None``.
+        stalled: A bundle frame that met a full queue, sent before anything else.
+    """
+
+    __slots__ = (
+        "bundle",
+        "bundle_bytes",
+        "sock",
+        "stalled",
+        "traced_turn",
+        "turn",
+        "used",
+        "waiter",
+    )
 
     def __init__(self, sock: zmq.Socket[bytes], used: int) -> None:
         self.sock = sock
         self.waiter = ReadinessWaiter(sock)
         self.used = used
+        self.turn = -1
+        self.traced_turn = -1
+        self.bundle: list[Bundled] | None = None
+        self.bundle_bytes = 0
+        self.stalled: tuple[bytes, bytes] | None = None
 
 
 class Outbox:
@@ -301,11 +347,27 @@ class Outbox:
     next send. (FIFO order holds per socket: a destination closed and reopened while it
     still had messages queued may see the old ones last.)
 
+    Tells to a mailbox of the system (whose ref names the node that started it: a ref made
+    by hand may point at any socket) coalesce. The first tell to an address in a turn of
+    the event loop goes out at once, as its own frame; the ones after it in the same turn
+    (a handler answering a batch, a loop of tells that never waits) wait in a *bundle*, one
+    ``Kind.TELLS`` frame sent when the turn ends, when it holds `BUNDLE_TELLS` tells (at
+    most ``hwm / 8``: with ``hwm`` under 16 nothing coalesces) or
+    `BUNDLE_BYTES`, or before anything else is sent to that address, so the order of
+    everything sent to one address holds. A bundle is opened only when the queue has room
+    for it, so a tell to a full mailbox waits as before; libzmq's per-message work (and
+    the receiver's) is then paid once per bundle instead of once per tell. The same holds
+    for traced tells: the turn's first to an address goes out at once as a ``TELL`` header
+    and its body, the next ones in the bundle, each with its trace context; neither header
+    is encoded per tell.
+
     Args:
         ctx: The process's zmq context.
         options: Transport settings.
         policy: Which addresses belong to the system.
         keys: The system's CURVE keys, for tcp.
+        tells: The headers of this process's tells, encoded once (`TellHeaders`);
+            ``None``: no bundles, every tell is its own frame, and no traced tells.
     """
 
     def __init__(
@@ -314,12 +376,28 @@ class Outbox:
         options: TransportOptions,
         policy: AddressPolicy,
         keys: Keys | None = None,
+        tells: TellHeaders | None = None,
     ) -> None:
         self._ctx = ctx
         self._options = options
         self._policy = policy
         self._keys = keys
         self._max = options.max_message_size
+        self._tells = tells
+        self._bundle_header = b"" if tells is None else tells.bundle
+        # Bundles stay well inside the message size the receiver accepts.
+        room = (self._max - len(self._bundle_header) - _BUNDLE_OVERHEAD) // 2
+        self._bundle_tells = min(BUNDLE_TELLS, options.hwm // BUNDLE_HWM_SHARE)
+        coalesce = tells is not None and self._bundle_tells >= 2
+        self._bundle_bytes = max(min(BUNDLE_BYTES, room), 0) if coalesce else 0
+        self._bundle_frame = min(BUNDLE_FRAME, self._bundle_bytes)
+        #: Turns of the event loop in which this outbox sent a tell, and whether the end
+        #: of the current one is scheduled; the peers with an open bundle.
+        self._turn = 0
+        self._turn_ends = False
+        self._bundling: list[_Peer] = []
+        #: Tasks sending a bundle that met a full queue (held so they are not collected).
+        self._unstalling: set[asyncio.Task[None]] = set()
         self._peers: dict[str, _Peer] = {}
         #: Uses of a socket so far: a peer's ``used`` orders the peers by their last use.
         self._uses = 0
@@ -390,26 +468,152 @@ class Outbox:
             "raise it with ActorSystem(max_message_size=...)"
         )
 
-    def try_send(self, address: str, frame: bytes) -> bool:
-        """Send one frame if the queue has room now; ``False`` if it is full.
+    def try_send(self, address: str, frame: bytes, coalesce: bool = False) -> bool:
+        """Send one tell's frame, or with ``coalesce`` add it to the turn's bundle, if the
+        queue has room now; ``False`` if it is full.
 
         Raises:
             ProtocolError: The frame is larger than ``max_message_size``, or the address is
                 not the system's.
         """
-        if len(frame) > self._max:
-            raise self._too_big(len(frame))
+        size = len(frame)
+        if size > self._max:
+            raise self._too_big(size)
         peer = self._peers.get(address)
         if peer is None:
             peer = self._peer(address)
         else:
             self._uses += 1
             peer.used = self._uses
+        if coalesce and size <= self._bundle_frame:
+            bundle = peer.bundle
+            if bundle is not None:
+                bundle.append(frame)
+                peer.bundle_bytes += size
+                if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
+                    self._flush(peer)
+                return True
+            if peer.turn == self._turn and not peer.stalled:
+                return self._open_bundle(peer, frame, size)
+        if (peer.bundle is not None or peer.stalled) and not self._clear(peer):
+            return False
         try:
             _send(peer.sock, frame, NOBLOCK)
         except zmq.Again:
             return False
+        if coalesce:
+            self._sent_in_turn(peer)
         return True
+
+    def try_send_traced(
+        self, address: str, frame: bytes, trace: tuple[str, ...], coalesce: bool = False
+    ) -> bool:
+        """Send a traced tell if the queue has room now (``False`` if it is full): as a
+        ``TELL`` header and its body, or with ``coalesce``, when it is not the turn's first
+        traced tell to ``address``, in its bundle.
+
+        Raises:
+            ProtocolError: The message is larger than ``max_message_size``, or the address
+                is not the system's.
+        """
+        size = len(frame) + sum(map(len, trace))
+        peer = self._peer(address)
+        if coalesce and size <= self._bundle_frame and not peer.stalled:
+            bundle = peer.bundle
+            if bundle is not None:
+                bundle.append((frame, trace))
+                peer.bundle_bytes += size
+                if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
+                    self._flush(peer)
+                return True
+            if peer.traced_turn == self._turn:
+                return self._open_bundle(peer, (frame, trace), size)
+        assert self._tells is not None, "a node's outbox has its tell headers"
+        if not self.try_send_frames(address, (self._tells.traced(trace), frame)):
+            return False
+        if coalesce:
+            self._sent_in_turn(peer)
+            peer.traced_turn = peer.turn
+        return True
+
+    def _open_bundle(self, peer: _Peer, first: Bundled, size: int) -> bool:
+        if not events(peer.sock) & POLLOUT:
+            return False  # full: the tell waits for room, as a frame of its own would
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        peer.bundle = [first]
+        peer.bundle_bytes = size
+        if loop is None:
+            self._flush(peer)  # no turn to end: nothing to coalesce with
+            return True
+        self._bundling.append(peer)
+        if not self._turn_ends:
+            self._turn_ends = True
+            loop.call_soon(self._end_turn)
+        return True
+
+    def _sent_in_turn(self, peer: _Peer) -> None:
+        """Note a tell sent alone: a second one in this turn opens a bundle."""
+        if not self._bundle_bytes or self._turn_ends:
+            peer.turn = self._turn
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        peer.turn = self._turn
+        self._turn_ends = True
+        loop.call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._turn += 1
+        self._turn_ends = False
+        bundling, self._bundling = self._bundling, []
+        for peer in bundling:
+            if peer.bundle is not None:
+                self._flush(peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        """Send the peer's bundle. Its room was checked when it was opened and nothing else
+        was sent to its address since, so only a lost connection can make this fail: then
+        the frame is kept (``stalled``) and sent before anything else."""
+        bundle = peer.bundle
+        assert bundle is not None
+        peer.bundle = None
+        body = _bundle_encoder.encode(bundle)
+        try:
+            _send(peer.sock, self._bundle_header, _NOBLOCK_MORE)
+        except zmq.Again:
+            peer.stalled = (self._bundle_header, body)
+            with contextlib.suppress(RuntimeError):  # no loop: the next send clears it
+                task = asyncio.get_running_loop().create_task(self._unstall(peer))
+                self._unstalling.add(task)
+                task.add_done_callback(self._unstalling.discard)
+            return
+        _send(peer.sock, body, 0)
+
+    def _clear(self, peer: _Peer) -> bool:
+        """Send what must go before anything else on this socket (an open bundle, a
+        stalled one); ``False`` if the queue is full."""
+        if peer.bundle is not None:
+            self._flush(peer)
+        stalled = peer.stalled
+        if stalled is None:
+            return True
+        try:
+            _send(peer.sock, stalled[0], _NOBLOCK_MORE)
+        except zmq.Again:
+            return False
+        _send(peer.sock, stalled[1], 0)
+        peer.stalled = None
+        return True
+
+    async def _unstall(self, peer: _Peer) -> None:
+        while peer.stalled is not None and not peer.waiter.closed:
+            await peer.waiter.wait(POLLOUT)
+            self._clear(peer)
 
     async def send(
         self,
@@ -467,7 +671,10 @@ class Outbox:
         size = sum(map(len, frames))
         if size > self._max:
             raise self._too_big(size)
-        sock = self._peer(address).sock
+        peer = self._peer(address)
+        if (peer.bundle is not None or peer.stalled) and not self._clear(peer):
+            return False
+        sock = peer.sock
         try:
             _send(sock, frames[0], _NOBLOCK_MORE)
         except zmq.Again:
@@ -504,6 +711,7 @@ class Outbox:
     def _close(self, address: str, linger_ms: int) -> None:
         peer = self._peers.pop(address, None)
         if peer is not None:
+            self._clear(peer)  # what it still delivers includes the bundle of this turn
             peer.waiter.close()
             peer.sock.close(linger_ms)
 

@@ -51,6 +51,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALLEST: dict[str, list[str]] = {
     "mailbox": ["--messages", "1", "--batches", "1", "--asks", "1"],
     "dispatch": ["--steps", "1", "--workers", "2"],
+    "detokenize": ["--tokens", "1"],
+    "profile": ["--messages", "1"],
     "pipeline": ["--requests", "1", "--concurrency", "1", "--workers", "2"],
     "supervision": ["--kills", "1"],
     "spawn": ["--actors", "1"],
@@ -177,13 +179,18 @@ EXPECTED: dict[str, dict[str, Any]] = {
         ],
         "ratios": [(key, base) for key, base, _ in mailbox.RATIOS],
         # tell batch is held to the floor and to send_pyobj, and both tells to themselves
-        # with metrics off.
+        # with metrics off; tell small to 0.85x the floor too, each traced tell to the
+        # untraced one, and ask p50 to zmq.asyncio's as well as to 150 us.
         "targets": [
             "tell.small.throughput",
             "tell.small.throughput",
             "tell.batch.throughput",
             "tell.batch.throughput",
             "tell.batch.throughput",
+            "ask.small.p50",
+            "tell.small.throughput",
+            "tell_traced.small.throughput",
+            "tell_traced.batch.throughput",
             "ask.small.p50",
         ],
         "charts": ["mailbox-throughput", "mailbox-latency"],
@@ -200,6 +207,22 @@ EXPECTED: dict[str, dict[str, Any]] = {
         ],
         "targets": ["raw.throughput", "actors.throughput"],
         "charts": ["dispatch-throughput"],
+    },
+    "profile": {
+        "params": {"messages": 1, "rounds": 1, "before": ""},
+        "figures": [f"{v}.cpu" for v in ("floor", "now")] + ["now.zmq_send", "floor.decode"],
+        "ratios": [("now.cpu", "floor.cpu")],
+        "targets": [],
+        "charts": ["profile-tell"],
+    },
+    "detokenize": {
+        "params": {"tokens": 1, "rounds": 1},
+        "figures": [f"{v}.per_token" for v in ("decodestream", "tokenyard", "windows", "stops")],
+        "ratios": [
+            (f"{v}.per_token", "decodestream.per_token") for v in ("tokenyard", "windows", "stops")
+        ],
+        "targets": ["tokenyard.per_token"],
+        "charts": ["detokenize-per-token"],
     },
     "pipeline": {
         # --workers 2 runs the 1-worker baseline too.

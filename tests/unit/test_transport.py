@@ -14,7 +14,25 @@ import msgspec
 import pytest
 import zmq
 
-from runtime import Actor, ActorRef, ActorSystem, MailboxFullError, Message, ProtocolError, handler
+from runtime import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    MailboxFullError,
+    Message,
+    ProtocolError,
+    Request,
+    current_trace,
+    handler,
+)
+from runtime._protocol import (
+    Header,
+    Kind,
+    TellHeaders,
+    bundle_decoder,
+    decode_header,
+    encode_header,
+)
 from runtime._transport import POLLIN, Outbox, ReadinessWaiter, TransportOptions
 
 from ._messages import Counter, Ping, Point, Pong
@@ -242,3 +260,121 @@ class TestOutbox:
                 outbox.sweep()
                 assert outbox.connected() == [a]
                 assert outbox.idled == 2
+
+
+class Seq(Message):
+    n: int
+
+
+class Seen(Message):
+    seen: list[tuple[int, tuple[str, ...]]]
+
+
+class GetSeen(Request[Seen]):
+    pass
+
+
+class Recorder(Actor[Seq | GetSeen]):
+    """Records each tell's number and the trace context its handler saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, tuple[str, ...]]] = []
+
+    @handler
+    def seq(self, msg: Seq) -> None:
+        self.seen.append((msg.n, current_trace()))
+
+    @handler
+    def get(self, msg: GetSeen) -> Seen:
+        return Seen(seen=self.seen)
+
+
+def _told(n: int) -> tuple[int, tuple[str, ...]]:
+    """What the Recorder sees of tell ``n`` below: every third one traced."""
+    return (n, (f"ctx-{n}",) if n % 3 == 0 else ())
+
+
+class TestBundles:
+    async def test_tells_of_one_turn_arrive_in_order_each_with_its_context_counted_each(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            for n in range(1_000):  # never yields: one turn, bundles of 256 and the rest
+                await ref.tell(Seq(n=n), trace=_told(n)[1])
+            got = await ref.ask(GetSeen())
+            assert got.seen == [_told(n) for n in range(1_000)]
+            stats = await system.statistics(ref)
+            assert (stats.rejected, stats.queued, stats.queued_bytes) == (0, 0, 0)
+            assert stats.received == stats.handled == 1_001  # every tell, and the ask
+
+    async def test_on_the_wire_the_tells_after_a_turns_first_are_one_bundle(self) -> None:
+        async with ActorSystem(shutdown_timeout=0.3) as system:
+            sock = system.station.ctx.socket(zmq.PULL)
+            path = os.path.join(system.ipc_dir, "wire")
+            sock.bind(f"ipc://{path}")
+            # A ref that names its owner, as the runtime's own refs do: tells coalesce.
+            ref: ActorRef[Seq] = ActorRef("wire", f"ipc://{path}", 1, system.station.reply_address)
+            try:
+                for n in range(4):
+                    await ref.tell(Seq(n=n), trace=_told(n)[1])
+                first = await anyio.to_thread.run_sync(sock.recv_multipart)
+                bundle = await anyio.to_thread.run_sync(sock.recv_multipart)
+            finally:
+                sock.close(0)
+            decode = msgspec.msgpack.Decoder(Seq).decode
+            header = decode_header(first[0])  # the turn's first, traced: a TELL
+            assert (header.kind, header.trace, decode(first[1])) == (
+                Kind.TELL,
+                ("ctx-0",),
+                Seq(n=0),
+            )
+            header = decode_header(bundle[0])
+            assert (header.kind, header.cookie, len(bundle)) == (Kind.TELLS, system.station.cookie, 2)
+            tells = bundle_decoder.decode(bundle[1])
+            assert tells[:2] == [msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))]
+            assert tells[2] == (msgspec.msgpack.encode(Seq(n=3)), ("ctx-3",))
+
+    async def test_with_a_small_hwm_every_tell_stays_one_frame(self) -> None:
+        async with ActorSystem(hwm=10, shutdown_timeout=0.3) as system:
+            sock = system.station.ctx.socket(zmq.PULL)
+            path = os.path.join(system.ipc_dir, "tight")
+            sock.bind(f"ipc://{path}")
+            ref: ActorRef[Seq] = ActorRef("tight", f"ipc://{path}", 1, system.station.reply_address)
+            try:
+                for n in range(3):
+                    await ref.tell(Seq(n=n))
+                frames = [await anyio.to_thread.run_sync(sock.recv_multipart) for _ in range(3)]
+            finally:
+                sock.close(0)
+            decode = msgspec.msgpack.Decoder(Seq).decode
+            got = [[decode(f) for f in parts] for parts in frames]
+            assert got == [[Seq(n=n)] for n in range(3)]
+
+    async def test_a_bad_bundle_is_one_rejection_and_a_bad_tell_in_one_is_one_more(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, name="recorder", process=True)
+            head = TellHeaders("peer", system.station.cookie)
+            good = [msgspec.msgpack.encode(Seq(n=n)) for n in range(3)]
+            push = system.station.ctx.socket(zmq.PUSH)
+            push.connect(ref.address)
+            try:
+                push.send_multipart([head.bundle, b"\xc1garbage"])
+                push.send_multipart([head.bundle, msgspec.msgpack.encode([good[0], b"\xc1"])])
+                push.send_multipart([head.bundle, msgspec.msgpack.encode([[good[1], [1]]])])
+                push.send_multipart([head.bundle, msgspec.msgpack.encode([good[2]])])
+                with anyio.fail_after(10):
+                    while len((got := await ref.ask(GetSeen())).seen) < 2:
+                        await anyio.lowlevel.checkpoint()
+            finally:
+                push.close(0)
+            assert got.seen == [(0, ()), (2, ())]
+            stats = await system.statistics(ref)
+            assert (stats.rejected, stats.failed, stats.queued) == (3, 0, 0)
+
+    def test_a_traced_tells_header_is_the_header_encoded_with_its_context(self) -> None:
+        head = TellHeaders("me", b"k" * 16)
+        trace = ("00-ab-cd-01", "")
+        full = encode_header(Header(Kind.TELL, sender="me", cookie=b"k" * 16, trace=trace))
+        assert head.traced(trace) == bytes(full)
+        assert decode_header(head.bundle).kind is Kind.TELLS
