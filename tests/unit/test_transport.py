@@ -330,7 +330,11 @@ class TestBundles:
                 Seq(n=0),
             )
             header = decode_header(bundle[0])
-            assert (header.kind, header.cookie, len(bundle)) == (Kind.TELLS, system.station.cookie, 2)
+            assert (header.kind, header.cookie, len(bundle)) == (
+                Kind.TELLS,
+                system.station.cookie,
+                2,
+            )
             tells = bundle_decoder.decode(bundle[1])
             assert tells[:2] == [msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))]
             assert tells[2] == (msgspec.msgpack.encode(Seq(n=3)), ("ctx-3",))
