@@ -36,7 +36,6 @@ of the pipeline is one frame, whatever the clients send.
 
 from __future__ import annotations
 
-import contextvars
 import importlib
 import logging
 import os
@@ -47,7 +46,6 @@ __all__ = (
     "SETUP_ENV",
     "Span",
     "enabled",
-    "incoming",
     "parse_traceparent",
     "start",
     "start_child",
@@ -60,12 +58,6 @@ SETUP_ENV = "TOKENYARD_TRACING"
 #: OpenTelemetry's variable naming the span exporters; set, each process configures the
 #: SDK from the ``OTEL_*`` variables.
 EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
-
-#: The ``traceparent`` of the HTTP request being served (set by the app, read by the
-#: worker engine, in the task that serves the request).
-incoming: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "tokenyard_traceparent", default=None
-)
 
 _state: dict[str, Any] = {}
 

@@ -54,8 +54,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from runtime import TokenyardError
-from runtime._throttle import Throttle
+from runtime import Throttle, TokenyardError
 
 from . import _vllm_protocol as proto
 from ._tokenizer import eos_token_id

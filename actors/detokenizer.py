@@ -47,8 +47,8 @@ from .messages import (
     BatchStrOutput,
     BatchTokenIDOutput,
     DetokenizerMessage,
-    DetokenizerStats,
-    GetDetokenizerStats,
+    DetokenizerStatistics,
+    GetDetokenizerStatistics,
     MemberStuck,
     Origin,
     PipelineSupervisorMessage,
@@ -95,7 +95,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
     Handles `RouteUpdate` (ask; answered with `RouteAck` once the route table changed),
     `BatchTokenIDOutput` (tell, from the scheduler), `Topology` (tell, from the pipeline
     supervisor: the scheduler's live ref), `AbortAll` (tell, from the pipeline supervisor:
-    the scheduler died) and `GetDetokenizerStats` (ask).
+    the scheduler died) and `GetDetokenizerStatistics` (ask).
 
     A request's state lives from its first output until its last (a finish reason from the
     scheduler, or a stop string found by the detokenizer). A request ended here rather than
@@ -206,7 +206,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         return self._states
 
     @handler
-    def on_route_update(self, msg: RouteUpdate) -> RouteAck:
+    def route(self, msg: RouteUpdate) -> RouteAck:
         """Add or drop a worker incarnation's route; reply once the table has changed."""
         for gone in self._routes.update(msg.origin, msg.ref):
             self._drop_states(gone)
@@ -230,7 +230,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
             )
 
     @handler
-    async def on_batch(self, msg: BatchTokenIDOutput) -> None:
+    async def detokenize(self, msg: BatchTokenIDOutput) -> None:
         """Detokenize one engine step and tell each worker its own sub-batch."""
         self._batches += 1
         self._requests += len(msg.rids)
@@ -452,7 +452,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
                 logger.warning("could not report %s stuck: %s", origin, err)
 
     @handler
-    def on_topology(self, msg: Topology) -> None:
+    def topology(self, msg: Topology) -> None:
         """Follow the scheduler's restarts: aborts go to its live incarnation (or nowhere)."""
         self._scheduler = msg.scheduler
         if msg.scheduler is None or msg.scheduler == self._last_scheduler:
@@ -462,7 +462,7 @@ class Detokenizer(Actor[DetokenizerMessage]):
         self._last_scheduler = msg.scheduler
 
     @handler
-    def on_abort_all(self, msg: AbortAll) -> None:
+    def abort_all(self, msg: AbortAll) -> None:
         """The scheduler died: no more output comes for any live state."""
         self._drop_all(f"the scheduler died: {msg.reason}")
 
@@ -477,9 +477,9 @@ class Detokenizer(Actor[DetokenizerMessage]):
             )
 
     @handler
-    def on_get_stats(self, msg: GetDetokenizerStats) -> DetokenizerStats:
+    def statistics(self, msg: GetDetokenizerStatistics) -> DetokenizerStatistics:
         """Reply with the counters."""
-        return DetokenizerStats(
+        return DetokenizerStatistics(
             batches=self._batches,
             requests=self._requests,
             dropped_unknown_origin=self._dropped_unknown_origin,

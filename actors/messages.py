@@ -541,7 +541,11 @@ class CheckFlush(Message):
     reply_to: ActorRef[FlushReply]
 
 
-class RouterStats(Message):
+# Each member's counters, and the request for them. Their tags keep the names the classes had
+# before they were called *Statistics, as the runtime's are: the wire did not change.
+
+
+class RouterStatistics(Message, tag="RouterStats"):
     """A router's counters."""
 
     forwarded: int
@@ -549,14 +553,14 @@ class RouterStats(Message):
     routes: int
 
 
-class GetRouterStats(Request[RouterStats]):
+class GetRouterStatistics(Request[RouterStatistics], tag="GetRouterStats"):
     """Ask a router for its counters."""
 
 
 # -- detokenizer statistics -----------------------------------------------------------------
 
 
-class DetokenizerStats(Message):
+class DetokenizerStatistics(Message, tag="DetokenizerStats"):
     """The detokenizer's counters since it started.
 
     Attributes:
@@ -582,14 +586,14 @@ class DetokenizerStats(Message):
     backlog: int = 0
 
 
-class GetDetokenizerStats(Request[DetokenizerStats]):
-    """Ask the detokenizer for its counters; the reply is a `DetokenizerStats`."""
+class GetDetokenizerStatistics(Request[DetokenizerStatistics], tag="GetDetokenizerStats"):
+    """Ask the detokenizer for its counters; the reply is a `DetokenizerStatistics`."""
 
 
 # -- scheduler statistics -------------------------------------------------------------------
 
 
-class SchedulerStats(Message):
+class SchedulerStatistics(Message, tag="SchedulerStats"):
     """The scheduler's counters since it started.
 
     Every request received ends up in exactly one of ``finished``, ``aborted``,
@@ -624,14 +628,14 @@ class SchedulerStats(Message):
     engine_ready: bool = True
 
 
-class GetSchedulerStats(Request[SchedulerStats]):
-    """Ask the scheduler for its counters; the reply is a `SchedulerStats`."""
+class GetSchedulerStatistics(Request[SchedulerStatistics], tag="GetSchedulerStats"):
+    """Ask the scheduler for its counters; the reply is a `SchedulerStatistics`."""
 
 
 # -- tokenizer worker statistics ------------------------------------------------------------
 
 
-class WorkerStats(Message):
+class WorkerStatistics(Message, tag="WorkerStats"):
     """A tokenizer worker's counters since it started.
 
     Every request received ends up in exactly one of ``finished``, ``failed``, ``released``
@@ -660,8 +664,8 @@ class WorkerStats(Message):
     cut: int = 0
 
 
-class GetWorkerStats(Request[WorkerStats]):
-    """Ask a tokenizer worker for its counters; the reply is a `WorkerStats`."""
+class GetWorkerStatistics(Request[WorkerStatistics], tag="GetWorkerStats"):
+    """Ask a tokenizer worker for its counters; the reply is a `WorkerStatistics`."""
 
 
 class Draining(Message):
@@ -705,20 +709,22 @@ WorkerMessage = (
     | LoadReply
     | FlushReply
     | Topology
-    | GetWorkerStats
+    | GetWorkerStatistics
     | Drain
 )
 """What a tokenizer worker accepts."""
 
 SchedulerMessage = (
-    TokenizedGenerate | Abort | AbortAll | Topology | GetLoad | FlushCache | GetSchedulerStats
+    TokenizedGenerate | Abort | AbortAll | Topology | GetLoad | FlushCache | GetSchedulerStatistics
 )
 """What the scheduler accepts."""
 
-DetokenizerMessage = BatchTokenIDOutput | RouteUpdate | Topology | AbortAll | GetDetokenizerStats
+DetokenizerMessage = (
+    BatchTokenIDOutput | RouteUpdate | Topology | AbortAll | GetDetokenizerStatistics
+)
 """What a detokenizer accepts."""
 
-RouterMessage = RouteUpdate | LoadReply | FlushReply | AbortNotice | GetRouterStats
+RouterMessage = RouteUpdate | LoadReply | FlushReply | AbortNotice | GetRouterStatistics
 """What the router accepts."""
 
 PipelineSupervisorMessage = SupervisorMessage | RegisterWorker | MemberStuck | EngineState

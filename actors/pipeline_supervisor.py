@@ -28,7 +28,7 @@ from .messages import (
     AbortAll,
     CallerMessage,
     EngineState,
-    GetSchedulerStats,
+    GetSchedulerStatistics,
     Member,
     MemberStuck,
     Origin,
@@ -45,7 +45,7 @@ from .router import Router
 if TYPE_CHECKING:
     from collections.abc import Callable
 from .scheduler import Scheduler
-from .tokenizer_worker import Limits, TokenizerWorker
+from .tokenizer_worker import RequestLimits, TokenizerWorker
 
 logger = logging.getLogger("tokenyard.pipeline")
 
@@ -206,9 +206,9 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.model or model_id_of(self.tokenizer)
 
     @property
-    def limits(self) -> Limits:
+    def limits(self) -> RequestLimits:
         """What one request may ask for."""
-        return Limits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
+        return RequestLimits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
 
 
 class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState]):
@@ -282,7 +282,6 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         self.routes: dict[Origin, ActorRef[WorkerMessage]] = {}
         self.duplicate_registrations = 0
         self.failed_registrations = 0
-        self.killed_stuck = 0
 
     # -- starting -------------------------------------------------------------------------
 
@@ -438,7 +437,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         """Whether a scheduler that just started has its engine ready (one that has not
         connected yet has not: it tells `EngineState` when that changes)."""
         try:
-            stats = await scheduler.ask(GetSchedulerStats(), timeout=10)
+            stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10)
         except TokenyardError as err:
             logger.warning("the scheduler did not say whether its engine is ready: %s", err)
             return False
@@ -464,7 +463,6 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         ref = self.child(name) if name in self.worker_ids else None
         if ref is None or ref.incarnation != msg.origin.incarnation:
             return  # already gone
-        self.killed_stuck += 1
         logger.warning("killing %s: %s", msg.origin, msg.reason)
         try:
             await self.system.kill(ref, f"stuck: {msg.reason}")

@@ -24,11 +24,11 @@ from ._routes import Routes
 from .messages import (
     AbortNotice,
     FlushReply,
-    GetRouterStats,
+    GetRouterStatistics,
     LoadReply,
     RouteAck,
     RouterMessage,
-    RouterStats,
+    RouterStatistics,
     RouteUpdate,
 )
 
@@ -90,9 +90,9 @@ class Router(Actor[RouterMessage]):
         self.forwarded += 1
 
     @handler
-    def stats(self, msg: GetRouterStats) -> RouterStats:
+    def statistics(self, msg: GetRouterStatistics) -> RouterStatistics:
         """The router's counters."""
-        return RouterStats(
+        return RouterStatistics(
             forwarded=self.forwarded, dropped_unknown_origin=self.dropped, routes=len(self.routes)
         )
 
@@ -129,8 +129,6 @@ class RouterLink:
         self._queue: list[Routed] = []
         self._pending = anyio.Event()
         self._changed = anyio.Event()
-        #: Messages sent again because their first run was not confirmed.
-        self.resent = 0
 
     @property
     def router(self) -> ActorRef[RouterMessage]:
@@ -170,7 +168,6 @@ class RouterLink:
                 pass  # its handler failed, but it was reached, after everything before it
             except TokenyardError as err:
                 self._queue[:0] = batch
-                self.resent += len(batch)
                 logger.warning(
                     "%d message(s) for the workers wait for the router %s: %s",
                     len(batch),

@@ -55,13 +55,13 @@ from .messages import (
     FlushCache,
     FlushReply,
     GetLoad,
-    GetSchedulerStats,
+    GetSchedulerStatistics,
     LoadReply,
     Origin,
     RouterMessage,
     SamplingParams,
     SchedulerMessage,
-    SchedulerStats,
+    SchedulerStatistics,
     TokenizedGenerate,
     Topology,
 )
@@ -183,7 +183,7 @@ class Scheduler(Actor[SchedulerMessage]):
     """The pipeline's engine: continuous batching over a generator (`actors.engines`).
 
     Handles `TokenizedGenerate`, `Abort`, `AbortAll`, `GetLoad` and `FlushCache` (tells) and
-    `GetSchedulerStats` (ask, answered with `SchedulerStats`). Tells the detokenizer one
+    `GetSchedulerStatistics` (ask, answered with `SchedulerStatistics`). Tells the detokenizer one
     `BatchTokenIDOutput` per step, and the router `LoadReply`, `FlushReply` and
     `AbortNotice`, for the worker named by their origin.
 
@@ -240,7 +240,6 @@ class Scheduler(Actor[SchedulerMessage]):
         if not detokenizers:
             raise ValueError("detokenizers is empty: a scheduler needs at least one")
         self._detokenizers: list[ActorRef[DetokenizerMessage] | None] = list(detokenizers)
-        self._undelivered = 0
         self._retry_after = retry_after
         #: The step's batches not yet taken, by detokenizer; steps pause until all are.
         self._held: dict[int, _Share] = {}
@@ -309,7 +308,7 @@ class Scheduler(Actor[SchedulerMessage]):
 
     async def _tell_engine_state(self) -> None:
         """Tell the supervisor when the engine's readiness changed since it was last told
-        (it asks for the state at the start: `SchedulerStats.engine_ready`)."""
+        (it asks for the state at the start: `SchedulerStatistics.engine_ready`)."""
         ready = self.engine_ready
         if ready == self._told_ready:
             return
@@ -322,7 +321,7 @@ class Scheduler(Actor[SchedulerMessage]):
     # -- handlers -------------------------------------------------------------------------
 
     @handler
-    def on_tokenized(self, msg: TokenizedGenerate) -> None:
+    def enqueue(self, msg: TokenizedGenerate) -> None:
         """Queue a request, or refuse it with an `AbortNotice` to the router."""
         self._received += 1
         key = (msg.origin, msg.rid)
@@ -338,7 +337,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._wake.set()
 
     @handler
-    def on_abort(self, msg: Abort) -> None:
+    def abort(self, msg: Abort) -> None:
         """Abort one request (reported once more) or every request of an origin (silently)."""
         if msg.rid is None:
             self._drop_origin(msg.origin)
@@ -353,7 +352,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._wake.set()
 
     @handler
-    def on_topology(self, msg: Topology) -> None:
+    def topology(self, msg: Topology) -> None:
         """Follow a restarted detokenizer or router (the supervisor publishes their refs)."""
         if msg.detokenizers != self._detokenizers:
             self._detokenizers = list(msg.detokenizers)
@@ -362,7 +361,7 @@ class Scheduler(Actor[SchedulerMessage]):
             self._router.retarget(msg.router)
 
     @handler
-    def on_abort_all(self, msg: AbortAll) -> None:
+    def abort_all(self, msg: AbortAll) -> None:
         """Drop every request (the detokenizer they streamed to is gone, say) and report
         them, per worker, so that each caller hears of its request."""
         which = msg.detokenizer
@@ -392,7 +391,7 @@ class Scheduler(Actor[SchedulerMessage]):
         self._wake.set()
 
     @handler
-    def on_get_load(self, msg: GetLoad) -> None:
+    def get_load(self, msg: GetLoad) -> None:
         """Tell the router the load, for the worker that asked."""
         reply = LoadReply(
             origin=msg.origin,
@@ -404,16 +403,16 @@ class Scheduler(Actor[SchedulerMessage]):
         self._router.put(reply)
 
     @handler
-    def on_flush_cache(self, msg: FlushCache) -> None:
+    def flush_cache(self, msg: FlushCache) -> None:
         """Forget the cached prefixes if nothing is running; tell the router whether it did."""
         success = not self._running and self._generator is not None and self._generator.flush()
         reply = FlushReply(origin=msg.origin, request_id=msg.request_id, success=success)
         self._router.put(reply)
 
     @handler
-    def on_get_stats(self, msg: GetSchedulerStats) -> SchedulerStats:
+    def statistics(self, msg: GetSchedulerStatistics) -> SchedulerStatistics:
         """Reply with the counters."""
-        return SchedulerStats(
+        return SchedulerStatistics(
             received=self._received,
             finished=self._finished,
             aborted=self._aborted,
@@ -531,14 +530,12 @@ class Scheduler(Actor[SchedulerMessage]):
                     if not detokenizer.try_tell(batch, trace=trace):
                         await detokenizer.tell(batch, timeout=self._retry_after, trace=trace)
                 except ActorDeadError as err:
-                    self._undelivered += 1
                     waiting_for_successor = True
                     self._holding.warning(
                         "step %d held: detokenizer %d died: %s", batch.step, index, err
                     )
                     continue
                 except TokenyardError as err:
-                    self._undelivered += 1
                     self._holding.warning(
                         "step %d held: detokenizer %d does not take it: %s", batch.step, index, err
                     )

@@ -59,7 +59,7 @@ from .messages import (
     FlushReply,
     Generate,
     GetLoad,
-    GetWorkerStats,
+    GetWorkerStatistics,
     LoadReply,
     Member,
     Origin,
@@ -72,7 +72,7 @@ from .messages import (
     TokenizedGenerate,
     Topology,
     WorkerMessage,
-    WorkerStats,
+    WorkerStatistics,
 )
 
 logger = logging.getLogger("tokenyard.worker")
@@ -120,7 +120,7 @@ class _Control:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class RequestLimits:
     """What one request may ask of a worker.
 
     Attributes:
@@ -161,8 +161,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
     """Tokenizes requests, forwards them, streams their output back to their callers.
 
     Handles `Generate`, `AbortRequest`, `BatchStrOutput`, `AbortNotice`, `CheckLoad`,
-    `CheckFlush`, `LoadReply`, `FlushReply` and `Topology` (tells) and `GetWorkerStats`
-    (ask, answered with `WorkerStats`).
+    `CheckFlush`, `LoadReply`, `FlushReply` and `Topology` (tells) and `GetWorkerStatistics`
+    (ask, answered with `WorkerStatistics`).
 
     While the scheduler is dead (or restarting) a request is kept but not forwarded: once
     the successor is up the pipeline resolves every request that was in flight, and lets
@@ -186,12 +186,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
         supervisor: ActorRef[PipelineSupervisorMessage],
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
-        limits: Limits | None = None,
+        limits: RequestLimits | None = None,
         model_name: str | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.supervisor = supervisor
-        self.limits = limits or Limits()
+        self.limits = limits or RequestLimits()
         self.tokenizer_path = tokenizer
         self.register_timeout = register_timeout
         self.tokenizer: Any = None
@@ -278,7 +278,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     # -- requests from callers ------------------------------------------------------------
 
     @handler
-    async def generate(self, msg: Generate) -> None:
+    async def admit(self, msg: Generate) -> None:
         """Tokenize a request and hand it to the scheduler."""
         await self._admit(msg.rid, msg.reply_to, msg.text, msg.input_ids, msg.sampling, msg.stream)
 
@@ -598,9 +598,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         return Draining(connections=0, requests=len(self.requests))
 
     @handler
-    def stats(self, msg: GetWorkerStats) -> WorkerStats:
+    def statistics(self, msg: GetWorkerStatistics) -> WorkerStatistics:
         """The worker's counters."""
-        return WorkerStats(
+        return WorkerStatistics(
             origin=self.origin,
             received=self.received,
             finished=self.finished,

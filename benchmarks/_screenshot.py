@@ -3,7 +3,7 @@
 
 It serves a two-worker pipeline on 127.0.0.1, loads it with the lean HTTP client, SIGKILLs
 a worker halfway, waits for its successor, gathers twice one second apart under the load,
-renders the view `top` shows for those two gatherings (`runtime._top.render_frame`) with
+renders the view `top` shows for those two gatherings (`runtime.top.render_frame`) with
 rich, and draws rich's styled cells with matplotlib: each cell at its column, in its
 colour, on a dark terminal background.
 """
@@ -19,7 +19,7 @@ import anyio
 from actors.http import open_server
 from actors.http._load import LoadSpec, run_load
 from runtime import GetMetrics
-from runtime._top import Frame, render_frame
+from runtime.top import Frame, render_frame
 
 if TYPE_CHECKING:
     from runtime import SystemMetrics

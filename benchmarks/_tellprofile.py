@@ -91,7 +91,7 @@ def _watch_zmq() -> None:
     _ZMQ.update(send=zmq.backend.Socket.send, recv=zmq.backend.Socket.recv)
     _ZMQ["get"] = zmq.backend.Socket.get
     names = {"_send": zmq_send, "recv_frame": zmq_recv, "_get": zmq_get}
-    for module in ("runtime._transport", "runtime._mailbox", "runtime._node"):
+    for module in ("runtime._transport", "runtime._mailbox", "runtime._station"):
         loaded = sys.modules.get(module)
         for name, stand_in in names.items():
             if loaded is not None and hasattr(loaded, name):
@@ -111,7 +111,7 @@ def part_of(filename: str, function: str) -> str:
             return "zmq send" if "send" in function else "zmq receive"
         return "the rest (event loop, loops)"
     path = filename.replace("\\", "/")
-    if path.endswith(("/runtime/_ref.py", "/runtime/_context.py", "/runtime/_node.py")):
+    if path.endswith(("/runtime/_ref.py", "/runtime/_context.py", "/runtime/_station.py")):
         return "tell call"
     if path.endswith(("/runtime/_transport.py", "/runtime/_protocol.py")):
         if function in _SENDING:

@@ -425,12 +425,12 @@ class RequestCounter(Actor[BatchTokenIDOutput | CountQuery]):
         self.count = 0
 
     @handler
-    def on_output(self, msg: BatchTokenIDOutput) -> None:
+    def output(self, msg: BatchTokenIDOutput) -> None:
         """Count one sub-batch's requests."""
         self.count += len(msg.rids)
 
     @handler
-    def on_query(self, msg: CountQuery) -> Ack:
+    def query(self, msg: CountQuery) -> Ack:
         """Reply with the requests counted so far (queued behind the tells: a barrier)."""
         return Ack(n=self.count)
 

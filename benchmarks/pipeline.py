@@ -39,7 +39,7 @@ import msgspec
 from actors import Pipeline
 from actors._detokenize import IncrementalDetokenizer
 from actors._tokenizer import load_tokenizer
-from actors.messages import GetSchedulerStats
+from actors.messages import GetSchedulerStatistics
 from runtime import TokenyardError
 
 from ._proc import BenchmarkError, Latency, die_with_parent, latency_of, started
@@ -152,7 +152,7 @@ async def engine_counts(p: Pipeline) -> tuple[int, int] | None:
     """The scheduler's steps and generated tokens so far (None if it cannot be asked)."""
     try:
         scheduler = await p.system.lookup("scheduler")
-        stats = await scheduler.ask(GetSchedulerStats(), timeout=10.0)
+        stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10.0)
     except (TokenyardError, LookupError, TimeoutError):
         return None
     return stats.steps, stats.generated_tokens

@@ -37,7 +37,7 @@ from ._stats import ActorMetrics as ActorMetrics
 from ._stats import ChildRecord as ChildRecord
 from ._stats import DeadIncarnation as DeadIncarnation
 from ._stats import ProcessMetrics as ProcessMetrics
-from ._stats import ProcessStats as ProcessStats
+from ._stats import ProcessResources as ProcessResources
 from ._stats import SystemMetrics as SystemMetrics
 from ._supervisor import Children as Children
 from ._supervisor import ChildSpec as ChildSpec
@@ -51,6 +51,7 @@ from ._supervisor import SupervisorStatistics as SupervisorStatistics
 from ._supervisor import WhichChildren as WhichChildren
 from ._system import ActorSystem as ActorSystem
 from ._throttle import Throttle as Throttle
+from ._transport import raise_fd_limit as raise_fd_limit
 from ._watch import Watch as Watch
 
 __all__ = (
@@ -79,7 +80,7 @@ __all__ = (
     "Message",
     "MetricsCollector",
     "ProcessMetrics",
-    "ProcessStats",
+    "ProcessResources",
     "ProtocolError",
     "RemoteActorError",
     "Request",
@@ -101,6 +102,7 @@ __all__ = (
     "current_trace",
     "handler",
     "publish",
+    "raise_fd_limit",
 )
 
 publish(__name__, globals(), __all__)

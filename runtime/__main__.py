@@ -1,4 +1,4 @@
-"""``python -m runtime top`` (a live view of a running system, `runtime._top`) and
+"""``python -m runtime top`` (a live view of a running system, `runtime.top`) and
 ``python -m runtime node`` (a node of a system on another host, `runtime._nodemain`)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     no command or an unknown one (status 2, as argparse does)."""
     command = argv[:1]
     if command == ["top"]:
-        from ._top import main as top_main
+        from .top import main as top_main
 
         return top_main(argv[1:])
     if command == ["node"]:

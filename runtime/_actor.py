@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
-from ._context import current_node, enter_trace
+from ._context import current_station, enter_trace
 from ._message import Message, reply_type
 
 if TYPE_CHECKING:
@@ -284,7 +284,7 @@ class Actor(Generic[M]):
     async def stop(self) -> None:
         """Stop this actor gracefully, as if asked to: messages already queued are handled,
         ``on_stop`` runs, and the exit is normal (a transient child is not restarted)."""
-        await current_node().send_stop(self.ref)
+        await current_station().send_stop(self.ref)
 
     def crash(self, error: Exception) -> None:
         """End this actor with ``error`` as soon as the running handler returns.

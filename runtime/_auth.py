@@ -53,7 +53,7 @@ class Keys(msgspec.Struct, frozen=True):
     secret: bytes
 
     @classmethod
-    def generate(cls) -> Keys:
+    def new(cls) -> Keys:
         """A fresh key pair."""
         public, secret = zmq.curve_keypair()
         return cls(public, secret)
@@ -71,7 +71,7 @@ class Keys(msgspec.Struct, frozen=True):
             info = os.stat(path)
         except FileNotFoundError:
             os.makedirs(os.fspath(directory), mode=0o700, exist_ok=True)
-            keys = cls.generate()
+            keys = cls.new()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(msgspec.json.encode(keys))

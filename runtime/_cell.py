@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ._actor import Actor
     from ._mailbox import Item, Mailbox
     from ._message import Message
-    from ._node import Node
+    from ._station import Station
 
 logger = logging.getLogger("tokenyard.actor")
 
@@ -65,13 +65,13 @@ class Cell:
     Args:
         actor: The actor instance.
         mailbox: Its bound mailbox.
-        node: The node replies are sent from.
+        station: The station replies are sent from.
     """
 
-    def __init__(self, actor: Actor[Any], mailbox: Mailbox, node: Node) -> None:
+    def __init__(self, actor: Actor[Any], mailbox: Mailbox, station: Station) -> None:
         self.actor = actor
         self.mailbox = mailbox
-        self.node = node
+        self.station = station
         self.stopping = False
         table = handler_table(type(actor))
         self._handlers: _Handlers = {
@@ -128,7 +128,7 @@ class Cell:
                     try:
                         await actor.on_stop()
                     except Exception:
-                        logger.exception("%s: on_stop raised", self.mailbox.owner)
+                        logger.exception("%s: on_stop raised", self.mailbox.actor_name)
                 finally:
                     actor._task_group = None
                 tg.cancel_scope.cancel()
@@ -140,7 +140,7 @@ class Cell:
                 try:
                     await actor.on_failure(err)
                 except Exception:
-                    logger.exception("%s: on_failure raised", self.mailbox.owner)
+                    logger.exception("%s: on_failure raised", self.mailbox.actor_name)
             if err is not failure and isinstance(err, Exception):
                 raise err from None
             raise
@@ -259,7 +259,7 @@ class Cell:
     def _handler_failed(self, msg: Message, err: Exception) -> None:
         self.mailbox.fail()
         self._errors.error(
-            "%s: handler of %s raised", self.mailbox.owner, type(msg).__name__, exc_info=err
+            "%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__, exc_info=err
         )
 
     async def _handle_framed(self, item: Envelope) -> Header | None:
@@ -321,7 +321,7 @@ class Cell:
             result = await fn(msg) if is_async else fn(msg)
         except Exception as err:  # noqa: BLE001 - the asker gets the error as data
             self.mailbox.fail()
-            logger.debug("%s: handler of %s raised", self.mailbox.owner, type(msg).__name__)
+            logger.debug("%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__)
             await self._reply_error(header, ErrorBody.of(err))
             return
         finally:
@@ -332,22 +332,22 @@ class Cell:
     async def _reply(self, header: Header, result: object) -> None:
         try:
             try:
-                await self.node.reply(header, result)
+                await self.station.reply(header, result)
             except ProtocolError as err:  # not a Message, or too big: say so instead
-                await self.node.reply_error(header, ErrorBody.of(err))
+                await self.station.reply_error(header, ErrorBody.of(err))
         except TokenyardError as err:
             # The asker is unreachable (gone, or its inbox stayed full): it will time out or
             # learn of the failure some other way; this actor carries on.
             self._errors.warning(
-                "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
+                "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
             )
 
     async def _reply_error(self, header: Header, body: ErrorBody) -> None:
         try:
-            await self.node.reply_error(header, body)
+            await self.station.reply_error(header, body)
         except TokenyardError as err:
             self._errors.warning(
-                "%s: could not reply to %s: %s", self.mailbox.owner, header.sender, err
+                "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
             )
 
 
@@ -359,7 +359,7 @@ async def live(
     """Live an actor's whole life in ``cell`` and say how it ended.
 
     Args:
-        cell: The actor, its mailbox and node.
+        cell: The actor, its mailbox and station.
         on_ready: Reports the actor ready (after ``on_start``).
         stop_children: Stops the actors this one started, whatever its ending: a dead
             supervisor leaves no child unsupervised.

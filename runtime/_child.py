@@ -18,7 +18,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -31,6 +30,7 @@ from setproctitle import setproctitle
 
 from ._logging import configure_logging
 from ._spawn import SpawnSpec, read_spec, resolve_class
+from ._transport import raise_fd_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -143,17 +143,6 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
     from ._system import run_actor_process
 
     return await run_actor_process(spec, cls, _track)
-
-
-def raise_fd_limit() -> None:
-    """Take the hard ``RLIMIT_NOFILE`` as the soft one: every process that connects to this
-    actor's mailbox costs it a descriptor, and libzmq aborts a process whose listener cannot
-    accept one (the common soft limit of 1,024 is far below the usual hard one). A server
-    that holds thousands of connections (``python -m actors serve``) does the same."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def main() -> None:

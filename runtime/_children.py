@@ -22,10 +22,10 @@ from ._protocol import Cause, Down, Kind, RemoteKill, body_encoder
 
 if TYPE_CHECKING:
     from ._cell import Cell
-    from ._node import Node
     from ._protocol import SpawnOptions
     from ._ref import ActorRef
     from ._spawn import ChildProcess
+    from ._station import Station
 
 logger = logging.getLogger("tokenyard.system")
 
@@ -40,8 +40,8 @@ class RemoteProcess:
     heartbeat (`Cause.NOCONNECTION`); signals go to the node, which sends them on.
     """
 
-    def __init__(self, node: Node, node_address: str, node_name: str, pid: int, address: str):
-        self.node = node
+    def __init__(self, station: Station, node_address: str, node_name: str, pid: int, address: str):
+        self.station = station
         self.node_address = node_address
         self.node_name = node_name
         self.pid = pid
@@ -55,9 +55,9 @@ class RemoteProcess:
 
     def signal(self, signum: int, reason: str = "") -> None:
         """Ask its node to signal it (from a loop callback: never waits)."""
-        if not self.down.done() and not self.node.closed:
+        if not self.down.done() and not self.station.closed:
             body = body_encoder.encode(RemoteKill(self.address, int(signum), reason))
-            self.node.notify(self.node_address, Kind.KILL, body)
+            self.station.notify(self.node_address, Kind.KILL, body)
 
 
 @dataclass(eq=False)
@@ -79,7 +79,7 @@ class Child:
     how: SpawnOptions
     process: ChildProcess | None = None
     token: int = 0
-    node_address: str = ""
+    station_address: str = ""
     oom_before: int | None = None
     cell: Cell | None = None
     scope: anyio.CancelScope | None = None
@@ -101,12 +101,12 @@ class ChildTable:
     """The live children of one system, in start order.
 
     Args:
-        node: The system's node, where deaths are published.
+        station: The system's station, where deaths are published.
     """
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, station: Station) -> None:
         self.live: dict[str, Child] = {}
-        self.node = node
+        self.station = station
 
     def add(self, child: Child) -> None:
         """Record a started child."""
@@ -134,9 +134,9 @@ class ChildTable:
             return
         child.process.close()
         words = None
-        if not self.node.closed:
-            self.node.read_replies()
-            words = self.node.take_last_words(child.token)
+        if not self.station.closed:
+            self.station.read_replies()
+            words = self.station.deaths.take_last_words(child.token)
         cause, reason, signum = reason_for_status(code, words, child.oom_before)
         if child.unresponsive and cause is Cause.SIGNAL:
             cause, reason = Cause.UNRESPONSIVE, child.unresponsive
@@ -153,12 +153,12 @@ class ChildTable:
         whole bound without any answer kills, so one probe or answer lost on a full queue
         never does.
         """
-        node, limit = self.node, child.how.stall_timeout
+        station, limit = self.station, child.how.stall_timeout
         assert limit is not None
         assert child.process is not None
         answered = time.monotonic()
         while not child.exited.is_set():
-            if await node.ping(child.node_address, limit / 4):
+            if await station.ping(child.station_address, limit / 4):
                 answered = time.monotonic()
                 with anyio.move_on_after(limit / 4):
                     await child.exited.wait()
@@ -173,31 +173,31 @@ class ChildTable:
             return
 
     def died(self, child: Child, down: Down) -> None:
-        """Record a death: the ``Down``, the node's dead set, its watchers, a log line."""
+        """Record a death: the ``Down``, the station's dead set, its watchers, a log line."""
         child.down = down
         child.exited.set()
         self.live.pop(child.ref.address, None)
-        node = self.node
-        if not node.closed:
-            node.mark_dead(down)
-            if child.node_address:
-                node.owner_died(child.node_address, child.ref.name)
+        station = self.station
+        if not station.closed:
+            station.deaths.mark_dead(down)
+            if child.station_address:
+                station.deaths.owner_died(child.station_address, child.ref.name)
         if not down.normal:
             logger.warning("actor %s died: %s", child.ref.name, down.reason)
 
     async def stop(self, child: Child, timeout: float) -> Down:
         """Stop ``child``: in-band stop request, bounded wait, SIGTERM, SIGKILL."""
-        node = self.node
+        station = self.station
         deadline = time.monotonic() + timeout
-        corr, acked = node.new_request(child.ref.address)
+        corr, acked = station.new_request(child.ref.address)
         try:
             with anyio.move_on_after(timeout):
-                await node.send_control(child.ref.address, Kind.STOP, corr, timeout=timeout)
+                await station.send_control(child.ref.address, Kind.STOP, corr, timeout=timeout)
                 await acked
         except TokenyardError:
             logger.debug("stop request to %s failed", child.ref.name, exc_info=True)
         finally:
-            node.drop_request(corr)
+            station.drop_request(corr)
         remaining = max(deadline - time.monotonic(), 0.1)
         with anyio.move_on_after(remaining):
             await self.await_exit(child)

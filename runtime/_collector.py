@@ -111,7 +111,7 @@ class MetricsCollector(Actor[CollectorMessage]):
                 self._seen[address] = (actor, process)
 
     @handler
-    def on_down(self, msg: Down) -> None:
+    def down(self, msg: Down) -> None:
         """An actor seen alive died: keep its last statistics by the rule."""
         seen = self._seen.pop(msg.ref.address, None)
         if seen is None:
@@ -119,7 +119,7 @@ class MetricsCollector(Actor[CollectorMessage]):
         actor, process = seen
         # An actor process of its own (not one of several in this process, the root):
         # the process died with it.
-        own = len(process.actors) == 1 and process.node != self.ref.owner
+        own = len(process.actors) == 1 and process.station != self.ref.owner
         if own:
             self._retire(process.families)
         self._dead[msg.ref.address] = DeadIncarnation(

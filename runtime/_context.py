@@ -1,9 +1,9 @@
-"""Which node sends for the running code, and for which trace: the bottom of the runtime,
+"""Which station sends for the running code, and for which trace: the bottom of the runtime,
 importing none of it.
 
-Refs find the node of their process here, so ``_ref`` needs nothing above it. A node makes
+Refs find the station of their process here, so ``_ref`` needs nothing above it. A station makes
 itself current when its system opens; code running in tasks the system did not start (a
-web framework's request handlers) falls back to the most recently opened node.
+web framework's request handlers) falls back to the most recently opened station.
 
 The trace context of the message being handled lives here too: the cell sets it around a
 traced message's handler, and `current_trace` reads it.
@@ -27,7 +27,7 @@ Frames = bytes | tuple[bytes | bytearray, bytes]
 
 
 class RefLike(Protocol):
-    """What a node needs of a ref to send through it."""
+    """What a station needs of a ref to send through it."""
 
     @property
     def name(self) -> str:
@@ -46,16 +46,16 @@ class RefLike(Protocol):
 
     @property
     def owner(self) -> str:
-        """The reply address of the node that watches it."""
+        """The reply address of the station that watches it."""
         ...
 
 
 class Sender(Protocol):
-    """The part of a node that refs send through."""
+    """The part of a station that refs send through."""
 
     @property
     def closed(self) -> bool:
-        """Whether the node's system has closed."""
+        """Whether the station's system has closed."""
         ...
 
     def try_tell(self, ref: RefLike, msg: Message, trace: Sequence[str] = ()) -> Frames | None:
@@ -77,7 +77,7 @@ class Sender(Protocol):
         ...
 
 
-_current: contextvars.ContextVar[Sender] = contextvars.ContextVar("tokenyard_node")
+_current: contextvars.ContextVar[Sender] = contextvars.ContextVar("tokenyard_station")
 _open: list[Sender] = []
 
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
@@ -106,15 +106,15 @@ def current_trace() -> tuple[str, ...]:
     return _trace.get()
 
 
-def current_node() -> Sender:
-    """The node that sends on behalf of the running code.
+def current_station() -> Sender:
+    """The station that sends on behalf of the running code.
 
     Raises:
         MailboxClosedError: No actor system is open in this process.
     """
-    node = _current.get(None)
-    if node is not None and not node.closed:
-        return node
+    station = _current.get(None)
+    if station is not None and not station.closed:
+        return station
     if _open:
         return _open[-1]
     raise MailboxClosedError(
@@ -122,18 +122,18 @@ def current_node() -> Sender:
     )
 
 
-def enter(node: Sender) -> contextvars.Token[Sender]:
+def enter(station: Sender) -> contextvars.Token[Sender]:
     """Make ``node`` current in this context and the fallback for others."""
-    _open.append(node)
-    return _current.set(node)
+    _open.append(station)
+    return _current.set(station)
 
 
-def leave(node: Sender, token: contextvars.Token[Sender] | None) -> None:
-    """Undo `enter` (from any context: a closed node is skipped anyway)."""
-    if node in _open:
-        _open.remove(node)
+def leave(station: Sender, token: contextvars.Token[Sender] | None) -> None:
+    """Undo `enter` (from any context: a closed station is skipped anyway)."""
+    if station in _open:
+        _open.remove(station)
     if token is not None:
-        # Closed from another context than the opening one, reset fails: current_node()
-        # skips a closed node anyway.
+        # Closed from another context than the opening one, reset fails: current_station()
+        # skips a closed station anyway.
         with contextlib.suppress(ValueError):
             _current.reset(token)

@@ -141,7 +141,7 @@ class Mailbox:
         sock: The bound PULL socket (the mailbox owns and closes it).
         address: The address it is bound to.
         decoder: Decoder of the actor's accepted message union.
-        owner: The actor's name, for logs.
+        actor_name: The actor's name, for logs.
         cookie: The system's secret, required on every framed message.
         allows: Whether an address is the system's own (an ask's reply address must be).
         budget: Most bytes read off the socket and not yet handled.
@@ -153,7 +153,7 @@ class Mailbox:
         sock: zmq.Socket[bytes],
         address: str,
         decoder: MailboxDecoder,
-        owner: str,
+        actor_name: str,
         cookie: bytes,
         allows: Callable[[str], bool],
         budget: int,
@@ -161,7 +161,7 @@ class Mailbox:
     ) -> None:
         self.sock = sock
         self.address = address
-        self.owner = owner
+        self.actor_name = actor_name
         self._cookie = cookie
         self._allows = allows
         self._budget = budget
@@ -325,7 +325,7 @@ class Mailbox:
             msg = self._decode(body)
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, body)
-            text = f"{self.owner} refused the message: {err}"
+            text = f"{self.actor_name} refused the message: {err}"
             return ErrorBody("runtime.ProtocolError", text, "")
         self._opened += 1
         return msg
@@ -338,7 +338,7 @@ class Mailbox:
         """Count a refused frame and log it (at most one line per few seconds)."""
         self._rejected += 1
         self._throttle.warning(
-            "%s rejected a message: %s (first bytes %r)", self.owner, err, bytes(frame[:16])
+            "%s rejected a message: %s (first bytes %r)", self.actor_name, err, bytes(frame[:16])
         )
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ which keeps the system's list of nodes (NODES); anyone in the system may then as
 start an actor (SPAWN), and the actor runs as the node's own child: the node sees its death
 from the process itself and reports it, exit status and signal included, to every watcher.
 
-Liveness across hosts is one mechanism, the heartbeat of `runtime._node`: a process that
+Liveness across hosts is one mechanism, the heartbeat of `runtime._heartbeat`: a process that
 watches refs owned by another process pings it every eighth of ``heartbeat``, and one silent
 for 0.8 of it is lost, so a loss is known within one ``heartbeat``: its actors are
 ``Down`` with `Cause.NOCONNECTION` and their pending asks fail. The node side holds a *lease*
@@ -34,7 +34,7 @@ import anyio
 import msgspec
 
 from ._errors import AskTimeoutError, RemoteActorError, SpawnError, TokenyardError
-from ._node import BEATS
+from ._heartbeat import BEATS
 from ._protocol import (
     Down,
     Header,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
     from ._children import Child
-    from ._node import Node
+    from ._station import Station
 
 logger = logging.getLogger("tokenyard.nodes")
 _encode = body_encoder.encode
@@ -71,14 +71,14 @@ LEASE_SHARE = 0.6
 MAX_NODES = 4_096
 
 
-class NodeHost(Protocol):
+class NodeSystem(Protocol):
     """What this module needs of the system it serves (an open ``ActorSystem``)."""
 
     options: TransportOptions
     node_table: NodeTable | None
 
     @property
-    def node(self) -> Node: ...
+    def station(self) -> Station: ...
 
     @property
     def root_address(self) -> str: ...
@@ -95,32 +95,32 @@ class NodeHost(Protocol):
 # -- the requester's side -------------------------------------------------------------------
 
 
-async def find_node(host: NodeHost, name: str, timeout: float) -> NodeInfo:
+async def find_node(system: NodeSystem, name: str, timeout: float) -> NodeInfo:
     """The node named ``name``, as the system's root knows it now.
 
     Raises:
         SpawnError: The root knows no such node, or did not answer.
     """
-    for info in (await list_nodes(host, timeout)).nodes:
+    for info in (await list_nodes(system, timeout)).nodes:
         if info.name == name:
             return info
     raise SpawnError(f"the system has no node named {name!r} (is it started and joined?)")
 
 
-async def list_nodes(host: NodeHost, timeout: float) -> NodeList:
+async def list_nodes(system: NodeSystem, timeout: float) -> NodeList:
     """The system's nodes, from its root (this process's table when it is the root)."""
-    table = host.node_table
+    table = system.node_table
     if table is not None:
         return table.listing()
     try:
-        body = await host.node.request(host.root_address, Kind.NODES, b"", timeout)
+        body = await system.station.request(system.root_address, Kind.NODES, b"", timeout)
     except (AskTimeoutError, RemoteActorError) as err:
         raise SpawnError(f"the system's root did not list its nodes: {err}") from err
     return nodes_decoder.decode(body)
 
 
 async def spawn_on(
-    host: NodeHost, info: NodeInfo, request: RemoteSpawn, timeout: float
+    system: NodeSystem, info: NodeInfo, request: RemoteSpawn, timeout: float
 ) -> RemoteSpawned:
     """Ask node ``info`` to start an actor; its answer.
 
@@ -128,7 +128,7 @@ async def spawn_on(
         SpawnError: The node refused, failed to start it, or did not answer in time.
     """
     try:
-        body = await host.node.request(info.address, Kind.SPAWN, _encode(request), timeout)
+        body = await system.station.request(info.address, Kind.SPAWN, _encode(request), timeout)
     except AskTimeoutError as err:
         raise SpawnError(
             f"node {info.name!r} did not start {request.target.name!r}: {err}"
@@ -150,29 +150,29 @@ class NodeTable:
     first is lost (a node restarted on the same host joins again once its old process is).
     """
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, station: Station) -> None:
+        self.station = station
         self.nodes: dict[str, NodeInfo] = {}
         #: Set (and replaced) whenever a node joins.
         self.joined = asyncio.Event()
 
     def listing(self) -> NodeList:
         """The nodes now."""
-        return NodeList(root=self.node.reply_address, nodes=list(self.nodes.values()))
+        return NodeList(root=self.station.reply_address, nodes=list(self.nodes.values()))
 
     def on_frame(self, header: Header, body: bytes) -> None:
         """JOIN and NODES (the root answers nothing else of the node protocol)."""
-        node = self.node
+        station = self.station
         if header.kind is Kind.NODES:
-            node.answer(header, _encode(self.listing()))
+            station.answer(header, _encode(self.listing()))
             return
         if header.kind is not Kind.JOIN:
-            node.answer_error(header, TokenyardError(f"the root does no {header.kind.name}"))
+            station.answer_error(header, TokenyardError(f"the root does no {header.kind.name}"))
             return
         hello = hello_decoder.decode(body)
         held = self.nodes.get(hello.name)
         if held is not None and held.address != hello.address:
-            node.answer_error(
+            station.answer_error(
                 header,
                 TokenyardError(
                     f"a node named {hello.name!r} is already in the system at {held.address}"
@@ -180,15 +180,17 @@ class NodeTable:
             )
             return
         if held is None and len(self.nodes) >= MAX_NODES:
-            node.answer_error(header, TokenyardError(f"the system has {MAX_NODES} nodes already"))
+            station.answer_error(
+                header, TokenyardError(f"the system has {MAX_NODES} nodes already")
+            )
             return
         if held is None:
             self.nodes[hello.name] = NodeInfo(hello.name, hello.address, hello.host)
-            node.link(hello.address, self._lost)
+            station.heartbeat.link(hello.address, self._lost)
             logger.info("node %s joined from %s (pid %d)", hello.name, hello.host, hello.pid)
             self.joined.set()
             self.joined = asyncio.Event()
-        node.answer(header, _encode(self.listing()))
+        station.answer(header, _encode(self.listing()))
 
     def _lost(self, address: str) -> None:
         for name, info in list(self.nodes.items()):
@@ -200,7 +202,7 @@ class NodeTable:
         """Forget the node ``name`` (its placement ended it)."""
         info = self.nodes.pop(name, None)
         if info is not None:
-            self.node.unlink(info.address)
+            self.station.heartbeat.unlink(info.address)
 
 
 # -- the node's side --------------------------------------------------------------------------
@@ -225,7 +227,7 @@ class NodeService:
         root: The root's reply inbox (its ``ActorSystem.address``).
     """
 
-    def __init__(self, system: NodeHost, name: str, root: str) -> None:
+    def __init__(self, system: NodeSystem, name: str, root: str) -> None:
         self.system = system
         self.name = name
         self.root = root
@@ -239,21 +241,21 @@ class NodeService:
 
     async def run(self) -> None:
         """Join the root, and join again whenever it is lost, until cancelled."""
-        system, node = self.system, self.system.node
-        node.on_node_frame = self.on_frame
-        node.on_ping = self._pinged
+        system, station = self.system, self.system.station
+        station.on_node_frame = self.on_frame
+        station.heartbeat.on_ping = self._pinged
         self._watchdog = threading.Thread(
             target=self._watch_leases, name="tokenyard-leases", daemon=True
         )
         self._watchdog.start()
         hello = _encode(
-            NodeHello(self.name, node.reply_address, system.options.tcp_host, os.getpid())
+            NodeHello(self.name, station.reply_address, system.options.tcp_host, os.getpid())
         )
         beat = system.options.heartbeat
         try:
             while True:
                 try:
-                    await node.request(self.root, Kind.JOIN, hello, beat)
+                    await station.request(self.root, Kind.JOIN, hello, beat)
                 except AskTimeoutError:
                     continue  # the root is unreachable: ask again (the wait was the pacing)
                 except RemoteActorError as err:
@@ -261,7 +263,7 @@ class NodeService:
                     await anyio.sleep(beat / 4)  # sync-ok: the pace of asking again
                     continue
                 lost = asyncio.Event()
-                node.link(self.root, _setter(lost))
+                station.heartbeat.link(self.root, _setter(lost))
                 self._root_pinged = time.monotonic()
                 logger.info("node %s joined the system at %s", self.name, self.root)
                 if self.on_joined is not None:
@@ -271,16 +273,16 @@ class NodeService:
                 while not lost.is_set() and time.monotonic() - self._root_pinged < beat:
                     with anyio.move_on_after(beat / BEATS):
                         await lost.wait()
-                node.unlink(self.root)
+                station.heartbeat.unlink(self.root)
                 logger.warning("node %s lost the root: joining again", self.name)
         finally:
             self._stopping.set()
-            node.on_node_frame = None
-            node.on_ping = None
+            station.on_node_frame = None
+            station.heartbeat.on_ping = None
 
     def on_frame(self, header: Header, body: bytes) -> None:
         """SPAWN and KILL (from a loop callback)."""
-        node = self.system.node
+        station = self.system.station
         if header.kind is Kind.SPAWN:
             request = spawn_decoder.decode(body)
             self.system.start_task(self._spawn, header, request)
@@ -291,18 +293,18 @@ class NodeService:
                 if kill.reason:
                     child.unresponsive = kill.reason
                 child.process.signal(kill.signal)
-            node.answer(header, b"")
+            station.answer(header, b"")
         else:
-            node.answer_error(header, TokenyardError(f"a node does no {header.kind.name}"))
+            station.answer_error(header, TokenyardError(f"a node does no {header.kind.name}"))
 
     async def _spawn(self, header: Header, request: RemoteSpawn) -> None:
-        node, requester = self.system.node, header.reply_to
+        station, requester = self.system.station, header.reply_to
         try:
             options = _options_decoder.decode(request.transport)
             options = msgspec.structs.replace(options, tcp_host=self.system.options.tcp_host)
             child = await self.system.start_remote_child(request, options)
         except BaseException as err:  # the requester hears of every failure
-            node.answer_error(header, err)
+            station.answer_error(header, err)
             if not isinstance(err, Exception):
                 raise
             return
@@ -314,8 +316,8 @@ class NodeService:
                     options.heartbeat * LEASE_SHARE, time.monotonic()
                 )
             lease.children[child.ref.address] = child
-        node.on_death(child.ref.address, lambda down: self._ended(requester, down))
-        node.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
+        station.deaths.on_death(child.ref.address, lambda down: self._ended(requester, down))
+        station.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
 
     def _ended(self, requester: str, down: Down) -> None:
         with self._lock:

@@ -250,7 +250,8 @@ class ReadyBody(msgspec.Struct, array_like=True, frozen=True):
 
     address: str
     pid: int
-    node: str = ""
+    #: The reply inbox of the new process's station (where its actors' deaths are known).
+    station: str = ""
 
 
 class WatchBody(msgspec.Struct, array_like=True, frozen=True):

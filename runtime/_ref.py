@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 
-from ._context import current_node
+from ._context import current_station
 from ._message import Message
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
         address: Where its mailbox listens (``ipc://`` or ``tcp://``).
         incarnation: Tells restarts of the same name apart; a message sent through a ref
             never reaches another incarnation.
-        owner: Reply address of the node that started it: where its death is known first
+        owner: Reply address of the station that started it: where its death is known first
             (an asker elsewhere subscribes there, so a pending ask fails as soon as it dies).
     """
 
@@ -60,10 +60,10 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             ActorDeadError: This incarnation is known to be dead.
             ProtocolError: ``trace`` is over its bounds.
         """
-        node = current_node()
-        frames = node.try_tell(self, msg, trace)
+        station = current_station()
+        frames = station.try_tell(self, msg, trace)
         if frames is not None:  # the mailbox is full: wait for room, up to the timeout
-            await node.tell_when_room(self, frames, timeout)
+            await station.tell_when_room(self, frames, timeout)
 
     def try_tell(self, msg: M, *, trace: Sequence[str] = ()) -> bool:
         """Send ``msg`` one-way if the mailbox has room now; never waits.
@@ -79,7 +79,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             ActorDeadError: This incarnation is known to be dead.
             ProtocolError: ``trace`` is over its bounds.
         """
-        return current_node().try_tell(self, msg, trace) is None
+        return current_station().try_tell(self, msg, trace) is None
 
     async def ask(self, msg: Request[R], *, timeout: float = 5.0, trace: Sequence[str] = ()) -> R:
         """Send ``msg`` and wait for the handler's return value.
@@ -98,5 +98,5 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             ActorDeadError: The actor died before replying.
             ProtocolError: ``trace`` is over its bounds.
         """
-        reply: R = await current_node().ask(self, msg, timeout, trace)
+        reply: R = await current_station().ask(self, msg, timeout, trace)
         return reply

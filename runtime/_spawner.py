@@ -28,7 +28,7 @@ from ._errors import SpawnError, TokenyardError
 from ._exit import oom_kills
 from ._launcher import check_start
 from ._message import Message
-from ._nodes import NodeHost, find_node, spawn_on
+from ._nodes import NodeSystem, find_node, spawn_on
 from ._protocol import Cause, Down, RemoteSpawn, SpawnTarget, body_encoder
 from ._ref import ActorRef
 from ._spawn import (
@@ -64,7 +64,7 @@ def enter_parent(address: str) -> None:
     _spawning_parent.set(address)
 
 
-class SpawnerSystem(NodeHost, Protocol):
+class SpawnerSystem(NodeSystem, Protocol):
     """What the spawner needs of the system it spawns for (an open ``ActorSystem``)."""
 
     ipc_dir: str
@@ -110,7 +110,7 @@ class Spawner:
         self.system = system
         self.launcher = launcher
         self.defaults = defaults
-        self.children = ChildTable(system.node)
+        self.children = ChildTable(system.station)
         self._incarnations: dict[str, int] = {}
         self._names = itertools.count(1)
 
@@ -171,7 +171,7 @@ class Spawner:
         system = self.system
         cell = system.make_cell(actor, args, kwargs, name, incarnation)
         ref: ActorRef[M] = ActorRef(
-            name, cell.mailbox.address, incarnation, system.node.reply_address
+            name, cell.mailbox.address, incarnation, system.station.reply_address
         )
         child = Child(ref, how, cell=cell, parent=_spawning_parent.get(""))
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -187,7 +187,7 @@ class Spawner:
     async def _run_in_process(self, child: Child, ready: asyncio.Future[None]) -> None:
         cell = child.cell
         assert cell is not None
-        node = self.system.node
+        station = self.system.station
 
         async def on_ready() -> None:
             ready.set_result(None)
@@ -199,7 +199,7 @@ class Spawner:
                 if ending.stop is not None:
                     with anyio.CancelScope(shield=True):
                         try:
-                            await node.reply(ending.stop, None)
+                            await station.reply(ending.stop, None)
                         except TokenyardError as err:
                             logger.debug("stop of %s not acknowledged: %s", child.ref.name, err)
         finally:
@@ -219,21 +219,21 @@ class Spawner:
         self, target: SpawnTarget, how: SpawnOptions, transport: TransportOptions, root: str
     ) -> Child:
         """Start an actor process and record it as a child, once it is ready."""
-        system, node = self.system, self.system.node
-        token, ready = node.new_request(f"spawn:{target.name}")
+        system, station = self.system, self.system.station
+        token, ready = station.new_request(f"spawn:{target.name}")
         spec = SpawnSpec(
             target=target,
             how=how,
             defaults=self.defaults,
             ipc_dir=system.ipc_dir,
             options=transport,
-            parent_reply=node.reply_address,
+            parent_reply=station.reply_address,
             token=token,
             root_pid=system.root_pid,
             sys_path=list(sys.path),
             cwd=os.getcwd(),
             log_level=logging.getLogger().getEffectiveLevel(),
-            cookie=node.cookie,
+            cookie=station.cookie,
             keys=system.keys,
             preload=list(self.launcher.preload),
             root=root,
@@ -242,24 +242,24 @@ class Spawner:
         if fork is not None:
             spec.env = child_env()
         oom_before = oom_kills()
-        node.expect_last_words(token)
+        station.deaths.expect_last_words(token)
         timeout = _resolved(how.spawn_timeout)
         try:
             proc, started = await start_process(spec, ready, timeout, fork)
         except BaseException:
-            node.take_last_words(token)
+            station.deaths.take_last_words(token)
             raise
         finally:
-            node.drop_request(token)
+            station.drop_request(token)
         ref: ActorRef[Any] = ActorRef(
-            target.name, started.address, target.incarnation, node.reply_address
+            target.name, started.address, target.incarnation, station.reply_address
         )
         child = Child(
             ref,
             how,
             process=proc,
             token=token,
-            node_address=started.node,
+            station_address=started.station,
             oom_before=oom_before,
             parent=_spawning_parent.get(""),
         )
@@ -287,14 +287,14 @@ class Spawner:
         answer_within = _resolved(how.spawn_timeout) + system.options.heartbeat
         info = await find_node(system, place, answer_within)
         spawned = await spawn_on(system, info, request, answer_within)
-        node = system.node
+        station = system.station
         ref: ActorRef[Any] = ActorRef(
             target.name, spawned.address, target.incarnation, info.address
         )
-        remote = RemoteProcess(node, info.address, info.name, spawned.pid, spawned.address)
+        remote = RemoteProcess(station, info.address, info.name, spawned.pid, spawned.address)
         child = Child(ref, how, parent=_spawning_parent.get(""), remote=remote)
-        node.on_death(ref.address, remote.deliver)
-        node.subscribe(ref)
+        station.deaths.on_death(ref.address, remote.deliver)
+        station.deaths.subscribe(ref)
         self.children.add(child)
         system.start_task(self.children.await_exit, child)
         return ref

@@ -1,5 +1,5 @@
 """The typed statistics a system gathers over itself: of each actor (`ActorMetrics`), each
-process (`ProcessMetrics`, its `ProcessStats` read from ``/proc``) and the whole system
+process (`ProcessMetrics`, its `ProcessResources` read from ``/proc``) and the whole system
 (`SystemMetrics`), as messages any actor can ask for and any client can decode.
 
 The collector (`runtime.MetricsCollector`) answers with a `SystemMetrics`; `top` reads it;
@@ -65,7 +65,7 @@ class ActorMetrics(Message):
     children: list[ChildRecord] = msgspec.field(default_factory=list)
 
 
-class ProcessStats(msgspec.Struct, frozen=True, kw_only=True):
+class ProcessResources(msgspec.Struct, frozen=True, kw_only=True):
     """One process's resources, read from ``/proc`` (Prometheus's ``process_*`` metrics).
 
     Attributes:
@@ -87,7 +87,7 @@ class ProcessStats(msgspec.Struct, frozen=True, kw_only=True):
     start_time: float = 0.0
 
     @classmethod
-    def read(cls, pid: int | None = None) -> ProcessStats:
+    def read(cls, pid: int | None = None) -> ProcessResources:
         """The stats of ``pid`` (default: this process); zeros where ``/proc`` says
         nothing (another system)."""
         pid = os.getpid() if pid is None else pid
@@ -131,7 +131,7 @@ class ProcessMetrics(Message):
 
     Attributes:
         name: The process's system name (an actor process's: its actor's name).
-        node: Its node's reply address.
+        station: The reply inbox of its station (`runtime._station`), which owns its actors.
         process: Its resources.
         actors: Every actor it hosts.
         asks: Round trips of the asks it sent, by the name of the actor asked.
@@ -140,8 +140,9 @@ class ProcessMetrics(Message):
     """
 
     name: str
-    node: str
-    process: ProcessStats
+    #: On the wire it keeps its first name, ``node``: the METRICS reply did not change.
+    station: str = msgspec.field(name="node")
+    process: ProcessResources
     actors: list[ActorMetrics] = msgspec.field(default_factory=list)
     asks: dict[str, HistogramSnapshot] = msgspec.field(default_factory=dict)
     families: list[FamilySnapshot] = msgspec.field(default_factory=list)
@@ -162,7 +163,7 @@ class DeadIncarnation(msgspec.Struct, frozen=True, kw_only=True):
 
     actor: ActorMetrics
     pid: int
-    process: ProcessStats | None
+    process: ProcessResources | None
     cause: str
     reason: str
     died_at: float

@@ -307,7 +307,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
     # -- deaths ---------------------------------------------------------------------------
 
     @handler
-    async def on_down(self, msg: Down) -> None:
+    async def down(self, msg: Down) -> None:
         """A child died: restart what the strategy says, or fail past the intensity."""
         index = next(
             (i for i, e in enumerate(self.entries) if e.ref is not None and e.ref == msg.ref),

@@ -24,7 +24,6 @@ from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, check_start
 from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
 from ._metrics import REGISTRY
-from ._node import Node
 from ._nodes import NodeTable, list_nodes
 from ._protocol import (
     Down,
@@ -44,7 +43,8 @@ from ._ref import ActorRef
 from ._role import Role
 from ._spawn import SpawnSpec, decode_arguments
 from ._spawner import Spawner, enter_parent
-from ._stats import ProcessMetrics, ProcessStats, SystemMetrics, now
+from ._station import Station
+from ._stats import ProcessMetrics, ProcessResources, SystemMetrics, now
 from ._transport import TransportOptions, bind_pull, ipc_path
 from ._watch import Watch
 
@@ -200,7 +200,7 @@ class ActorSystem:
         self.root_pid = role.root_pid or os.getpid()
         self._cookie = role.cookie or new_cookie()
         self._keys: Keys | None = None
-        self._node: Node | None = None
+        self._station: Station | None = None
         self._spawner: Spawner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._cells: dict[str, Cell] = {}
@@ -229,18 +229,18 @@ class ActorSystem:
     @property
     def address(self) -> str:
         """This process's reply inbox: over tcp, where the system's nodes join its root."""
-        return self.node.reply_address
+        return self.station.reply_address
 
     @property
     def root_address(self) -> str:
         """The reply inbox of the system's root (this process's own when it is the root)."""
-        return self.role.root or self.node.reply_address
+        return self.role.root or self.station.reply_address
 
     @property
     def nodes_root(self) -> str:
         """The root's reply inbox when the system has nodes, where an actor's own
         ``spawn(node=...)`` resolves names; '' otherwise."""
-        return self.role.root or (self.node.reply_address if self.node_table else "")
+        return self.role.root or (self.station.reply_address if self.node_table else "")
 
     @property
     def keys(self) -> Keys | None:
@@ -255,15 +255,15 @@ class ActorSystem:
         return self._spawner
 
     @property
-    def node(self) -> Node:
+    def station(self) -> Station:
         """The per-process sockets of this system."""
-        if self._node is None:
+        if self._station is None:
             raise TokenyardError("the actor system is not open: use `async with ActorSystem()`")
-        return self._node
+        return self._station
 
     def bound_paths(self) -> list[str]:
         """The ipc socket files this process bound for this system."""
-        addresses = [self.node.reply_address, *self._cells]
+        addresses = [self.station.reply_address, *self._cells]
         return [p for p in map(ipc_path, addresses) if p is not None]
 
     def credentials(self, collector: ActorRef[Any] | None = None) -> Credentials:
@@ -277,13 +277,13 @@ class ActorSystem:
         Raises:
             TokenyardError: The system is not open.
         """
-        node = self.node
+        station = self.station
         return Credentials(
             ipc_dir=self.ipc_dir,
-            cookie=node.cookie,
+            cookie=station.cookie,
             options=self.options,
             root_pid=self.root_pid,
-            keys=node.keys,
+            keys=station.keys,
             collector=collector,
         )
 
@@ -313,7 +313,7 @@ class ActorSystem:
         if isinstance(source, Keys):
             return source
         if source is None:
-            return Keys.generate()
+            return Keys.new()
         return Keys.load(source)
 
     async def __aenter__(self) -> ActorSystem:
@@ -326,17 +326,17 @@ class ActorSystem:
             self._keys = self._resolve_keys()
             if self._keys is not None and role.owns_dir:
                 self._cookie = cookie_of(self._keys)  # the same on every node
-            self._node = Node(
+            self._station = Station(
                 self.ipc_dir, self.options, self.name, self._cookie, self._keys, self._port
             )
         except BaseException:
             self._remove_dir()
             raise
-        self._node.open()
+        self._station.open()
         self._spawner = Spawner(self, self.launcher, self.defaults)
         if self._keys is not None and role.keeps_nodes:
-            self.node_table = NodeTable(self._node)
-            self._node.on_node_frame = self.node_table.on_frame
+            self.node_table = NodeTable(self._station)
+            self._station.on_node_frame = self.node_table.on_frame
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         if self._eager_fork_server and self.launcher.start == FORK_SERVER:
@@ -361,8 +361,8 @@ class ActorSystem:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
-            node = self.node
-            node.close(self.options.linger_ms if self.role.in_actor_process else 0)
+            station = self.station
+            station.close(self.options.linger_ms if self.role.in_actor_process else 0)
             self._remove_dir()
 
     def _remove_dir(self) -> None:
@@ -458,28 +458,30 @@ class ActorSystem:
     ) -> Cell:
         """Build an actor in this process and bind its mailbox (``on_start`` not run yet).
 
-        ``owner`` is the reply address of the node that started it, where its death is
-        known (default: this process's node, for an in-process actor); its own ``self.ref``
+        ``owner`` is the reply address of the station that started it, where its death is
+        known (default: this process's station, for an in-process actor); its own ``self.ref``
         then equals the ref its parent holds, and whoever gets it learns of its death.
         """
         decoder = Cell.decoder_for(actor)
         instance = actor(*args, **kwargs)
-        node = self.node
+        station = self.station
         options = self.options
-        sock, address = bind_pull(node.ctx, self.ipc_dir, node.new_stem("a"), options, node.keys)
+        sock, address = bind_pull(
+            station.ctx, self.ipc_dir, station.new_stem("a"), options, station.keys
+        )
         mailbox = Mailbox(
             sock,
             address,
             decoder,
             name,
-            node.cookie,
-            node.outbox.allows,
+            station.cookie,
+            station.outbox.allows,
             options.mailbox_bytes,
             logging.getLogger("tokenyard.mailbox"),
         )
-        instance.ref = ActorRef(name, address, incarnation, owner or node.reply_address)
+        instance.ref = ActorRef(name, address, incarnation, owner or station.reply_address)
         instance.system = self
-        cell = Cell(instance, mailbox, node)
+        cell = Cell(instance, mailbox, station)
         self._cells[address] = cell
         return cell
 
@@ -500,7 +502,7 @@ class ActorSystem:
         """Register interest in ``ref``'s death; ``await`` the result for its ``Down``.
 
         Works for any actor whose ref names its owner: a child of this system, or one
-        started elsewhere (its owning node reports the death here). Registration happens at
+        started elsewhere (the station owning it reports the death here). Registration happens at
         once, so a death right after this call is not missed.
 
         Args:
@@ -511,12 +513,12 @@ class ActorSystem:
         Raises:
             TokenyardError: ``ref`` names no owner and is not a child of this system.
         """
-        node = self.node
+        station = self.station
         fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
         if (
             ref.address not in self.spawner.children.live
             and not ref.owner
-            and not node.is_dead(ref.address)
+            and not station.deaths.is_dead(ref.address)
         ):
             raise TokenyardError(
                 f"cannot watch actor {ref.name!r}: its ref names no owner and it is not a "
@@ -538,8 +540,8 @@ class ActorSystem:
             if notify is not None and self._tg is not None:
                 self._tg.start_soon(self._tell_down, notify, down)
 
-        node.on_death(ref.address, deliver)
-        node.subscribe(ref)
+        station.deaths.on_death(ref.address, deliver)
+        station.deaths.subscribe(ref)
         return Watch(fut)
 
     async def _tell_down(self, notify: ActorRef[Down], down: Down) -> None:
@@ -561,7 +563,7 @@ class ActorSystem:
         """
         child = self.spawner.children.get(ref.address)
         if child is None:
-            if self.node.is_dead(ref.address):
+            if self.station.deaths.is_dead(ref.address):
                 raise ActorDeadError(f"actor {ref.name!r} is already dead")
             raise ActorDeadError(
                 f"actor {ref.name!r} is not a child of this system: stop it through the "
@@ -599,7 +601,7 @@ class ActorSystem:
 
         A graceful exit does this, so that no accepted ``tell`` is lost with the process.
         """
-        late = await self.node.flush(self.shutdown_timeout, {*skip, *self.spawner.children.live})
+        late = await self.station.flush(self.shutdown_timeout, {*skip, *self.spawner.children.live})
         for address in late:
             logger.warning(
                 "%s: the mailbox at %s did not take its tells within shutdown_timeout=%g s; "
@@ -641,7 +643,7 @@ class ActorSystem:
             if child.process is None and child.remote is None:
                 continue
             try:
-                reply = await self.node.ask_control(
+                reply = await self.station.ask_control(
                     child.ref, Kind.LOOKUP, timeout, LookupQuery(name=name)
                 )
             except TokenyardError:
@@ -676,7 +678,7 @@ class ActorSystem:
         cell = self._cells.get(ref.address)
         if cell is not None:
             return cell.mailbox.statistics()
-        result = await self.node.ask_control(ref, Kind.STATS, timeout)
+        result = await self.station.ask_control(ref, Kind.STATS, timeout)
         assert isinstance(result, MailboxStatistics)
         return result
 
@@ -685,13 +687,13 @@ class ActorSystem:
     def process_metrics(self) -> ProcessMetrics:
         """What this process measured: its resources, its actors of this system, its asks
         and the series its code added (`runtime.metrics`)."""
-        node = self.node
+        station = self.station
         return ProcessMetrics(
             name=self.name,
-            node=node.reply_address,
-            process=ProcessStats.read(),
+            station=station.reply_address,
+            process=ProcessResources.read(),
             actors=[cell.metrics() for cell in list(self._cells.values())],
-            asks=node.ask_statistics(),
+            asks=station.ask_statistics(),
             families=REGISTRY.snapshot(),
             gathered_at=now(),
         )
@@ -714,7 +716,7 @@ class ActorSystem:
 
         async def ask(i: int, child: Child) -> None:
             try:
-                reply = await self.node.ask_control(child.ref, Kind.METRICS, timeout)
+                reply = await self.station.ask_control(child.ref, Kind.METRICS, timeout)
             except TokenyardError:
                 return  # it died or is busy dying: nothing to report of it
             if isinstance(reply, SystemMetrics):
@@ -752,7 +754,7 @@ async def run_actor_process(
 
     async def report_failure(err: BaseException) -> None:
         body = body_encoder.encode(ErrorBody.of(err))
-        await system.node.send_control(spec.parent_reply, Kind.FAILED, spec.token, body)
+        await system.station.send_control(spec.parent_reply, Kind.FAILED, spec.token, body)
 
     async with system:
         on_bound(system)
@@ -771,8 +773,8 @@ async def run_actor_process(
         on_bound(system)
 
         async def on_ready() -> None:
-            ready = ReadyBody(cell.mailbox.address, os.getpid(), system.node.reply_address)
-            await system.node.send_control(
+            ready = ReadyBody(cell.mailbox.address, os.getpid(), system.station.reply_address)
+            await system.station.send_control(
                 spec.parent_reply, Kind.READY, spec.token, body_encoder.encode(ready)
             )
 
@@ -792,7 +794,7 @@ async def run_actor_process(
         system.closing = True
         await system.deliver_tells(skip=[cell.mailbox.address])
         if ending.stop is not None:
-            await system.node.reply(ending.stop, None)
+            await system.station.reply(ending.stop, None)
     return 0
 
 

@@ -50,7 +50,7 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
             for measuring its cost only: anyone who can reach a port can then send to it.
         heartbeat: Over tcp, seconds without an answer after which a process that holds
             refs owned by another process (a node on another host) counts that owner as
-            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._node`).
+            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._heartbeat`).
     """
 
     hwm: int = 1_000
@@ -252,6 +252,21 @@ COPY_THRESHOLD = 64 * 1024
 #: File descriptors one connected outgoing socket holds: its signalling eventfd and its
 #: connection.
 FDS_PER_PEER = 2
+
+
+def raise_fd_limit() -> None:
+    """Take the hard ``RLIMIT_NOFILE`` as the soft one, in this process.
+
+    Every process that connects to an actor's mailbox costs the actor's process a
+    descriptor, and libzmq aborts a process whose listener cannot accept one (the common
+    soft limit of 1,024 is far below the usual hard one): every actor process does this as
+    it starts. A server that holds thousands of connections (``python -m actors serve``)
+    calls it too. A limit the system refuses to raise is left as it is.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def peer_limit(max_peers: int) -> int:

@@ -130,7 +130,7 @@ class _Bound:
 class _Exchange:
     """One request: its ASGI callables, its id, and whether its answer has begun."""
 
-    __slots__ = ("receive", "request_id", "scope", "send", "started")
+    __slots__ = ("receive", "request_id", "scope", "send", "started", "traceparent")
 
     def __init__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
@@ -138,6 +138,8 @@ class _Exchange:
         self.send = send
         self.request_id = ""
         self.started = False
+        #: The caller's trace context, handed to the engine with the request.
+        self.traceparent: str | None = None
 
 
 _Handler = Callable[["OpenAIApp", _Exchange, _Bound], Awaitable[None]]
@@ -258,15 +260,13 @@ class OpenAIApp:
         self._requests += 1
         self._active += 1
         # The caller's trace: the pipeline's spans of this request are its children. A
-        # malformed one is ignored, as W3C Trace Context asks. Set for every request: a
-        # server that calls the app in one task for many requests (an in-process test
-        # client) must not lend one request's context to the next.
-        traceparent = None
+        # malformed one is ignored, as W3C Trace Context asks. It belongs to the exchange,
+        # so that a server calling the app in one task for many requests (an in-process
+        # test client) never lends one request's context to the next.
         for name, value in ex.scope["headers"]:
             if name == b"traceparent":
-                traceparent = _tracing.parse_traceparent(value.decode("latin-1"))
+                ex.traceparent = _tracing.parse_traceparent(value.decode("latin-1"))
                 break
-        _tracing.incoming.set(traceparent)
         rid = request_id(ex.scope, self.config.max_request_id_length)
         ex.request_id = rid.decode("ascii")
         extra = [(b"x-request-id", rid)]
@@ -492,7 +492,10 @@ class OpenAIApp:
         engine = bound.engine
         try:
             return await until_disconnect(
-                ex.receive, lambda: engine.generate(prepared.prompt_ids, prepared.params)
+                ex.receive,
+                lambda: engine.generate(
+                    prepared.prompt_ids, prepared.params, traceparent=ex.traceparent
+                ),
             )
         except EngineError as err:
             raise engine_failure(err) from err
@@ -505,7 +508,9 @@ class OpenAIApp:
             model=bound.model,
             include_usage=prepared.include_usage,
         )
-        chunks = bound.engine.stream(prepared.prompt_ids, prepared.params)
+        chunks = bound.engine.stream(
+            prepared.prompt_ids, prepared.params, traceparent=ex.traceparent
+        )
         await until_disconnect(ex.receive, lambda: self._pump(ex, chunks, fmt))
 
     async def _pump(

@@ -150,7 +150,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("ServeConfig.model_id is empty: name the model, or pass None")
         self._check_access()
 
-    def limits(self, engine_context: int) -> Limits:
+    def limits(self, engine_context: int) -> TokenLimits:
         """The limits in force in front of an engine whose context holds ``engine_context``.
 
         Raises:
@@ -169,7 +169,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"ServeConfig.max_prompt_tokens={prompt} leaves no room to generate in a "
                 f"context of {context} tokens: make it at most {context - 1}"
             )
-        return Limits(context_length=context, max_prompt_tokens=prompt)
+        return TokenLimits(context_length=context, max_prompt_tokens=prompt)
 
     def _check_access(self) -> None:
         if self.max_request_id_length < 1:
@@ -180,7 +180,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         check_origins(self.cors_origins)
 
 
-class Limits(msgspec.Struct, frozen=True, kw_only=True):
+class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
     """The token limits a `ServeConfig` resolves to in front of one engine.
 
     Attributes:

@@ -126,18 +126,25 @@ class Engine(Protocol):
         or ``None`` when it can: ``/health`` answers 503 with it, 200 without."""
         ...
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
+    ) -> Completion:
         """Generate a whole completion of ``prompt`` (text or token ids).
+
+        ``traceparent`` is the caller's trace context (the HTTP request's, a W3C
+        ``traceparent`` already checked), the parent of the engine's spans; ``None``: the
+        caller sent none. It is a parameter, not ambient state: an engine reads it where it
+        admits the request, and one that traces nothing ignores it.
 
         Cancelling the call abandons the request: the engine stops generating for it.
         """
         ...
 
     def stream(
-        self, prompt: str | list[int], params: SamplingParams
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
     ) -> AsyncGenerator[Chunk, None]:
         """Stream a completion of ``prompt``: chunks of new text, the last one carrying the
-        finish reason and the token counts.
+        finish reason and the token counts (``traceparent`` as for `generate`).
 
         Closing the generator (or cancelling the task iterating it) before its end abandons
         the request: the engine stops generating for it.

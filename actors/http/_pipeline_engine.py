@@ -87,8 +87,13 @@ class PipelineEngine(TokenizerFacts):
         async with Pipeline(workers, tokenizer, **pipeline) as p:
             yield cls(p, model=model, context_length=context_length)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
-        """Generate a whole completion (cancelling the call abandons the request)."""
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
+    ) -> Completion:
+        """Generate a whole completion (cancelling the call abandons the request).
+
+        ``traceparent`` is not used: a `Pipeline`'s requests carry no caller's trace.
+        """
         try:
             result = await self.pipeline.generate(prompt, **msgspec.structs.asdict(params))
         except (TokenyardError, TimeoutError) as err:
@@ -104,9 +109,10 @@ class PipelineEngine(TokenizerFacts):
         )
 
     async def stream(
-        self, prompt: str | list[int], params: SamplingParams
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
     ) -> AsyncGenerator[Chunk, None]:
-        """Stream a completion (closing the generator early abandons the request)."""
+        """Stream a completion (closing the generator early abandons the request; no use
+        of ``traceparent``, as in `generate`)."""
         outputs = self.pipeline.stream_outputs(prompt, params)
         async with contextlib.aclosing(outputs):
             try:

@@ -25,10 +25,9 @@ from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, Vllm
-from actors.messages import Drain, GetWorkerStats
+from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
-from runtime import TokenyardError, configure_logging
-from runtime._child import raise_fd_limit
+from runtime import TokenyardError, configure_logging, raise_fd_limit
 
 from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig
@@ -139,7 +138,7 @@ class Server:
             if ref is None:
                 return False
             try:
-                stats = await ref.ask(GetWorkerStats(), timeout=DRAIN_ASK_TIMEOUT)
+                stats = await ref.ask(GetWorkerStatistics(), timeout=DRAIN_ASK_TIMEOUT)
             except TokenyardError:
                 return False
             if stats.cut:

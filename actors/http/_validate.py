@@ -21,7 +21,7 @@ from ._chat import ChatTemplateError
 from ._errors import HTTPError
 
 if TYPE_CHECKING:
-    from ._config import Limits, ServeConfig
+    from ._config import ServeConfig, TokenLimits
     from ._engine import Engine
     from ._openai import (
         ChatCompletionRequest,
@@ -82,7 +82,9 @@ class Validator:
         model: The model id requests may name.
     """
 
-    def __init__(self, engine: Engine, config: ServeConfig, limits: Limits, model: str) -> None:
+    def __init__(
+        self, engine: Engine, config: ServeConfig, limits: TokenLimits, model: str
+    ) -> None:
         self.engine = engine
         self.config = config
         self.limits = limits

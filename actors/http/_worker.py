@@ -20,11 +20,11 @@ import msgspec
 from actors.messages import (
     Drain,
     Draining,
-    GetWorkerStats,
+    GetWorkerStatistics,
     PipelineSupervisorMessage,
-    WorkerStats,
+    WorkerStatistics,
 )
-from actors.tokenizer_worker import Limits, TokenizerWorker
+from actors.tokenizer_worker import RequestLimits, TokenizerWorker
 from runtime import ActorRef, GetMetrics, handler
 
 from ._app import OpenAIApp
@@ -91,7 +91,7 @@ class HttpWorker(TokenizerWorker):
         supervisor: ActorRef[PipelineSupervisorMessage],
         tokenizer: str | None = None,
         register_timeout: float = 10.0,
-        limits: Limits | None = None,
+        limits: RequestLimits | None = None,
         http: HttpSettings | None = None,
         model_name: str | None = None,
         collector: ActorRef[GetMetrics] | None = None,
@@ -151,9 +151,9 @@ class HttpWorker(TokenizerWorker):
         return Draining(connections=self.server.open, requests=self.engine.in_flight)
 
     @handler
-    def stats(self, msg: GetWorkerStats) -> WorkerStats:
+    def statistics(self, msg: GetWorkerStatistics) -> WorkerStatistics:
         """The worker's counters, with the requests its drain ended."""
-        return msgspec.structs.replace(super().stats(msg), cut=self._cut)
+        return msgspec.structs.replace(super().statistics(msg), cut=self._cut)
 
     async def _cut_when_due(self) -> None:
         """At the drain's deadline, end what still runs, then close what is still open."""

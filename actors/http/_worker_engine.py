@@ -17,7 +17,7 @@ import collections
 import uuid
 from typing import TYPE_CHECKING
 
-from actors import _metrics, _tracing
+from actors import _metrics
 from actors.messages import RequestOutput
 
 from ._engine import Chunk, Completion, EngineError, EngineUnavailableError, TokenizerFacts
@@ -128,7 +128,11 @@ class WorkerEngine(TokenizerFacts):
         self._resubmissions = _metrics.RESUBMISSIONS.labels(worker._model)
 
     async def _start(
-        self, prompt: str | list[int], params: SamplingParams, stream: bool
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        stream: bool,
+        traceparent: str | None,
     ) -> tuple[str, _Outputs]:
         rid = uuid.uuid4().hex
         outputs = self._live[rid] = _Outputs(rid, self._max_stream_buffer, self._release)
@@ -141,7 +145,7 @@ class WorkerEngine(TokenizerFacts):
                 input_ids=ids,
                 sampling=params,
                 stream=stream,
-                traceparent=_tracing.incoming.get(),
+                traceparent=traceparent,
             )
         except BaseException:
             self._live.pop(rid, None)
@@ -185,10 +189,12 @@ class WorkerEngine(TokenizerFacts):
             )
         return len(live)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
+    ) -> Completion:
         """Generate a whole completion (cancelling the call lets the request go)."""
         for attempt in range(MAX_RESUBMITS + 1):
-            rid, outputs = await self._start(prompt, params, stream=False)
+            rid, outputs = await self._start(prompt, params, False, traceparent)
             try:
                 out = await outputs.next()
             except BaseException:
@@ -211,12 +217,12 @@ class WorkerEngine(TokenizerFacts):
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def stream(
-        self, prompt: str | list[int], params: SamplingParams
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
     ) -> AsyncGenerator[Chunk, None]:
         """Stream a completion (closing the generator early lets the request go)."""
         attempt = 0
         while True:
-            rid, outputs = await self._start(prompt, params, stream=True)
+            rid, outputs = await self._start(prompt, params, True, traceparent)
             sent = False
             finished = False
             try:

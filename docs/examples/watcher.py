@@ -57,7 +57,7 @@ class Foreman(Actor[Job | Down]):
         return result
 
     @handler
-    async def on_down(self, msg: Down) -> None:
+    async def down(self, msg: Down) -> None:
         if msg.ref == self.helper and not msg.normal:
             print(f"foreman: {msg.ref.name} died ({msg.reason}); hiring another")
             await self.hire()

@@ -24,7 +24,7 @@ import uvicorn
 
 from actors import Pipeline
 from actors.http import OpenAIApp, PipelineEngine, ServeConfig
-from actors.messages import GetWorkerStats, WorkerStats
+from actors.messages import GetWorkerStatistics, WorkerStatistics
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -86,13 +86,13 @@ class Served:
             while sum([(await self.worker_stats(k)).requests for k in workers]) < count:
                 pass
 
-    async def worker_stats(self, k: int = 0) -> WorkerStats:
+    async def worker_stats(self, k: int = 0) -> WorkerStatistics:
         """Worker ``k``'s counters."""
         assert self.pipeline is not None
         ref = self.pipeline.worker_ref(k)
         assert ref is not None
-        stats = await ref.ask(GetWorkerStats(), timeout=10)
-        assert isinstance(stats, WorkerStats)
+        stats = await ref.ask(GetWorkerStatistics(), timeout=10)
+        assert isinstance(stats, WorkerStatistics)
         return stats
 
 

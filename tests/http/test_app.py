@@ -22,7 +22,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from actors import Pipeline, _tracing
+from actors import Pipeline
 from actors._tokenizer import BOS_TOKEN
 from actors.http import EngineError, OpenAIApp, PipelineEngine, ServeConfig
 from actors.http._pipeline_engine import BUNDLED_MODEL_ID
@@ -682,13 +682,15 @@ class TestDisconnects:
 class BrokenEngine(PipelineEngine):
     """A real pipeline engine whose whole generations fail, and whose streams end early."""
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
+    ) -> Completion:
         raise EngineError("deliberately broken")
 
     async def stream(
-        self, prompt: str | list[int], params: SamplingParams
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
     ) -> AsyncGenerator[Chunk, None]:
-        async with aclosing(super().stream(prompt, params)) as chunks:
+        async with aclosing(super().stream(prompt, params, traceparent=traceparent)) as chunks:
             async for chunk in chunks:
                 if chunk.finish_reason is not None:
                     return  # the last chunk never comes
@@ -756,9 +758,11 @@ class ContextEngine(PipelineEngine):
 
     seen: list[str | None]
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams) -> Completion:
-        self.seen.append(_tracing.incoming.get())
-        return await super().generate(prompt, params)
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
+    ) -> Completion:
+        self.seen.append(traceparent)
+        return await super().generate(prompt, params, traceparent=traceparent)
 
 
 class TestTheCallersTraceContext:
@@ -803,9 +807,9 @@ class CountingEngine(PipelineEngine):
     pulled = 0
 
     async def stream(
-        self, prompt: str | list[int], params: SamplingParams
+        self, prompt: str | list[int], params: SamplingParams, *, traceparent: str | None = None
     ) -> AsyncGenerator[Chunk, None]:
-        async with aclosing(super().stream(prompt, params)) as chunks:
+        async with aclosing(super().stream(prompt, params, traceparent=traceparent)) as chunks:
             async for chunk in chunks:
                 self.pulled += 1
                 yield chunk

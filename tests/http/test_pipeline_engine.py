@@ -18,7 +18,7 @@ from actors import Pipeline
 from actors._tokenizer import DEFAULT_TOKENIZER_PATH
 from actors.http import Chunk, EngineUnavailableError, PipelineEngine
 from actors.http._pipeline_engine import BUNDLED_MODEL_ID, model_id_of
-from actors.messages import GetWorkerStats, SamplingParams, WorkerStats
+from actors.messages import GetWorkerStatistics, SamplingParams, WorkerStatistics
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -37,11 +37,11 @@ async def engine() -> AsyncIterator[PipelineEngine]:
         yield e
 
 
-async def worker_stats(engine: PipelineEngine) -> WorkerStats:
+async def worker_stats(engine: PipelineEngine) -> WorkerStatistics:
     ref = engine.pipeline.worker_ref(0)
     assert ref is not None
-    stats = await ref.ask(GetWorkerStats(), timeout=10)
-    assert isinstance(stats, WorkerStats)
+    stats = await ref.ask(GetWorkerStatistics(), timeout=10)
+    assert isinstance(stats, WorkerStatistics)
     return stats
 
 

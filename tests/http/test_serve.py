@@ -35,7 +35,7 @@ from actors.http._auth import API_KEY_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
 from actors.http._serve import _access_config, _config, _parser
 from actors.http._serve import main as serve_main
-from actors.messages import GetWorkerStats
+from actors.messages import GetWorkerStatistics
 from tests.conftest import is_fork_server
 from tests.http._server import Running, running_serve, sse_events
 from tests.http.test_bounded import ask_large_answer, open_until
@@ -257,7 +257,7 @@ class TestDraining:
                 assert time.monotonic() - started >= 1.0
                 ref = server.pipeline.worker_ref(0)
                 assert ref is not None
-                assert (await ref.ask(GetWorkerStats())).cut == 0
+                assert (await ref.ask(GetWorkerStatistics())).cut == 0
             finally:
                 sock.close()
 

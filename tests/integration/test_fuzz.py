@@ -92,13 +92,13 @@ def test_no_bytes_on_a_mailbox_or_a_reply_inbox_keep_the_actor_from_answering() 
             to_mailbox = ctx.socket(zmq.PUSH)
             to_inbox = ctx.socket(zmq.PUSH)
             to_mailbox.connect(echo.address)
-            to_inbox.connect(system.node.reply_address)
+            to_inbox.connect(system.station.reply_address)
             # Hypothesis draws synchronously: the examples are drawn first, then each is
             # thrown at the live sockets from the running loop, an ask after each.
             examples: list[list[list[bytes]]] = []
 
             @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-            @given(batch=messages(system.node.cookie))
+            @given(batch=messages(system.station.cookie))
             def collect(batch: list[list[bytes]]) -> None:
                 examples.append(batch)
 
@@ -112,7 +112,7 @@ def test_no_bytes_on_a_mailbox_or_a_reply_inbox_keep_the_actor_from_answering() 
                         assert await echo.ask(Ping(n=n)) == Pong(n=n)
                 stats = await system.statistics(echo)
                 assert stats.rejected > 0
-                assert system.node.rejected > 0
+                assert system.station.rejected > 0
             finally:
                 to_mailbox.close(0)
                 to_inbox.close(0)

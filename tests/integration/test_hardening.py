@@ -155,7 +155,7 @@ class TestOneFrameCannotEndAnActor:
     ) -> None:
         async with ActorSystem() as system:
             echo = await system.spawn(Echo, name="echo", process=process)
-            frames = deep_frames(system.node.cookie, system.node.reply_address)
+            frames = deep_frames(system.station.cookie, system.station.reply_address)
             with attacker(echo.address) as sock:
                 for parts in frames:
                     sock.send_multipart(parts)
@@ -169,13 +169,13 @@ class TestOneFrameCannotEndAnActor:
     async def test_deeply_nested_replies_are_rejected_and_the_inbox_still_answers(self) -> None:
         async with ActorSystem() as system:
             echo = await system.spawn(Echo, name="echo")
-            cookie = system.node.cookie
+            cookie = system.station.cookie
             frames = [[DEEP], [b"\xc1" + DEEP, b""], [header(Kind.DOWN, cookie), DEEP]]
-            with attacker(system.node.reply_address) as sock:
+            with attacker(system.station.reply_address) as sock:
                 for parts in frames:
                     sock.send_multipart(parts)
                 with anyio.fail_after(10):
-                    while system.node.rejected < len(frames):
+                    while system.station.rejected < len(frames):
                         assert await echo.ask(Ping(n=1)) == Pong(n=1)
 
     async def test_every_pipeline_member_and_the_callers_inbox_survive_the_frame(self) -> None:
@@ -189,9 +189,11 @@ class TestOneFrameCannotEndAnActor:
             supervisor = p.supervisor
             for ref in [*members, worker, inbox, supervisor]:
                 with attacker(ref.address) as sock:
-                    for parts in deep_frames(p.system.node.cookie, p.system.node.reply_address):
+                    for parts in deep_frames(
+                        p.system.station.cookie, p.system.station.reply_address
+                    ):
                         sock.send_multipart(parts)
-            with attacker(p.system.node.reply_address) as sock:
+            with attacker(p.system.station.reply_address) as sock:
                 sock.send_multipart([b"\xc1" + DEEP, b""])
             for i in range(5):
                 result = await p.generate(f"still here {i}", max_new_tokens=4)
@@ -245,7 +247,7 @@ class TestAskersCannotExhaustSockets:
             echo = await system.spawn(FdLimitedEcho, COMMON_NOFILE, name="echo")
             pid = system.pid_of(echo)
             assert pid is not None
-            cookie = system.node.cookie
+            cookie = system.station.cookie
             with (
                 reply_inboxes(system.ipc_dir, askers + 1) as inboxes,
                 attacker(echo.address) as sock,
@@ -289,7 +291,7 @@ class TestAskersCannotExhaustSockets:
         peer_idle = 0.5
         async with ActorSystem(peer_idle=peer_idle) as system:
             echo = await system.spawn(Echo, name="echo")
-            outbox = system.node.outbox
+            outbox = system.station.outbox
             sweeps = [anyio.Event()]
             sweep = outbox.sweep
 
@@ -322,7 +324,7 @@ class TestAskersCannotExhaustSockets:
                 "tcp://192.0.2.1:5555",
                 f"ipc://{system.ipc_dir}/../escape",
             ]
-            cookie = system.node.cookie
+            cookie = system.station.cookie
             with attacker(echo.address) as sock:
                 sock.send(msgspec.msgpack.encode(Ping(n=0)))  # connected: its fd counts now
                 with anyio.fail_after(10):
@@ -343,7 +345,7 @@ class TestAskersCannotExhaustSockets:
             system.credentials().save(path)
             assert path.stat().st_mode & 0o777 == 0o600
             loaded = Credentials.load(path)
-            assert loaded.cookie == system.node.cookie
+            assert loaded.cookie == system.station.cookie
             path.chmod(0o644)
             with pytest.raises(PermissionError, match="chmod 600"):
                 Credentials.load(path)
@@ -385,14 +387,14 @@ class TestTcpIsAuthenticated:
     async def test_a_peer_without_the_systems_keys_delivers_nothing(self) -> None:
         async with ActorSystem(transport="tcp") as system:
             echo = await system.spawn(Echo, name="echo", process=False)
-            cookie = system.node.cookie
-            zap = system.node.zap
+            cookie = system.station.cookie
+            zap = system.station.zap
             assert zap is not None
-            stranger = Keys.generate()
+            stranger = Keys.new()
             for options in (
                 {},  # no CURVE at all
                 {  # CURVE with a key of its own: the server's is public, its key is not
-                    "CURVE_SERVERKEY": system.node.keys.public if system.node.keys else b"",
+                    "CURVE_SERVERKEY": system.station.keys.public if system.station.keys else b"",
                     "CURVE_PUBLICKEY": stranger.public,
                     "CURVE_SECRETKEY": stranger.secret,
                 },
@@ -482,7 +484,7 @@ class TestTheCookieNeverLeaves:
                     result.append(await echo.ask(Slow(seconds=0.5), timeout=10))
 
                 tg.start_soon(ask)
-                with attacker(system.node.reply_address) as sock:
+                with attacker(system.station.reply_address) as sock:
                     for corr in range(1, 3000):
                         for cookie in (b"", b"x" * 16):
                             parts = [header(Kind.REPLY, cookie, corr, body_type=body_type), forged]
@@ -492,7 +494,7 @@ class TestTheCookieNeverLeaves:
     async def test_sprayed_readiness_reports_do_not_answer_a_spawn(self) -> None:
         async with ActorSystem() as system:
             fake = msgspec.msgpack.encode(["ipc:///tmp/attacker", 1, ""])
-            with attacker(system.node.reply_address) as sock:
+            with attacker(system.station.reply_address) as sock:
 
                 async def forge() -> None:
                     for corr in range(1, 3000):
@@ -509,11 +511,11 @@ class TestTheCookieNeverLeaves:
         async with ActorSystem() as system:
             echo = await system.spawn(Echo, name="echo")
             down = msgspec.msgpack.encode(Down(ref=echo, cause=Cause.SIGNAL, reason="forged"))
-            with attacker(system.node.reply_address) as sock:
+            with attacker(system.station.reply_address) as sock:
                 sock.send_multipart([header(Kind.DOWN, b""), down])
-                sock.send_multipart([header(Kind.DOWN, system.node.cookie), down])
+                sock.send_multipart([header(Kind.DOWN, system.station.cookie), down])
             assert await echo.ask(Ping(n=1)) == Pong(n=1)
-            assert not system.node.is_dead(echo.address)
+            assert not system.station.deaths.is_dead(echo.address)
 
 
 class TestLogsCannotBeFlooded:
@@ -522,7 +524,7 @@ class TestLogsCannotBeFlooded:
     ) -> None:
         async with ActorSystem() as system:
             echo = await system.spawn(Echo, name="echo", process=False)
-            cookie = system.node.cookie
+            cookie = system.station.cookie
             kinds = [
                 [header(Kind.STOP, b""), b""],  # control without the cookie
                 [header(Kind.READY, cookie), b""],  # a kind a mailbox never takes
@@ -536,7 +538,7 @@ class TestLogsCannotBeFlooded:
             with (
                 caplog.at_level(logging.WARNING),
                 attacker(echo.address) as mailbox,
-                attacker(system.node.reply_address) as rep,
+                attacker(system.station.reply_address) as rep,
             ):
                 for _ in range(2000):
                     for parts in kinds:
@@ -547,7 +549,7 @@ class TestLogsCannotBeFlooded:
                 with anyio.fail_after(20):
                     while (await system.statistics(echo)).rejected < 6000:
                         await echo.ask(Ping(n=0))
-                    while system.node.rejected < 6000:
+                    while system.station.rejected < 6000:
                         await echo.ask(Ping(n=0))
             lines = [r for r in caplog.records if r.name.startswith("tokenyard")]
             assert len(lines) <= 4, [r.getMessage() for r in lines]

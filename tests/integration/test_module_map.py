@@ -126,10 +126,10 @@ def test_the_runtime_table_lists_every_module_below_the_ones_it_imports() -> Non
 def test_the_import_graph_sees_every_kind_of_import() -> None:
     edges = import_graph("runtime")
     assert "runtime._errors" in edges["runtime"]  # from ._errors import ...
-    assert "runtime._context" in edges["runtime._node"]  # from . import _context
-    assert "runtime._top" in edges["runtime/__main__.py"]  # inside the __main__ guard
+    assert "runtime._context" in edges["runtime._station"]  # from . import _context
+    assert "runtime.top" in edges["runtime/__main__.py"]  # inside the __main__ guard
     assert "runtime._spawn" in edges["runtime._forking"]  # under TYPE_CHECKING too
-    assert "runtime" not in edges["runtime._node"]  # a parent package is no import
+    assert "runtime" not in edges["runtime._station"]  # a parent package is no import
 
 
 @pytest.mark.parametrize(

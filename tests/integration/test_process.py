@@ -94,10 +94,10 @@ class TestAskAndTell:
             assert await child.ask(Forward(target=local, n=1)) == Pong(n=5)
             record = system.spawner.children.get(child.address)
             assert record is not None
-            inbox = record.node_address
-            assert inbox in system.node.outbox.connected()
+            inbox = record.station_address
+            assert inbox in system.station.outbox.connected()
             await system.stop(child)
-            assert inbox not in system.node.outbox.connected()
+            assert inbox not in system.station.outbox.connected()
 
     async def test_an_ask_of_a_type_the_actor_does_not_accept_fails_as_a_protocol_error(
         self,

@@ -88,7 +88,7 @@ class TestOnTheWire:
         self,
     ) -> None:
         async with ActorSystem(shutdown_timeout=0.3) as system:
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             path = os.path.join(system.ipc_dir, "wire")
             sock.bind(f"ipc://{path}")
             ref: ActorRef[Traced] = ActorRef("wire", f"ipc://{path}")
@@ -107,12 +107,12 @@ class TestOnTheWire:
             header = decode_header(traced[0])
             assert header.kind is Kind.TELL
             assert header.trace == (PARENT, "")
-            assert header.cookie == system.node.cookie
+            assert header.cookie == system.station.cookie
             assert decode(traced[1]) == Traced(n=2)
 
     async def test_a_traced_tell_to_a_full_mailbox_waits_its_timeout_then_fails(self) -> None:
         async with ActorSystem(hwm=10, send_timeout=0.2, shutdown_timeout=0.3) as system:
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.RCVHWM, 10)
             path = os.path.join(system.ipc_dir, "stuck")
             sock.bind(f"ipc://{path}")
@@ -142,8 +142,10 @@ class TestFromAPeer:
             ref = await system.spawn(TraceRecorder, name="recorder", process=True)
             body = msgspec.msgpack.encode(Traced(n=1))
             forged = Header(Kind.TELL, 0, "", "attacker", trace=(PARENT,))
-            cookied = Header(Kind.TELL, 0, "", "attacker", cookie=system.node.cookie, trace=("x",))
-            push = system.node.ctx.socket(zmq.PUSH)
+            cookied = Header(
+                Kind.TELL, 0, "", "attacker", cookie=system.station.cookie, trace=("x",)
+            )
+            push = system.station.ctx.socket(zmq.PUSH)
             push.connect(ref.address)
             try:
                 push.send_multipart([bytes(encode_header(forged)), body])
@@ -235,14 +237,14 @@ class TestTracedTellsFromAPeer:
     async def test_refused_and_odd_traced_tells_are_counted_and_leak_nothing(self) -> None:
         async with ActorSystem() as system:
             ref = await system.spawn(TraceRecorder, name="recorder", process=True)
-            cookie = system.node.cookie
+            cookie = system.station.cookie
             body = msgspec.msgpack.encode(Traced(n=1))
 
             def frame(trace: object, kind: Kind = Kind.TELL) -> bytes:
                 h = msgspec.msgpack.encode([int(kind), 0, "", "peer", "", 1, cookie, trace])
                 return b"\xc1" + h
 
-            push = system.node.ctx.socket(zmq.PUSH)
+            push = system.station.ctx.socket(zmq.PUSH)
             push.connect(ref.address)
             try:
                 push.send_multipart([frame([1, 2]), body])  # wrong types: rejected

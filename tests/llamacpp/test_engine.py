@@ -22,7 +22,7 @@ from actors import LlamaCpp, Pipeline, WorkerDiedError
 from actors._gguf import MODEL_FILE
 from actors._llamacpp import LlamaCppServer
 from actors.http import open_server
-from actors.messages import GetSchedulerStats, Member, SchedulerStats
+from actors.messages import GetSchedulerStatistics, Member, SchedulerStatistics
 
 from .conftest import CONTEXT
 from .test_llamacpp import native
@@ -219,10 +219,10 @@ class TestDeaths:
             assert len(done.output_ids) == 8
 
 
-async def scheduler_stats(pipeline: Pipeline) -> SchedulerStats:
+async def scheduler_stats(pipeline: Pipeline) -> SchedulerStatistics:
     ref = await pipeline.system.lookup(Member.SCHEDULER.value)
-    stats = await ref.ask(GetSchedulerStats(), timeout=10)
-    assert isinstance(stats, SchedulerStats)
+    stats = await ref.ask(GetSchedulerStatistics(), timeout=10)
+    assert isinstance(stats, SchedulerStatistics)
     return stats
 
 

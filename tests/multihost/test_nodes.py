@@ -101,7 +101,7 @@ class TestAnActorOnAnotherHost:
     async def test_it_answers_and_talks_back_with_refs_in_messages(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
-        async with two_hosts(hosts, tmp_path) as (system, _node):
+        async with two_hosts(hosts, tmp_path) as (system, _station):
             assert [n.name for n in await system.nodes()] == ["b"]
             echo = await system.spawn(Echo, 3, node="b", name="echo")
             assert on_host(echo, hosts.b)
@@ -132,7 +132,7 @@ class TestAnActorOnAnotherHost:
     async def test_a_remote_supervisor_answers_lookups_for_its_children(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
-        async with two_hosts(hosts, tmp_path) as (system, _node):
+        async with two_hosts(hosts, tmp_path) as (system, _station):
             await system.spawn(
                 Supervisor, children=[ChildSpec(Worker, name="leaf")], name="sup", node="b"
             )
@@ -143,7 +143,7 @@ class TestAnActorOnAnotherHost:
     async def test_a_spawn_on_an_unknown_node_fails_clearly(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
-        async with two_hosts(hosts, tmp_path) as (system, _node):
+        async with two_hosts(hosts, tmp_path) as (system, _station):
             with pytest.raises(SpawnError, match="no node named 'nowhere'"):
                 await system.spawn(Echo, node="nowhere")
 
@@ -152,7 +152,7 @@ class TestDeathAcrossHosts:
     async def test_a_killed_remote_actor_is_down_with_its_signal_and_restarted_there(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
-        async with two_hosts(hosts, tmp_path) as (system, _node):
+        async with two_hosts(hosts, tmp_path) as (system, _station):
             sup = await system.spawn(
                 Supervisor, children=[ChildSpec(Worker, name="w", node="b")], name="sup"
             )
@@ -235,7 +235,7 @@ class TestTheRootsTable:
         self, tmp_path: Path
     ) -> None:
         async with ActorSystem(transport="tcp", keys=tmp_path / "keys", heartbeat=60) as system:
-            node = system.node
+            node = system.station
 
             async def join(name: str, port: int) -> list[str]:
                 hello = NodeHello(name, f"tcp://127.0.0.1:{port}", "127.0.0.1")

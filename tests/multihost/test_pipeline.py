@@ -52,7 +52,7 @@ async def remote_pipeline(
 async def test_remote_workers_stream_and_a_remote_worker_killed_under_load_loses_nothing(
     hosts: Hosts, tmp_path: Path
 ) -> None:
-    async with remote_pipeline(hosts, tmp_path, ("b",), 0.005) as (p, _node):
+    async with remote_pipeline(hosts, tmp_path, ("b",), 0.005) as (p, _station):
         workers = [await p.wait_worker(k) for k in range(2)]
         assert all(w.address.startswith(f"tcp://{hosts.b}:") for w in workers)
         assert [p.system.node_of(w) for w in workers] == ["b", "b"]

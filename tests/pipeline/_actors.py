@@ -170,9 +170,9 @@ class GatedDetokenizer(Detokenizer):
         self.gate = gate
 
     @handler
-    async def on_route_update(self, msg: RouteUpdate) -> RouteAck:  # type: ignore[override]
+    async def route(self, msg: RouteUpdate) -> RouteAck:  # type: ignore[override]
         await self.gate.pass_through()
-        return super().on_route_update(msg)
+        return super().route(msg)
 
 
 class GetRegistry(Request["Registry"]):

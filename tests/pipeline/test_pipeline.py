@@ -22,16 +22,16 @@ from actors._tokenizer import load_tokenizer
 from actors.messages import (
     CheckFlush,
     CheckLoad,
-    DetokenizerStats,
-    GetDetokenizerStats,
-    GetRouterStats,
-    GetSchedulerStats,
-    GetWorkerStats,
+    DetokenizerStatistics,
+    GetDetokenizerStatistics,
+    GetRouterStatistics,
+    GetSchedulerStatistics,
+    GetWorkerStatistics,
     Origin,
     RegisterWorker,
-    RouterStats,
-    SchedulerStats,
-    WorkerStats,
+    RouterStatistics,
+    SchedulerStatistics,
+    WorkerStatistics,
 )
 from runtime import ActorRef, TokenyardError
 
@@ -341,7 +341,7 @@ class TestSharedMemberDeaths:
             # death included; and the burst went through the successor.
             for k, sent in control.sent.items():
                 assert control.replies.from_worker(k) == sent
-            stats = await ask_stats(successor, GetRouterStats(), RouterStats)
+            stats = await ask_stats(successor, GetRouterStatistics(), RouterStatistics)
             assert stats.forwarded >= 50
             assert stats.routes == 2
             for k in range(2):
@@ -383,14 +383,14 @@ class TestSharedMemberDeaths:
             for k in range(2):
                 worker = p.worker_ref(k)
                 assert worker is not None
-                w = await ask_stats(worker, GetWorkerStats(), WorkerStats)
+                w = await ask_stats(worker, GetWorkerStatistics(), WorkerStatistics)
                 assert (w.requests, w.control_pending) == (0, 0)
                 assert w.received == w.finished + w.failed + w.released
             scheduler = await p.system.lookup("scheduler")
-            s = await ask_stats(scheduler, GetSchedulerStats(), SchedulerStats)
+            s = await ask_stats(scheduler, GetSchedulerStatistics(), SchedulerStatistics)
             assert (s.running, s.waiting) == (0, 0)
             detokenizer = await p.system.lookup("detokenizer:0")
-            d = await ask_stats(detokenizer, GetDetokenizerStats(), DetokenizerStats)
+            d = await ask_stats(detokenizer, GetDetokenizerStatistics(), DetokenizerStatistics)
             assert d.live_states == 0
 
 
@@ -462,7 +462,7 @@ class TestStreamingDeaths:
             # the scheduler dropped what it still held for the dead incarnation.
             assert p.resubmitted >= 25
             scheduler = await p.system.lookup("scheduler")
-            stats = await ask_stats(scheduler, GetSchedulerStats(), SchedulerStats)
+            stats = await ask_stats(scheduler, GetSchedulerStatistics(), SchedulerStatistics)
             assert stats.dropped_for_dead_origin > 0
             await p.wait_worker(1, after=killed.incarnation)
             served = [(await p.generate("again", max_new_tokens=4)).worker for _ in range(4)]

@@ -28,10 +28,10 @@ from actors.messages import (
     BatchTokenIDOutput,
     CheckLoad,
     Generate,
-    GetDetokenizerStats,
-    GetRouterStats,
-    GetSchedulerStats,
-    GetWorkerStats,
+    GetDetokenizerStatistics,
+    GetRouterStatistics,
+    GetSchedulerStatistics,
+    GetWorkerStatistics,
     LoadReply,
     MemberStuck,
     Origin,
@@ -251,7 +251,7 @@ class TestStuckWorkers:
                         await detokenizer.tell(step_of(step, [Origin(0, 1), Origin(1, 1)]))
                         step += 1
                         if step % 100 == 0:
-                            await detokenizer.ask(GetDetokenizerStats())  # let it keep up
+                            await detokenizer.ask(GetDetokenizerStatistics())  # let it keep up
                 assert reports.items[0].origin == Origin(0, 1)
                 # The healthy worker was sent a sub-batch for every step, in order, while
                 # the other took none (the last ones may still be on their way to it).
@@ -388,7 +388,7 @@ class TestLimits:
             assert first
             scheduler = await p.system.lookup("scheduler")
             with anyio.fail_after(30):
-                while (await scheduler.ask(GetSchedulerStats())).aborted < 1:
+                while (await scheduler.ask(GetSchedulerStatistics())).aborted < 1:
                     pass  # each ask is itself the wait: the abort comes once 2000 B are unread
             held: list[str] = []
 
@@ -400,7 +400,7 @@ class TestLimits:
                 await read_on()
             held_bytes = sum(map(len, held))
             assert held_bytes <= 2000 + 100  # what was held, then the error: never more
-            stats = await scheduler.ask(GetSchedulerStats())
+            stats = await scheduler.ask(GetSchedulerStatistics())
             assert stats.generated_tokens < 20_000  # the engine stopped for it
 
 
@@ -457,7 +457,7 @@ class FailingWorker(Actor[LoadReply]):
     """A worker stand-in whose handler fails on every control reply the router passes it."""
 
     @handler
-    def on_load(self, msg: LoadReply) -> None:
+    def load(self, msg: LoadReply) -> None:
         raise ValueError(f"cannot take {msg.request_id}")
 
 
@@ -508,7 +508,7 @@ class TestLogsCannotBeFlooded:
                     batch = step_of(step, [origin] * 100)
                     batch.rids[:] = [f"r{step}-{i}" for i in range(100)]
                     await detokenizer.tell(batch)
-                stats = await detokenizer.ask(GetDetokenizerStats())
+                stats = await detokenizer.ask(GetDetokenizerStatistics())
             assert stats.rejected_over_cap == FLOOD - 1
             assert 1 <= len(lines_of(caplog, "tokenyard.detokenizer")) <= MOST_LINES
 
@@ -524,7 +524,7 @@ class TestLogsCannotBeFlooded:
                 for i in range(FLOOD):
                     await router.tell(load_reply(origin, i))
                 # One sender, one mailbox: the ask is handled after every reply told.
-                stats = await router.ask(GetRouterStats(), timeout=30)
+                stats = await router.ask(GetRouterStatistics(), timeout=30)
             assert stats.forwarded == FLOOD
             assert 1 <= len(lines_of(caplog, "tokenyard.router")) <= MOST_LINES
 
@@ -537,7 +537,7 @@ class TestLogsCannotBeFlooded:
             with caplog.at_level(logging.WARNING, logger="tokenyard.worker"):
                 for i in range(FLOOD):
                     await worker.tell(load_reply(Origin(7, 7), i))
-                await worker.ask(GetWorkerStats())
+                await worker.ask(GetWorkerStatistics())
             assert 1 <= len(lines_of(caplog, "tokenyard.worker")) <= MOST_LINES
 
     async def test_control_requests_while_the_scheduler_is_dead_log_a_few_lines(
@@ -548,7 +548,7 @@ class TestLogsCannotBeFlooded:
             with caplog.at_level(logging.WARNING, logger="tokenyard.worker"):
                 for _ in range(FLOOD):
                     await worker.tell(CheckLoad(reply_to=caller))
-                stats = await worker.ask(GetWorkerStats())
+                stats = await worker.ask(GetWorkerStatistics())
             assert 1 <= len(lines_of(caplog, "tokenyard.worker")) <= MOST_LINES
             assert stats.control_pending == FLOOD
 
@@ -557,5 +557,5 @@ class TestLogsCannotBeFlooded:
             worker, caller = await worker_without_scheduler(system)
             for _ in range(MAX_PENDING_CONTROL + 500):
                 await worker.tell(CheckLoad(reply_to=caller))
-            stats = await worker.ask(GetWorkerStats())
+            stats = await worker.ask(GetWorkerStatistics())
             assert stats.control_pending == MAX_PENDING_CONTROL

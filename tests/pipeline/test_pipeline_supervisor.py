@@ -14,13 +14,13 @@ from actors import PipelineConfig
 from actors.messages import (
     CheckLoad,
     Generate,
-    GetRouterStats,
-    GetSchedulerStats,
+    GetRouterStatistics,
+    GetSchedulerStatistics,
     Origin,
     RegisterWorker,
-    RouterStats,
+    RouterStatistics,
     SamplingParams,
-    SchedulerStats,
+    SchedulerStatistics,
 )
 from runtime import ActorRef, ActorSystem
 
@@ -55,10 +55,10 @@ class Harness:
         assert isinstance(registry, Registry)
         return registry
 
-    async def router_stats(self) -> RouterStats:
+    async def router_stats(self) -> RouterStatistics:
         router = await self.system.lookup("router")
-        stats = await router.ask(GetRouterStats(), timeout=10)
-        assert isinstance(stats, RouterStats)
+        stats = await router.ask(GetRouterStatistics(), timeout=10)
+        assert isinstance(stats, RouterStatistics)
         return stats
 
     async def generate(self, worker: ActorRef[Any], rid: str) -> None:
@@ -109,8 +109,8 @@ class TestRegistration:
                 await anyio.sleep(0.5)  # sync-ok: asserting an absence
                 assert h.events.log == []
                 scheduler = await h.system.lookup("scheduler")
-                stats = await scheduler.ask(GetSchedulerStats(), timeout=10)
-                assert isinstance(stats, SchedulerStats)
+                stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10)
+                assert isinstance(stats, SchedulerStatistics)
                 assert stats.received == 0
                 gate.open()
                 await h.events.wait_until(lambda: h.events.finished("early"))

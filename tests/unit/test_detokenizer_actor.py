@@ -20,8 +20,8 @@ from actors.messages import (
     Abort,
     BatchStrOutput,
     BatchTokenIDOutput,
-    DetokenizerStats,
-    GetDetokenizerStats,
+    DetokenizerStatistics,
+    GetDetokenizerStatistics,
     Origin,
     RouteAck,
     RouteUpdate,
@@ -59,7 +59,7 @@ class FakeWorker(Actor[BatchStrOutput]):
         self.traces = traces
 
     @handler
-    def on_output(self, msg: BatchStrOutput) -> None:
+    def output(self, msg: BatchStrOutput) -> None:
         self.traces.append((msg.step, current_trace()))
         self.inbox.put(msg)
 
@@ -71,7 +71,7 @@ class FakeScheduler(Actor[Abort]):
         self.inbox = inbox
 
     @handler
-    def on_abort(self, msg: Abort) -> None:
+    def abort(self, msg: Abort) -> None:
         self.inbox.put(msg)
 
 
@@ -131,10 +131,10 @@ class Harness:
     async def send(self, *entries: Entry, step: int, trace: tuple[str, ...] = ()) -> None:
         await self.detokenizer.tell(engine_step(entries, step), trace=trace)
 
-    async def stats(self) -> DetokenizerStats:
+    async def stats(self) -> DetokenizerStatistics:
         # Asked after the tells: the reply proves every step told before was handled.
-        stats = await self.detokenizer.ask(GetDetokenizerStats(), timeout=5)
-        assert isinstance(stats, DetokenizerStats)
+        stats = await self.detokenizer.ask(GetDetokenizerStatistics(), timeout=5)
+        assert isinstance(stats, DetokenizerStatistics)
         return stats
 
     async def received(self, origin: Origin, step: int) -> list[BatchStrOutput]:

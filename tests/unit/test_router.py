@@ -19,11 +19,11 @@ import pytest
 from actors.messages import (
     AbortNotice,
     FlushReply,
-    GetRouterStats,
+    GetRouterStatistics,
     LoadReply,
     Origin,
     RouteAck,
-    RouterStats,
+    RouterStatistics,
     RouteUpdate,
 )
 from actors.router import Router
@@ -54,15 +54,15 @@ class RecordingWorker(Actor[LoadReply | FlushReply | AbortNotice]):
         self.inbox = inbox
 
     @handler
-    def on_load(self, msg: LoadReply) -> None:
+    def load(self, msg: LoadReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_flush(self, msg: FlushReply) -> None:
+    def flush(self, msg: FlushReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_abort(self, msg: AbortNotice) -> None:
+    def abort(self, msg: AbortNotice) -> None:
         self.inbox.put(msg)
 
 
@@ -103,10 +103,10 @@ class Harness:
         for msg in msgs:
             await self.router.tell(msg)
 
-    async def stats(self) -> RouterStats:
+    async def stats(self) -> RouterStatistics:
         # Asked after the tells: the reply proves every reply told before was handled.
-        stats = await self.router.ask(GetRouterStats(), timeout=10)
-        assert isinstance(stats, RouterStats)
+        stats = await self.router.ask(GetRouterStatistics(), timeout=10)
+        assert isinstance(stats, RouterStatistics)
         return stats
 
     async def flushed(self, origin: Origin, worker: str) -> list[ControlReply]:
@@ -141,7 +141,7 @@ class TestRouting:
                 await h.tell(mine, theirs)
             assert await h.flushed(A, "worker-0") == for_a
             assert await h.flushed(B, "worker-1") == for_b
-            assert await h.stats() == RouterStats(
+            assert await h.stats() == RouterStatistics(
                 forwarded=len(for_a) + len(for_b) + 2, dropped_unknown_origin=0, routes=2
             )
 
@@ -166,7 +166,9 @@ class TestDrops:
             await h.route(A, "worker-0")
             # An unknown worker index, and an unknown incarnation of a routed index.
             await h.tell(*replies(Origin(7, 1)), *replies(A_RESTARTED))
-            assert await h.stats() == RouterStats(forwarded=0, dropped_unknown_origin=6, routes=1)
+            assert await h.stats() == RouterStatistics(
+                forwarded=0, dropped_unknown_origin=6, routes=1
+            )
             assert await h.flushed(A, "worker-0") == []
 
     async def test_replies_for_an_incarnation_whose_route_was_dropped_are_dropped_and_counted(
@@ -180,7 +182,9 @@ class TestDrops:
             # Worker 0 died: the supervisor drops its route, then replies for it go stale.
             await h.route(A, None)
             await h.tell(*replies(A, first_id=3))
-            assert await h.stats() == RouterStats(forwarded=3, dropped_unknown_origin=3, routes=0)
+            assert await h.stats() == RouterStatistics(
+                forwarded=3, dropped_unknown_origin=3, routes=0
+            )
             # Its next incarnation records into the same inbox, so the marker proves the
             # stale replies never reached worker 0 at all.
             await h.route(A_RESTARTED, "worker-0")
@@ -219,5 +223,7 @@ class TestRouteUpdates:
             await h.route(A_RESTARTED, "worker-0-new")
             stale, fresh = replies(A), replies(A_RESTARTED, first_id=3)
             await h.tell(*stale, *fresh)
-            assert await h.stats() == RouterStats(forwarded=3, dropped_unknown_origin=3, routes=1)
+            assert await h.stats() == RouterStatistics(
+                forwarded=3, dropped_unknown_origin=3, routes=1
+            )
             assert await h.flushed(A_RESTARTED, "worker-0-new") == fresh

@@ -26,12 +26,12 @@ from actors.messages import (
     FlushCache,
     FlushReply,
     GetLoad,
-    GetSchedulerStats,
+    GetSchedulerStatistics,
     LoadReply,
     Member,
     Origin,
     SamplingParams,
-    SchedulerStats,
+    SchedulerStatistics,
     TokenizedGenerate,
     Topology,
 )
@@ -152,7 +152,7 @@ class FakeDetokenizer(Actor[BatchTokenIDOutput]):
         self.steps = steps
 
     @handler
-    def on_batch(self, msg: BatchTokenIDOutput) -> None:
+    def batch(self, msg: BatchTokenIDOutput) -> None:
         self.steps.traces.append(current_trace())
         self.steps.put(msg)
 
@@ -164,15 +164,15 @@ class FakeRouter(Actor[LoadReply | FlushReply | AbortNotice]):
         self.inbox = inbox
 
     @handler
-    def on_load(self, msg: LoadReply) -> None:
+    def load(self, msg: LoadReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_flush(self, msg: FlushReply) -> None:
+    def flush(self, msg: FlushReply) -> None:
         self.inbox.put(msg)
 
     @handler
-    def on_notice(self, msg: AbortNotice) -> None:
+    def notice(self, msg: AbortNotice) -> None:
         self.inbox.put(msg)
 
 
@@ -201,10 +201,10 @@ class Engine:
     async def tell(self, msg: Message) -> None:
         await self.ref.tell(msg)
 
-    async def stats(self) -> SchedulerStats:
+    async def stats(self) -> SchedulerStatistics:
         # Asked after the tells: the reply proves every message told before was handled.
-        stats = await self.ref.ask(GetSchedulerStats(), timeout=5)
-        assert isinstance(stats, SchedulerStats)
+        stats = await self.ref.ask(GetSchedulerStatistics(), timeout=5)
+        assert isinstance(stats, SchedulerStatistics)
         return stats
 
     async def reply(self, n: int) -> Message:

@@ -1,4 +1,4 @@
-"""``runtime._top``'s view at every terminal width: columns are left out, numbers never cut."""
+"""``runtime.top``'s view at every terminal width: columns are left out, numbers never cut."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from runtime._stats import (
     ChildRecord,
     DeadIncarnation,
     ProcessMetrics,
-    ProcessStats,
+    ProcessResources,
     SystemMetrics,
 )
-from runtime._top import COLUMNS, Frame, render_frame
+from runtime.top import COLUMNS, Frame, render_frame
 
 BOUNDS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
@@ -54,8 +54,8 @@ def actor(
 def process(
     name: str, pid: int, cpu: float, actors: list[ActorMetrics], at: float
 ) -> ProcessMetrics:
-    stats = ProcessStats(pid=pid, cpu_seconds=cpu, rss_bytes=95_000_000)
-    return ProcessMetrics(name=name, node="", process=stats, actors=actors, gathered_at=at)
+    stats = ProcessResources(pid=pid, cpu_seconds=cpu, rss_bytes=95_000_000)
+    return ProcessMetrics(name=name, station="", process=stats, actors=actors, gathered_at=at)
 
 
 def gathering(at: float, scale: int) -> SystemMetrics:

@@ -62,7 +62,7 @@ class TestFullMailbox:
         # A bare socket never acknowledges the exit's flush: a short shutdown_timeout.
         async with ActorSystem(hwm=10, send_timeout=0.2, shutdown_timeout=0.3) as system:
             # A mailbox nobody reads: a bare PULL socket in the system's directory.
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.RCVHWM, 10)
             path = os.path.join(system.ipc_dir, "stuck")
             sock.bind(f"ipc://{path}")
@@ -87,14 +87,14 @@ class TestFullMailbox:
         self,
     ) -> None:
         async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.RCVHWM, 10)
             path = os.path.join(system.ipc_dir, "slow-reader")
             sock.bind(f"ipc://{path}")
             reader: ActorRef[Ping] = ActorRef("slow-reader", f"ipc://{path}")
             try:
                 sent = 0
-                while system.node.try_tell(reader, Ping(n=sent)) is None:
+                while system.station.try_tell(reader, Ping(n=sent)) is None:
                     sent += 1  # until the queues are full
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(reader.tell, Ping(n=-1))
@@ -125,7 +125,7 @@ class TestRejections:
     ) -> None:
         async with ActorSystem() as system:
             ref = await system.spawn(Counter, process=False, name="counter")
-            push = system.node.ctx.socket(zmq.PUSH)
+            push = system.station.ctx.socket(zmq.PUSH)
             push.connect(ref.address)
             try:
                 with caplog.at_level(logging.WARNING, logger="tokenyard.mailbox"):
@@ -214,12 +214,12 @@ def open_outbox(
 ) -> Iterator[tuple[Outbox, list[str]]]:
     """An outbox of its own in ``system``'s process, and ``sinks`` bare PULL sockets bound
     in its directory for it to send to."""
-    outbox = Outbox(system.node.ctx, TransportOptions(**options), system.node.policy)
+    outbox = Outbox(system.station.ctx, TransportOptions(**options), system.station.policy)
     socks: list[zmq.Socket[bytes]] = []
     addresses: list[str] = []
     try:
         for i in range(sinks):
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             sock.setsockopt(zmq.LINGER, 0)
             socks.append(sock)
             addresses.append(f"ipc://{system.ipc_dir}/sink-{i}")
@@ -310,11 +310,11 @@ class TestBundles:
 
     async def test_on_the_wire_the_tells_after_a_turns_first_are_one_bundle(self) -> None:
         async with ActorSystem(shutdown_timeout=0.3) as system:
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             path = os.path.join(system.ipc_dir, "wire")
             sock.bind(f"ipc://{path}")
             # A ref that names its owner, as the runtime's own refs do: tells coalesce.
-            ref: ActorRef[Seq] = ActorRef("wire", f"ipc://{path}", 1, system.node.reply_address)
+            ref: ActorRef[Seq] = ActorRef("wire", f"ipc://{path}", 1, system.station.reply_address)
             try:
                 for n in range(4):
                     await ref.tell(Seq(n=n), trace=_told(n)[1])
@@ -330,17 +330,21 @@ class TestBundles:
                 Seq(n=0),
             )
             header = decode_header(bundle[0])
-            assert (header.kind, header.cookie, len(bundle)) == (Kind.TELLS, system.node.cookie, 2)
+            assert (header.kind, header.cookie, len(bundle)) == (
+                Kind.TELLS,
+                system.station.cookie,
+                2,
+            )
             tells = bundle_decoder.decode(bundle[1])
             assert tells[:2] == [msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))]
             assert tells[2] == (msgspec.msgpack.encode(Seq(n=3)), ("ctx-3",))
 
     async def test_with_a_small_hwm_every_tell_stays_one_frame(self) -> None:
         async with ActorSystem(hwm=10, shutdown_timeout=0.3) as system:
-            sock = system.node.ctx.socket(zmq.PULL)
+            sock = system.station.ctx.socket(zmq.PULL)
             path = os.path.join(system.ipc_dir, "tight")
             sock.bind(f"ipc://{path}")
-            ref: ActorRef[Seq] = ActorRef("tight", f"ipc://{path}", 1, system.node.reply_address)
+            ref: ActorRef[Seq] = ActorRef("tight", f"ipc://{path}", 1, system.station.reply_address)
             try:
                 for n in range(3):
                     await ref.tell(Seq(n=n))
@@ -354,9 +358,9 @@ class TestBundles:
     async def test_a_bad_bundle_is_one_rejection_and_a_bad_tell_in_one_is_one_more(self) -> None:
         async with ActorSystem() as system:
             ref = await system.spawn(Recorder, name="recorder", process=True)
-            head = TellHeaders("peer", system.node.cookie)
+            head = TellHeaders("peer", system.station.cookie)
             good = [msgspec.msgpack.encode(Seq(n=n)) for n in range(3)]
-            push = system.node.ctx.socket(zmq.PUSH)
+            push = system.station.ctx.socket(zmq.PUSH)
             push.connect(ref.address)
             try:
                 push.send_multipart([head.bundle, b"\xc1garbage"])

@@ -1,12 +1,16 @@
-"""The per-process core of an actor system: zmq context, outbox, reply inbox, pending asks,
-and what this process knows of deaths.
+"""A process's station: its zmq context and outbox, where its messages leave, and its reply
+inbox and pending asks, where their answers arrive.
 
-Every process that runs actors has one ``Node`` per open ``ActorSystem``. Refs find it
+Every process that runs actors has one ``Station`` per open ``ActorSystem`` (a *node*, in
+contrast, is a member of the system on another host: `runtime._nodes`). Refs find it
 through `runtime._context`. Its reply inbox takes everything that is not a mailbox's: replies
 and errors, readiness reports and last words of its child processes, watch requests and
-death notices from other nodes, and liveness probes, which it answers from the event loop at
-once. Like a mailbox, it survives any bytes: whatever fails to decode, or lacks the
-system's cookie, is counted and skipped.
+death notices from other processes, and liveness probes, which it answers from the event loop
+at once. It dispatches each frame by its kind through a table of small methods; what a
+process knows of deaths is its `Deaths` (`runtime._deaths`), and its pings over tcp are its
+`Heartbeat` (`runtime._heartbeat`), each handed `Station.notify` to send with. Like a mailbox,
+the reply inbox survives any bytes: whatever fails to decode, or lacks the system's cookie,
+is counted and skipped.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import zmq
 from . import _context
 from ._auth import AddressPolicy, Keys, ZapHandler
 from ._context import handling_address
+from ._deaths import Deaths
 from ._errors import (
     ActorDeadError,
     AskTimeoutError,
@@ -37,6 +42,7 @@ from ._errors import (
     RemoteActorError,
     TokenyardError,
 )
+from ._heartbeat import BEAT_CORR, Heartbeat
 from ._message import Message, type_path
 from ._message import registry as message_registry
 from ._metrics import ENABLED, POW2_SLOTS, HistogramSnapshot, pow2_snapshot
@@ -44,13 +50,10 @@ from ._protocol import (
     HEADER_BYTE,
     MAX_FRAMES,
     NODE_KINDS,
-    Cause,
-    Down,
     ErrorBody,
     Header,
     Kind,
     TellHeaders,
-    WatchBody,
     body_encoder,
     checked_trace,
     cookie_ok,
@@ -61,7 +64,6 @@ from ._protocol import (
     new_corr,
     watch_decoder,
 )
-from ._ref import ActorRef
 from ._throttle import Throttle
 from ._transport import (
     NOBLOCK,
@@ -75,36 +77,36 @@ from ._transport import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Container, Sequence
+    from collections.abc import Callable, Container, Iterator, Sequence
 
     from ._context import Frames, RefLike
+    from ._protocol import Down
 
-logger = logging.getLogger("tokenyard.node")
-#: How many dead addresses a node remembers (to refuse sends to them).
-_DEAD_KEPT = 100_000
+logger = logging.getLogger("tokenyard.station")
 #: How many addresses the tell path remembers having subscribed for.
 _KNOWN_KEPT = 100_000
-#: How many other nodes may watch one actor here (the oldest are forgotten first).
-_SUBSCRIBERS_KEPT = 1_024
 #: Sockets one process's zmq context may hold.
 _MAX_SOCKETS = 16_384
-#: How many child processes' last words are kept until their monitors read them.
-_WORDS_KEPT = 1_024
 #: How many asked names get a round-trip histogram of their own (the rest share one).
 _ASKED_KEPT = 1_024
 _OTHER = "(other)"
-#: The correlation id of heartbeat pings (their answers resolve no request).
-_BEAT_CORR = 1
-#: Heartbeat pings per ``heartbeat``.
-BEATS = 8
-#: A peer silent for this share of ``heartbeat`` is lost.
-LOSS_SHARE = 0.8
 _encode = body_encoder.encode
 _NONE = _encode(None)
 
 
 def _succeeded(future: asyncio.Future[Any]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
+
+
+@contextlib.contextmanager
+def _unreadable(future: asyncio.Future[Any]) -> Iterator[None]:
+    """Fail ``future`` at once when its reply does not decode: the asker is told, not left
+    waiting (the error still propagates, to be counted as a rejection)."""
+    try:
+        yield
+    except Exception as err:
+        future.set_exception(ProtocolError(f"an undecodable reply: {err}"))
+        raise
 
 
 @dataclass(slots=True)
@@ -114,7 +116,7 @@ class _Pending:
     timer: asyncio.TimerHandle | None = field(default=None)
 
 
-class Node:
+class Station:
     """Sockets and bookkeeping shared by everything of one system in one process.
 
     Args:
@@ -162,31 +164,21 @@ class Node:
             raise
         self._reply_fd = int(self.reply_sock.getsockopt(zmq.FD))
         self._pending: dict[int, _Pending] = {}
-        #: Why a child process said it is exiting, by its spawn token.
-        self.last_words: dict[int, str] = {}
-        #: Known deaths, by address: the whole record, so a late watcher gets it all.
-        self._dead: dict[str, Down] = {}
+        #: What this process knows of deaths, and its children's last words.
+        self.deaths = Deaths(self.reply_address, self.notify, self._cut)
+        #: The same dict as ``deaths.dead``, read on the tell path without a lookup more.
+        self._dead = self.deaths.dead
         #: Addresses the tell path has subscribed for (its one check before subscribing).
         self._known: set[str] = set()
-        #: Refs owned elsewhere whose deaths this node asked to hear of, by address.
-        self._watched: dict[str, ActorRef[Any]] = {}
-        #: Local callbacks waiting for a death, by address.
-        self._listeners: dict[str, list[Callable[[Down], None]]] = {}
-        #: Other nodes to tell when an actor this node owns dies, by address.
-        self._subscribers: dict[str, dict[str, None]] = {}
+        #: Over tcp, the pings to the owners of watched refs and to linked processes; on
+        #: any transport, the answers to pings.
+        self.heartbeat = Heartbeat(
+            name, self.reply_address, options.heartbeat, self.deaths, self.notify
+        )
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
-        #: Over tcp, the other processes this one keeps a heartbeat with (the owners of the
-        #: refs it watches, and `link`'s), by reply address: when each last answered.
-        self._heard: dict[str, float] = {}
-        #: Called when a linked process stops answering, by its address (`link`).
-        self._links: dict[str, list[Callable[[str], None]]] = {}
-        self._beater: asyncio.TimerHandle | None = None
-        #: Called with the reply address of each process that pings this one (a node's
-        #: leases, `runtime._nodes`).
-        self.on_ping: Callable[[str], None] | None = None
         self.closed = False
         #: Takes the frames of the node protocol (JOIN, SPAWN, KILL, NODES) when this
         #: process is the system's root or one of its nodes (`runtime._nodes`).
@@ -197,6 +189,20 @@ class Node:
         self._sends = Throttle(logger)
         #: Ask round trips by the name asked: power-of-two nanosecond slots, and their sum.
         self._asks: dict[str, tuple[list[int], list[int]]] = {}
+        #: How the reply inbox handles each kind of frame (any other kind: `_unexpected`).
+        self._inbox: dict[Kind, Callable[[Header, bytes], None]] = {
+            Kind.REPLY: self._on_reply,
+            Kind.ERROR: self._on_error,
+            Kind.FAILED: self._on_failed,
+            Kind.READY: self._on_answer,
+            Kind.ANSWER: self._on_answer,
+            Kind.PONG: self._on_pong,
+            Kind.PING: self.heartbeat.pinged,
+            Kind.WATCH: self._on_watch,
+            Kind.UNWATCH: self._on_unwatch,
+            Kind.DOWN: self._on_down,
+            **dict.fromkeys(NODE_KINDS, self._on_node_frame),
+        }
 
     def new_stem(self, prefix: str) -> str:
         """A socket file name never used before in the system directory (a name used
@@ -204,7 +210,7 @@ class Node:
         return f"{prefix}{os.getpid()}-{self._nonce}-{next(self._stems)}"
 
     def open(self) -> None:
-        """Start reading replies on the running loop and make this the current node."""
+        """Start reading replies on the running loop and make this the current station."""
         self._loop = asyncio.get_running_loop()
         if self.zap is not None:
             self.zap.start(self._loop)
@@ -215,53 +221,7 @@ class Node:
         self._loop.call_soon(self._on_replies)
         self._sweeper = self._loop.call_later(self.options.peer_idle / 2, self._sweep)
         if self.options.transport == "tcp":
-            self._beater = self._loop.call_later(self.options.heartbeat / BEATS, self._beat)
-
-    # -- heartbeats -----------------------------------------------------------------------
-
-    def link(self, address: str, on_lost: Callable[[str], None]) -> None:
-        """Keep a heartbeat with the process whose reply inbox is ``address`` (tcp only), and
-        call ``on_lost(address)`` once if it counts as lost (`_beat`)."""
-        self._links.setdefault(address, []).append(on_lost)
-
-    def unlink(self, address: str) -> None:
-        """Forget `link`'s callbacks for ``address``."""
-        self._links.pop(address, None)
-
-    def _beat(self) -> None:
-        """Every eighth of the heartbeat: ping each owner of a watched ref and each linked
-        process; one silent for `LOSS_SHARE` of it is lost (`Cause.NOCONNECTION`), so a loss
-        is known within 0.925 of a heartbeat of the last answer, counting the tick (the rest
-        is room for a late timer).
-
-        A lost ping or answer costs nothing (the next goes an eighth later); only most of a
-        heartbeat without any answer does. The pings go from a loop callback, never waiting.
-        """
-        if self.closed or self._loop is None:
-            return
-        beat = self.options.heartbeat
-        limit = beat * LOSS_SHARE
-        self._beater = self._loop.call_later(beat / BEATS, self._beat)
-        now = time.monotonic()
-        peers = {ref.owner for ref in self._watched.values()}
-        peers.update(self._links)
-        peers.discard(self.reply_address)
-        for gone in self._heard.keys() - peers:
-            del self._heard[gone]
-        for peer in peers:
-            heard = self._heard.setdefault(peer, now)
-            if now - heard > limit:
-                self._lost(peer, now - heard)
-            else:
-                self.notify(peer, Kind.PING, b"", _BEAT_CORR)
-
-    def _lost(self, address: str, silent: float) -> None:
-        del self._heard[address]
-        reason = f"no answer from {address} for {silent:.1f} s (noconnection)"
-        logger.warning("%s: %s: its actors count as dead", self.name, reason)
-        self.owner_died(address, address, Cause.NOCONNECTION, reason)
-        for on_lost in self._links.pop(address, []):
-            on_lost(address)
+            self.heartbeat.start(self._loop)
 
     def _sweep(self) -> None:
         if self.closed or self._loop is None:
@@ -270,15 +230,6 @@ class Node:
         self._sweeper = self._loop.call_later(self.options.peer_idle / 2, self._sweep)
 
     # -- sending --------------------------------------------------------------------------
-
-    def check_alive(self, ref: RefLike) -> None:
-        """Raise ``ActorDeadError`` if ``ref``'s incarnation is known to be dead."""
-        down = self._dead.get(ref.address)
-        if down is not None:
-            raise ActorDeadError(
-                f"actor {ref.name!r} (incarnation {ref.incarnation}) is dead: {down.reason}",
-                reason=down.reason,
-            )
 
     def try_tell(self, ref: RefLike, msg: Message, trace: Sequence[str] = ()) -> Frames | None:
         """Encode and send a one-way message if its queue has room now: one frame, or a
@@ -291,7 +242,7 @@ class Node:
         if address not in self._known:
             self._learn(ref)
         if self._dead and address in self._dead:
-            self.check_alive(ref)
+            self.deaths.check_alive(ref)
         body = _encode(msg)
         # Coalesced only to a mailbox a node started (its ref names it): one of this system.
         coalesce = bool(ref.owner)
@@ -306,19 +257,19 @@ class Node:
 
     async def tell_when_room(self, ref: RefLike, frames: Frames, timeout: float | None) -> None:
         """Send an encoded tell, waiting while its mailbox is full (failing if it dies)."""
-        check = functools.partial(self.check_alive, ref)
+        check = functools.partial(self.deaths.check_alive, ref)
         if isinstance(frames, bytes):
             await self.outbox.send(ref.address, frames, timeout, check)
         else:
             await self.outbox.send_frames(ref.address, frames, timeout, check)
 
     def _learn(self, ref: RefLike) -> None:
-        """First message to an address: subscribe to its death if another node owns it."""
+        """First message to an address: subscribe to its death if another process owns it."""
         if len(self._known) >= _KNOWN_KEPT:
             self._known.clear()  # subscribing again is harmless; remembering all is not
         self._known.add(ref.address)
         if ref.owner and ref.owner != self.reply_address:
-            self.subscribe(ref)
+            self.deaths.subscribe(ref)
 
     def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
         """Register a pending reply (an ask, a readiness or stop handshake) under a fresh
@@ -341,7 +292,7 @@ class Node:
     def header(
         self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
     ) -> bytearray:
-        """An encoded header from this node, with the cookie (and trace context, if any).
+        """An encoded header from this station, with the cookie (and trace context, if any).
 
         Raises:
             ProtocolError: More than `MAX_TRACE` contexts, or one longer than
@@ -364,20 +315,20 @@ class Node:
         self, ref: RefLike, msg: Message, timeout: float, trace: Sequence[str] = ()
     ) -> Any:
         """Send ``msg`` with a correlation id and wait for the matching reply."""
-        self.check_alive(ref)
+        self.deaths.check_alive(ref)
         if handling_address.get(None) == ref.address:
             raise TokenyardError(
                 f"actor {ref.name!r} asked itself from inside a handler: the reply could only "
                 "be handled after the handler returns; use tell, or call the method directly"
             )
-        self.subscribe(ref)
+        self.deaths.subscribe(ref)
         corr, future = self.new_request(ref.address)
         try:
             await self.outbox.send_frames(
                 ref.address,
                 (self.header(Kind.ASK, corr, trace=trace), _encode(msg)),
                 timeout,
-                lambda: self.check_alive(ref),
+                lambda: self.deaths.check_alive(ref),
             )
             assert self._loop is not None
             pending = self._pending.get(corr)
@@ -417,7 +368,7 @@ class Node:
         await self.send_control(ref.address, Kind.STOP, 0)
 
     async def flush(self, timeout: float, skip: Container[str] = ()) -> list[str]:
-        """Wait until every mailbox this node told has handled all it was told.
+        """Wait until every mailbox this station told has handled all it was told.
 
         PUSH/PULL gives no receipt: a process that exits while its queue to a busy mailbox
         is full loses the tail, whatever its linger. So a FLUSH frame follows the tells down
@@ -454,7 +405,7 @@ class Node:
         self, ref: RefLike, kind: Kind, timeout: float, body: Message | None = None
     ) -> Any:
         """Send a control request (no handler involved) and wait for its reply."""
-        self.check_alive(ref)
+        self.deaths.check_alive(ref)
         corr, future = self.new_request(ref.address)
         try:
             with anyio.fail_after(timeout):
@@ -499,12 +450,13 @@ class Node:
         if header.reply_to:
             self.notify(header.reply_to, Kind.ERROR, _encode(ErrorBody.of(error)), header.corr)
 
-    async def ping(self, node_address: str, timeout: float) -> bool:
-        """Probe the node at ``node_address``: whether its event loop answered in time."""
-        corr, future = self.new_request(node_address)
+    async def ping(self, address: str, timeout: float) -> bool:
+        """Probe the process whose reply inbox is ``address``: whether its event loop
+        answered in time."""
+        corr, future = self.new_request(address)
         try:
             with anyio.move_on_after(timeout):
-                await self.send_control(node_address, Kind.PING, corr, timeout=timeout)
+                await self.send_control(address, Kind.PING, corr, timeout=timeout)
                 await future
                 return True
         except TokenyardError:
@@ -595,66 +547,74 @@ class Node:
             raise ProtocolError(f"a header announcing {header.frames} frames, not what came")
         if not cookie_ok(header, self.cookie):
             raise ProtocolError(f"a {header.kind.name} frame without the system's cookie")
-        body = frames[0]
-        kind = header.kind
-        if kind is Kind.PING:
-            if header.reply_to:
-                self.notify(header.reply_to, Kind.PONG, b"", header.corr)
-                if self.on_ping is not None:
-                    self.on_ping(header.reply_to)
-            return
-        if kind is Kind.PONG and header.corr == _BEAT_CORR:
-            if header.reply_to in self._heard:
-                self._heard[header.reply_to] = time.monotonic()
-            return
-        if kind is Kind.WATCH:
-            self._on_watch(watch_decoder.decode(body))
-            return
-        if kind is Kind.UNWATCH:
-            watch = watch_decoder.decode(body)
-            self._subscribers.get(watch.ref.address, {}).pop(watch.subscriber, None)
-            return
-        if kind in NODE_KINDS:
-            if self.on_node_frame is None:
-                raise ProtocolError(f"a {kind.name} frame to a process that is no node")
-            self.on_node_frame(header, body)
-            return
-        if kind is Kind.DOWN:
-            down = down_decoder.decode(body)
-            # Only the node we asked may report a death, and of the ref we asked about.
-            watched = self._watched.get(down.ref.address)
-            if watched is not None and header.reply_to == watched.owner:
-                self.mark_dead(msgspec.structs.replace(down, ref=watched))
-            return
-        pending = self._pending.get(header.corr)
-        if pending is None and kind is Kind.FAILED:
-            # A child's last words after it was ready: why it is about to exit (read by
-            # its monitor, which registered the token).
-            if header.corr in self.last_words:
-                err = error_decoder.decode(body)
-                self.last_words[header.corr] = f"{err.type_name}: {err.message}"
-            return
+        self._inbox.get(header.kind, self._unexpected)(header, frames[0])
+
+    # The reply inbox's table: one method per kind of frame, each from a loop callback.
+
+    def _take(self, corr: int) -> _Pending | None:
+        """The request ``corr`` answers, now settled; ``None`` when the asker gave up
+        (timeout, cancellation) or never asked: a late or stray answer is dropped."""
+        pending = self._pending.get(corr)
         if pending is None or pending.future.done():
-            return  # the asker gave up (timeout, cancellation): a late reply is dropped
-        if kind not in (Kind.REPLY, Kind.ERROR, Kind.FAILED, Kind.READY, Kind.PONG, Kind.ANSWER):
-            raise ProtocolError(f"a {kind.name} frame sent to a reply inbox")
-        del self._pending[header.corr]
+            return None
+        del self._pending[corr]
         if pending.timer is not None:
             pending.timer.cancel()
-        try:
-            if kind is Kind.REPLY:
+        return pending
+
+    def _on_reply(self, header: Header, body: bytes) -> None:
+        pending = self._take(header.corr)
+        if pending is not None:
+            with _unreadable(pending.future):
                 pending.future.set_result(self._decode_reply(header.body_type, body))
-            elif kind in (Kind.READY, Kind.PONG, Kind.ANSWER):
-                pending.future.set_result((header, body))
-            else:
+
+    def _on_error(self, header: Header, body: bytes) -> None:
+        pending = self._take(header.corr)
+        if pending is not None:
+            with _unreadable(pending.future):
                 err = error_decoder.decode(body)
                 pending.future.set_exception(
                     RemoteActorError(err.type_name, err.message, err.traceback)
                 )
-        except Exception as err:
-            # The asker is told at once that its reply came unreadable, not left waiting.
-            pending.future.set_exception(ProtocolError(f"an undecodable reply: {err}"))
-            raise
+
+    def _on_failed(self, header: Header, body: bytes) -> None:
+        """A child's failure before it was ready fails its spawn; after, its last words."""
+        if header.corr in self._pending:
+            self._on_error(header, body)
+        else:
+            self.deaths.last_words(header.corr, body)
+
+    def _on_answer(self, header: Header, body: bytes) -> None:
+        """READY, ANSWER and a probe's PONG: the waiter reads the header and body itself."""
+        pending = self._take(header.corr)
+        if pending is not None:
+            pending.future.set_result((header, body))
+
+    def _on_pong(self, header: Header, body: bytes) -> None:
+        if header.corr == BEAT_CORR:
+            self.heartbeat.answered(header.reply_to)
+        else:
+            self._on_answer(header, body)
+
+    def _on_watch(self, _: Header, body: bytes) -> None:
+        self.deaths.watched(watch_decoder.decode(body))
+
+    def _on_unwatch(self, _: Header, body: bytes) -> None:
+        self.deaths.unwatched(watch_decoder.decode(body))
+
+    def _on_down(self, header: Header, body: bytes) -> None:
+        self.deaths.reported(down_decoder.decode(body), header.reply_to)
+
+    def _on_node_frame(self, header: Header, body: bytes) -> None:
+        if self.on_node_frame is None:
+            raise ProtocolError(f"a {header.kind.name} frame to a process that is no node")
+        self.on_node_frame(header, body)
+
+    def _unexpected(self, header: Header, _: bytes) -> None:
+        """A mailbox's kind: refused when it answers a pending request, else dropped."""
+        pending = self._pending.get(header.corr)
+        if pending is not None and not pending.future.done():
+            raise ProtocolError(f"a {header.kind.name} frame sent to a reply inbox")
 
     def _decode_reply(self, body_type: str, body: bytes) -> Any:
         if not body_type:
@@ -669,88 +629,21 @@ class Node:
             decoder = self._reply_decoders[body_type] = msgspec.msgpack.Decoder(cls)
         return decoder.decode(body)
 
-    def expect_last_words(self, token: int) -> None:
-        """Keep the last words a child process with spawn ``token`` may send."""
-        if len(self.last_words) >= _WORDS_KEPT:
-            del self.last_words[next(iter(self.last_words))]
-        self.last_words[token] = ""
-
-    def take_last_words(self, token: int) -> str | None:
-        """The last words of the child with spawn ``token`` (``None`` when it sent none)."""
-        return self.last_words.pop(token, "") or None
-
-    # -- death and shutdown ---------------------------------------------------------------
-
-    def mark_dead(self, down: Down) -> None:
-        """Record a death: fail every request pending on it, tell listeners and subscribers."""
-        address = down.ref.address
-        if address in self._dead:
-            return
-        reason = down.reason
-        self._dead[address] = down
-        if len(self._dead) > _DEAD_KEPT:
-            del self._dead[next(iter(self._dead))]
-        for corr, pending in list(self._pending.items()):
-            if pending.target == address and not pending.future.done():
-                del self._pending[corr]
-                if pending.timer is not None:
-                    pending.timer.cancel()
-                pending.future.set_exception(
-                    ActorDeadError(f"actor {down.ref.name!r} died: {reason}", reason=reason)
-                )
-        self.outbox.forget(address)
-        self._watched.pop(address, None)
-        for listener in self._listeners.pop(address, []):
-            listener(down)
-        frame = _encode(down)
-        for subscriber in self._subscribers.pop(address, {}):
-            self.notify(subscriber, Kind.DOWN, frame)
-
-    def on_death(self, address: str, listener: Callable[[Down], None]) -> None:
-        """Call ``listener`` once when the actor at ``address`` is known dead."""
-        down = self._dead.get(address)
+    def _cut(self, address: str, down: Down | None) -> None:
+        """Nothing more comes from ``address`` (`Deaths` calls this): fail the requests
+        pending on the actor that died there (``down``, if one did) and close the socket to
+        it."""
         if down is not None:
-            listener(down)
-            return
-        self._listeners.setdefault(address, []).append(listener)
-
-    def subscribe(self, ref: RefLike) -> None:
-        """Ask the node owning ``ref`` to report its death here (once per address)."""
-        owner = ref.owner
-        if not owner or owner == self.reply_address or ref.address in self._watched:
-            return
-        full: ActorRef[Any] = ActorRef(ref.name, ref.address, ref.incarnation, owner)
-        self._watched[ref.address] = full
-        self.notify(owner, Kind.WATCH, _encode(WatchBody(full, self.reply_address)))
-
-    def _on_watch(self, watch: WatchBody) -> None:
-        dead = self._dead.get(watch.ref.address)
-        if dead is not None:
-            self.notify(watch.subscriber, Kind.DOWN, _encode(dead))
-            return
-        subscribers = self._subscribers.setdefault(watch.ref.address, {})
-        subscribers[watch.subscriber] = None
-        if len(subscribers) > _SUBSCRIBERS_KEPT:
-            del subscribers[next(iter(subscribers))]
-
-    def owner_died(
-        self,
-        node_address: str,
-        name: str,
-        cause: Cause = Cause.OWNER_DIED,
-        reason: str = "",
-    ) -> None:
-        """A child process (whose node is ``node_address``) died, or a node was lost: the
-        actors it owned are dead to this process, and it can no longer report their deaths.
-
-        The socket to its reply inbox (made to answer its asks) is closed too: libzmq would
-        otherwise keep reconnecting to the dead path for as long as this process lives.
-        """
-        why = reason or f"its owner {name!r} died"
-        orphans = [ref for ref in self._watched.values() if ref.owner == node_address]
-        for orphan in orphans:
-            self.mark_dead(Down(ref=orphan, cause=cause, reason=why))
-        self.outbox.forget(node_address)
+            reason = down.reason
+            for corr, pending in list(self._pending.items()):
+                if pending.target == address and not pending.future.done():
+                    del self._pending[corr]
+                    if pending.timer is not None:
+                        pending.timer.cancel()
+                    pending.future.set_exception(
+                        ActorDeadError(f"actor {down.ref.name!r} died: {reason}", reason=reason)
+                    )
+        self.outbox.forget(address)
 
     def notify(self, address: str, kind: Kind, body: bytes, corr: int = 0) -> None:
         """Best-effort control frame from a loop callback (never blocks)."""
@@ -760,10 +653,6 @@ class Node:
             self._sends.warning(
                 "%s: could not send %s to %s: %s", self.name, kind.name, address, err
             )
-
-    def is_dead(self, address: str) -> bool:
-        """Whether the actor at ``address`` is known to be dead."""
-        return address in self._dead
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket and the context; fail what is still pending.
@@ -777,8 +666,7 @@ class Node:
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._beater is not None:
-            self._beater.cancel()
+        self.heartbeat.close()
         if self._loop is not None:
             self._loop.remove_reader(self._reply_fd)
         for pending in self._pending.values():
@@ -789,10 +677,7 @@ class Node:
                 # Whoever awaits it still gets the error; nobody awaiting is no news.
                 pending.future.exception()
         self._pending.clear()
-        # Owners forget this node, so an actor watched by many short-lived processes does
-        # not keep (and one day notify) every one of them.
-        for ref in self._watched.values():
-            self.notify(ref.owner, Kind.UNWATCH, _encode(WatchBody(ref, self.reply_address)))
+        self.deaths.unwatch_all()
         self.reply_sock.close(0)
         self._close_context(linger_ms)
         _context.leave(self, self._token)
