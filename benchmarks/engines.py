@@ -28,7 +28,8 @@ The load, the same for every front end: ``--concurrency`` closed-loop clients on
 connections (`actors.http._load`, in this process) streaming ``/v1/completions`` with
 ``stream_options.include_usage`` and ``ignore_eos`` (both servers honour it: every request
 generates ``--max-tokens`` tokens, which ``output_tokens`` shows), the same prompts, a
-warm-up, then ``--duration`` seconds timed.
+warm-up of `WARMUP` seconds (less when ``--duration`` is shorter), then ``--duration``
+seconds timed.
 
 **Measured**: requests/s, output tokens/s, TTFT, ITL (the gaps between text chunks as the
 client reads them: chunks a server's writes coalesce on the socket arrive together, a gap
@@ -240,6 +241,11 @@ class Measured:
     units: str
 
 
+#: Seconds of load before the timed part: a fresh vLLM engine answers its first batches
+#: slowly for about 2 s (requests sent then waited 0.5 s and more for their first token).
+WARMUP = 3.0
+
+
 def measure(
     front: FrontEnd,
     concurrency: int,
@@ -250,7 +256,7 @@ def measure(
 ) -> Measured:
     """Warm ``front`` up, then load it for ``duration`` s, reading its CPU around that."""
     progress("warm-up")
-    anyio.run(run_load, _spec(front.url, concurrency, min(duration, 1.5), max_tokens, model))
+    anyio.run(run_load, _spec(front.url, concurrency, min(duration, WARMUP), max_tokens, model))
     progress(f"{duration:g} s of load")
     before = front.snapshot()
     threads_before = engine_threads(before)
