@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -350,8 +351,15 @@ class SuiteProcess:
         return self.results
 
     def end(self) -> None:
+        """Stop a run the module's tests did not wait for (a run of some of them): Ctrl-C
+        first, so that the suite's clean-up removes its processes and directories, then
+        SIGKILL if it does not end."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self.proc.communicate()
 
 
