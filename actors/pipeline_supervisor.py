@@ -273,7 +273,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         self.config = config
         self.client = client
         self.channels = channels
-        #: Whether the live scheduler's engine takes requests (`EngineState`).
+        #: Whether the live scheduler's engine takes requests (`EngineState`); false from
+        #: a scheduler's death until its successor says otherwise.
         self.engine_ready = False
         #: Schedulers in a row that died before their engine was ever ready.
         self.failed_engine_starts = 0
@@ -341,7 +342,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
             scheduler=self.child(Member.SCHEDULER.value),
             detokenizers=[self.child(n) for n in self.detokenizer_ids],
             router=self.child(Member.ROUTER.value),
-            engine_ready=self.engine_ready and self.child(Member.SCHEDULER.value) is not None,
+            engine_ready=self.engine_ready,
         )
 
     def routers(self) -> list[ActorRef[Any]]:

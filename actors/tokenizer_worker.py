@@ -251,7 +251,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             list(msg.detokenizers),
             msg.router,
         )
-        self.engine_ready = msg.scheduler is not None and msg.engine_ready
+        self.engine_ready = msg.engine_ready
         if old is not None and msg.scheduler != old:
             await self._lose(
                 lambda r: r.scheduler == old, Member.SCHEDULER, "the scheduler died with it"

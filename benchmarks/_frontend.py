@@ -358,17 +358,20 @@ def llamacpp_engine_args(model: str, n_parallel: int, context: int, threads: int
 def open_tokenyard(
     workers: int,
     engine_args: Sequence[str],
-    also: Sequence[int] = (),
-    scheduler: str = ENGINE,
+    engine: Watched | None = None,
+    ready_timeout: float = 30.0,
 ) -> Iterator[FrontEnd]:
-    """``python -m actors serve --workers N`` with ``engine_args``; ``also``: more process
-    trees to read (an engine of its own, attached), all of them the engine; ``scheduler``:
-    the part the scheduler process plays (`tokenyard_part`)."""
+    """``python -m actors serve --workers N`` with ``engine_args``, once its ``/health``
+    says 200 (its engine generates). ``engine``: an engine process of its own, outside
+    the server (vLLM, attached): its tree is read as the engine, the scheduler as its
+    client (`SCHEDULER`), and the wait for health gives up when it ends."""
     what = f"python -m actors serve --workers {workers}"
+    scheduler = ENGINE if engine is None else SCHEDULER
+    also = () if engine is None else (engine.proc.pid,)
     with running(tokenyard_serve_command(workers, engine_args), what) as proc:
         # "serving http://127.0.0.1:PORT with ...", once every worker serves.
         url = read_line(proc, "serving ", START_TIMEOUT, what).split()[1]
-        wait_healthy(url)
+        wait_healthy(url, ready_timeout, watch=() if engine is None else (engine,))
 
         def snapshot() -> Snapshot:
             snap = process_snapshot(

@@ -24,14 +24,11 @@ tree the engine.
 from __future__ import annotations
 
 import contextlib
-import http.client
-import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,17 +37,15 @@ from actors._vllm_engine import engine_command
 from ._frontend import (
     API_SERVER,
     ENGINE,
-    SCHEDULER,
     FrontEnd,
     Snapshot,
     Watched,
-    check_running,
     open_tokenyard,
     process_snapshot,
     running,
     wait_healthy,
 )
-from ._proc import BenchmarkError, _env
+from ._proc import _env
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -128,38 +123,6 @@ def vllm_part(title: str) -> str:
     return ENGINE if "EngineCore" in title or "Worker" in title else API_SERVER
 
 
-def wait_generates(url: str, timeout: float, watch: Sequence[Watched] = ()) -> None:
-    """Poll a one-token completion until one is answered: the engine is attached and ready
-    (tokenyard's server answers before its engine dials in; requests wait meanwhile).
-
-    Raises:
-        BenchmarkError: None was within ``timeout`` seconds, or a process of ``watch``
-            ended first.
-    """
-    host, _, port = url.removeprefix("http://").rpartition(":")
-    body = json.dumps({"prompt": "ready?", "max_tokens": 1, "model": MODEL_NAME})
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        check_running(watch)
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        try:
-            connection.request(
-                "POST", "/v1/completions", body, {"content-type": "application/json"}
-            )
-            response = connection.getresponse()
-            response.read()
-            if response.status == 200:
-                return
-            last = f"status {response.status}"
-        except OSError as err:
-            last = str(err)
-        finally:
-            connection.close()
-        time.sleep(0.5)  # sync-ok: the interval between two polls of the readiness request
-    raise BenchmarkError(f"{url} generated nothing within {timeout:g} s ({last})")
-
-
 @contextlib.contextmanager
 def open_vllm_serve(
     python: Path, model: Path, api_servers: int, max_num_seqs: int
@@ -230,11 +193,10 @@ def open_tokenyard_vllm(
         log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tokenyard-vllm-")))
         log /= "engine.log"
         engine = stack.enter_context(running(engine_cmd, what, engine_env(), log))
-        front = stack.enter_context(
-            open_tokenyard(workers, serve_args, also=[engine.pid], scheduler=SCHEDULER)
+        # /health answers 200 once the engine has dialed in and is ready.
+        yield stack.enter_context(
+            open_tokenyard(workers, serve_args, Watched(engine, what, log), ENGINE_START_TIMEOUT)
         )
-        wait_generates(front.url, ENGINE_START_TIMEOUT, watch=[Watched(engine, what, log)])
-        yield front
 
 
 def default_python(given: str | None) -> Path:

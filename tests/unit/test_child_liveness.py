@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 
 def sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A process that stays alive until the test kills it (its sleep is its whole life,
+    not a wait of the test's)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # sync-ok
 
 
 class TestAlive:
