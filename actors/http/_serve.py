@@ -439,9 +439,8 @@ def _config(args: argparse.Namespace) -> ServeConfig:
 
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline's engine, from ``--engine`` and its options (already checked)."""
-    tries = {"engine_start_tries": args.engine_start_tries}
     if args.engine == "stand-in":
-        return {"step_time": args.step_time, **tries}
+        return {"step_time": args.step_time}
     if args.engine == "vllm":
         vllm = Vllm(
             handshake=args.engine_handshake,
@@ -449,14 +448,14 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             args=tuple(args.vllm_args),
             python=args.vllm_python,
         )
-        return {"engine": vllm, "context_length": _max_model_len(args.vllm_args), **tries}
+        return {"engine": vllm, "context_length": _max_model_len(args.vllm_args)}
     spec = LlamaCpp(
         model=args.model,
         n_parallel=args.n_parallel,
         context_length=args.engine_context,
         threads=args.engine_threads,
     )
-    return {"engine": spec, "context_length": spec.context_length, **tries}
+    return {"engine": spec, "context_length": spec.context_length}
 
 
 def _max_model_len(vllm_args: list[str]) -> int | None:
@@ -550,6 +549,7 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                 detokenizers=args.detokenizers,
                 config=config,
                 model=args.served_model_name,
+                engine_start_tries=args.engine_start_tries,
                 **_engine_options(args),
             ) as server:
                 started = True
