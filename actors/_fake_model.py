@@ -186,6 +186,11 @@ class FakeModel:
         """The spec's step time."""
         return self._spec.step_time
 
+    @property
+    def context_length(self) -> None:
+        """No bound: it generates from any prompt."""
+        return None
+
     def admit(self, key: Hashable, prompt_ids: list[int], sampling: SamplingParams) -> int:
         """Seed the request's draws; returns the prompt's cached prefix."""
         seed = sampling.seed if sampling.temperature > 0 else None

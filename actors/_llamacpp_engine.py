@@ -95,6 +95,11 @@ class LlamaCppModel:
         """No pause: each step is whatever came since the last."""
         return 0.0
 
+    @property
+    def context_length(self) -> int:
+        """Each slot's share of the KV cache."""
+        return self._server.context_length
+
     def admit(self, key: Hashable, prompt_ids: list[int], sampling: SamplingParams) -> int:
         """Start generating in a slot of its own."""
         from ._llamacpp import Sampling

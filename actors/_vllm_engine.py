@@ -1,10 +1,15 @@
 """`VllmModel`: vLLM's engine core as the scheduler's `actors.engines.Generator`.
 
-The scheduler's process is the engine's one client (`actors._vllm_protocol` has the
+The scheduler's process is the engine's client 0 (`actors._vllm_protocol` has the
 protocol): it binds the handshake, input and output sockets, and one task of its event loop
 does all the socket work. ``admit`` and ``cancel`` only queue frames for that task, and
 what the engine sends lands in per-request buffers that ``take`` empties, as llama.cpp's
 threads fill theirs (`actors._llamacpp_engine`).
+
+With `actors.engines.Vllm.direct` the tokenizer workers are the engine's clients 1 and up
+(`actors._vllm_client`): the handshake names their addresses after the scheduler's, and
+the scheduler's own client carries no request, only the heartbeat; it still launches the
+engine, and the engine's loss is still the scheduler's death.
 
 - **Until the engine is ready** its capacity is 0: the scheduler admits nothing, and its
   queue holds what arrives. Once the engine's `ReadyResponse` came, the capacity is its
@@ -67,9 +72,12 @@ if TYPE_CHECKING:
     from .messages import SamplingParams
 
 __all__ = (
+    "ENGINE_IDENTITY",
     "EngineLostError",
     "VllmModel",
+    "bounded_socket",
     "engine_command",
+    "engine_request",
     "open_vllm",
     "process_tree",
     "shared_memory_of",
@@ -99,6 +107,45 @@ _ENCODER = msgspec.msgpack.Encoder()
 _HANDSHAKE = msgspec.msgpack.Decoder(proto.Handshake)
 _READY = msgspec.msgpack.Decoder(proto.ReadyResponse)
 _OUTPUTS = msgspec.msgpack.Decoder(proto.EngineCoreOutputs)
+
+
+#: The identity of engine 0 on its input sockets (its index, two bytes little-endian).
+ENGINE_IDENTITY = (0).to_bytes(2, "little")
+
+
+def bounded_socket(ctx: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+    """A socket to or from the engine that holds at most ``_HWM`` frames each way, none
+    over ``_MAX_FRAME`` bytes, and drops what it holds when closed."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, _HWM)
+    sock.setsockopt(zmq.RCVHWM, _HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+    return sock
+
+
+def engine_request(
+    rid: str, prompt_ids: list[int], sampling: SamplingParams, eos: int | None, client: int = 0
+) -> proto.EngineCoreRequest:
+    """A request as vLLM's own front end sends it: the sampling parameters with the
+    tokenizer's eos filled in, each output holding only the new ids (DELTA), the output
+    going to client ``client``'s socket."""
+    stop_ids = list(sampling.stop_token_ids)
+    return proto.EngineCoreRequest(
+        request_id=rid,
+        prompt_token_ids=prompt_ids,
+        sampling_params=proto.EngineSampling(
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            seed=sampling.seed if sampling.temperature > 0 else None,
+            stop_token_ids=stop_ids,
+            ignore_eos=sampling.ignore_eos,
+            eos_token_id=None if sampling.ignore_eos else eos,
+            all_stop_token_ids=sorted({*stop_ids, *(() if eos is None else (eos,))}),
+        ),
+        arrival_time=time.time(),
+        client_index=client,
+    )
 
 
 class EngineLostError(TokenyardError, RuntimeError):
@@ -231,12 +278,7 @@ class VllmModel:
         self.dropped_outputs = 0
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, _HWM)
-        sock.setsockopt(zmq.RCVHWM, _HWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
-        return sock
+        return bounded_socket(self._ctx, kind)
 
     # -- the Generator ------------------------------------------------------------------------
 
@@ -261,6 +303,11 @@ class VllmModel:
         """No pause: each step is whatever came since the last."""
         return 0.0
 
+    @property
+    def context_length(self) -> int | None:
+        """The engine's ``max_model_len``, once it is ready."""
+        return None if self.ready_response is None else self.ready_response.max_model_len
+
     def admit(self, key: Hashable, prompt_ids: list[int], sampling: SamplingParams) -> int:
         """Send the request to the engine (as an ADD frame, by the socket task)."""
         self._check()
@@ -283,24 +330,7 @@ class VllmModel:
         self._next_rid += 1
         self._rids[key] = rid
         self._keys[rid] = key
-        stop_ids = list(sampling.stop_token_ids)
-        eos = None if sampling.ignore_eos else self._eos
-        request = proto.EngineCoreRequest(
-            request_id=rid,
-            prompt_token_ids=prompt_ids,
-            sampling_params=proto.EngineSampling(
-                max_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                seed=sampling.seed if sampling.temperature > 0 else None,
-                stop_token_ids=stop_ids,
-                ignore_eos=sampling.ignore_eos,
-                eos_token_id=eos,
-                all_stop_token_ids=sorted(
-                    {*stop_ids, *(() if self._eos is None else (self._eos,))}
-                ),
-            ),
-            arrival_time=time.time(),
-        )
+        request = engine_request(rid, prompt_ids, sampling, self._eos)
         self._send([proto.ADD, _ENCODER.encode(request)])
         return 0
 
@@ -431,9 +461,23 @@ class VllmModel:
         """Take the first engine that says HELLO through the handshake: it is ready when
         its ready response and READY came, within ``start_timeout`` of its HELLO."""
         identity = await self._hello()
+        clients = self._spec.clients
+        if clients and identity != ENGINE_IDENTITY:
+            raise _Lost(
+                f"its identity is {identity!r}, not {ENGINE_IDENTITY!r}: the workers that are "
+                "its clients (Vllm.direct) reach engine 0 only (no data parallelism)"
+            )
         self._identity = identity
+        if clients:
+            logger.warning(
+                "the workers are the engine's clients at %s",
+                ", ".join(f"{c.input} and {c.output}" for c in clients),
+            )
         metadata = proto.HandshakeMetadata(
-            addresses=proto.EngineAddresses(inputs=[inputs], outputs=[outputs])
+            addresses=proto.EngineAddresses(
+                inputs=[inputs, *(c.input for c in clients)],
+                outputs=[outputs, *(c.output for c in clients)],
+            )
         )
         await self._handshake.send_multipart([identity, _ENCODER.encode(metadata)])
         timeout = self._spec.start_timeout

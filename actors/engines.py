@@ -12,13 +12,19 @@ delivers every step. What generates the ids is a `Generator`, opened from an eng
   pipeline tokenizer's (the ``llamacpp`` extra; `actors._llamacpp_engine`).
 - `Vllm`: vLLM's engine core in processes of its own, driven over its ZeroMQ protocol with
   tokenyard's own structs (`actors._vllm_engine`, `actors._vllm_protocol`): attached to an
-  engine started elsewhere, or launched by the scheduler.
+  engine started elsewhere, or launched by the scheduler. By default the tokenizer workers
+  are the engine's clients themselves (`Vllm.direct`, `actors._vllm_client`): their
+  requests and outputs pass no other process, and the engine's own scheduler queues them.
 
 A spec is a msgspec struct: it travels to the scheduler's process as a spawn argument.
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
+import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
@@ -29,12 +35,14 @@ if TYPE_CHECKING:
     from .messages import SamplingParams
 
 __all__ = (
+    "EngineClient",
     "EngineSpec",
     "Generator",
     "LlamaCpp",
     "Produced",
     "StandIn",
     "Vllm",
+    "free_port_block",
     "open_generator",
 )
 
@@ -86,8 +94,36 @@ class LlamaCpp(msgspec.Struct, frozen=True, kw_only=True, tag="llamacpp"):
                 raise ValueError(f"LlamaCpp.{name}={getattr(self, name)}: it must be at least 1")
 
 
+class EngineClient(msgspec.Struct, frozen=True):
+    """Where one tokenizer worker talks to vLLM's engine itself (`Vllm.direct`).
+
+    The worker binds both addresses for the pipeline's whole life (a restarted worker binds
+    them again) and the engine connects to them: the scheduler's handshake lists them after
+    its own, so the worker is the engine's client number ``index``.
+
+    Attributes:
+        index: The engine's ``client_index`` of the worker's requests (1 and up: 0 is the
+            scheduler's).
+        input: The worker's ROUTER, where it sends requests.
+        output: The worker's PULL, where the engine pushes their outputs.
+    """
+
+    index: int
+    input: str
+    output: str
+
+
 class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
-    """vLLM's engine core, in processes of its own, the scheduler its one client.
+    """vLLM's engine core, in processes of its own.
+
+    **Who its clients are** (``direct``): by default each tokenizer worker is a client of
+    its own, as each of vLLM's API servers is: a worker sends its requests to the engine and
+    takes their outputs straight from it, and detokenizes them itself, with no hop through
+    another process. The scheduler stays the engine's keeper: it makes the handshake (naming
+    every worker's addresses), launches and restarts the engine and watches that it lives,
+    and its own client serves nothing else. The engine's own scheduler queues and admits
+    the requests. With ``direct=False`` the scheduler is the engine's one client and every
+    request goes through it, its queue and its bounds, and through a detokenizer.
 
     Give exactly one of ``handshake`` (attach) and ``model`` (launch):
 
@@ -114,6 +150,13 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
         heartbeat: Seconds of silence after which the engine is asked whether it lives.
         silence_timeout: Seconds without a word from the engine (outputs, or the answer to
             a heartbeat) after which it is taken as lost.
+        direct: Each tokenizer worker a client of the engine (above).
+        client_port: Attach, direct: the first of the ports the workers bind on the
+            handshake's host, two each, in worker order (0: a block of ports free when
+            the pipeline starts, below the system's ephemeral range, so that no outgoing
+            connection takes one while its worker restarts). Launched, the engine is on
+            this host: the workers bind abstract Unix sockets.
+        clients: Filled by the pipeline, not by hand: each direct worker's addresses.
     """
 
     handshake: str | None = None
@@ -125,6 +168,9 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
     start_timeout: float = 600.0
     heartbeat: float = 5.0
     silence_timeout: float = 60.0
+    direct: bool = True
+    client_port: int = 0
+    clients: tuple[EngineClient, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.handshake is None) == (self.model is None):
@@ -146,6 +192,70 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
                 f"Vllm.silence_timeout={self.silence_timeout} must exceed "
                 f"heartbeat={self.heartbeat}: the engine is asked before it is given up"
             )
+        if not 0 <= self.client_port < 65536:
+            raise ValueError(f"Vllm.client_port={self.client_port}: give a TCP port, or 0")
+
+    def with_clients(self, workers: int, name: str) -> Vllm:
+        """This spec with ``workers`` direct clients' addresses filled in (itself when not
+        ``direct``).
+
+        Attached, worker ``k`` binds ``client_port + 2k`` (input) and the port after it
+        (output) on the handshake's host (``client_port`` 0: `free_port_block` picks them
+        now); launched, the abstract Unix sockets ``@<name>-<k>-in`` and ``-out``
+        (``name``: unique to the pipeline, which must run on the engine's host network).
+
+        Raises:
+            OSError: ``client_port`` is 0 and no block of free ports was found.
+        """
+        if not self.direct:
+            return self
+        if self.handshake is not None:
+            host = self.handshake.removeprefix("tcp://").rsplit(":", 1)[0]
+            first = self.client_port or free_port_block(host, 2 * workers)
+            if first + 2 * workers > 65536:
+                raise ValueError(
+                    f"Vllm: {workers} workers need ports {first} to {first + 2 * workers - 1}; "
+                    "give a lower client_port"
+                )
+            ports = [(first + 2 * k, first + 2 * k + 1) for k in range(workers)]
+            clients = [
+                EngineClient(k + 1, f"tcp://{host}:{i}", f"tcp://{host}:{o}")
+                for k, (i, o) in enumerate(ports)
+            ]
+        else:
+            clients = [
+                EngineClient(k + 1, f"ipc://@{name}-{k}-in", f"ipc://@{name}-{k}-out")
+                for k in range(workers)
+            ]
+        return msgspec.structs.replace(self, clients=tuple(clients))
+
+
+def free_port_block(host: str, count: int, *, tries: int = 200) -> int:
+    """The first of ``count`` consecutive TCP ports free on ``host`` now, below the
+    system's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), where no
+    outgoing connection is given one, and above 10,000, where services tend not to listen.
+
+    Raises:
+        OSError: ``tries`` random blocks were not all free.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    floor = 10_000 if low - count > 10_000 else 1024
+    pick = random.SystemRandom()
+    for _ in range(tries):
+        first = pick.randrange(floor, max(low - count, floor + 1))
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind((host, port))
+            except OSError:
+                continue
+        return first
+    raise OSError(f"no {count} consecutive free ports on {host} in {tries} tries; give some")
 
 
 EngineSpec = StandIn | LlamaCpp | Vllm
@@ -193,6 +303,12 @@ class Generator(Protocol[K]):
     @property
     def pace(self) -> float:
         """Seconds the scheduler waits after each step (the stand-in's step time)."""
+        ...
+
+    @property
+    def context_length(self) -> int | None:
+        """Most prompt plus generated ids of one request, when the engine bounds them
+        (``None``: it does not, or it does not know yet)."""
         ...
 
     def admit(self, key: K, prompt_ids: list[int], sampling: SamplingParams) -> int:

@@ -503,10 +503,13 @@ class EngineState(Message):
     Attributes:
         scheduler: The scheduler it is about (a late word of a dead one is ignored).
         ready: Whether the engine takes requests now.
+        context_length: The engine's bound on prompt plus generated ids of one request
+            (0: none known).
     """
 
     scheduler: ActorRef[SchedulerMessage]
     ready: bool
+    context_length: int = 0
 
 
 class Topology(Message):
@@ -519,12 +522,16 @@ class Topology(Message):
         router: The router.
         engine_ready: Whether the scheduler's engine takes requests now (``False`` too
             while no scheduler is up): what a worker's ``/health`` answers.
+        engine_context_length: The engine's bound on prompt plus generated ids of one
+            request (0: none known): a worker that is the engine's client itself refuses a
+            prompt that leaves no room.
     """
 
     scheduler: ActorRef[SchedulerMessage] | None
     detokenizers: list[ActorRef[DetokenizerMessage] | None]
     router: ActorRef[RouterMessage] | None
     engine_ready: bool = False
+    engine_context_length: int = 0
 
 
 class CheckLoad(Message):
@@ -613,6 +620,8 @@ class SchedulerStatistics(Message, tag="SchedulerStats"):
         generated_tokens: Token ids generated, over all requests.
         engine_ready: Whether the engine takes requests now (one that has not connected
             yet does not).
+        engine_context_length: The engine's bound on prompt plus generated ids of one
+            request (0: none known).
     """
 
     received: int = 0
@@ -626,6 +635,7 @@ class SchedulerStatistics(Message, tag="SchedulerStats"):
     waiting: int = 0
     generated_tokens: int = 0
     engine_ready: bool = True
+    engine_context_length: int = 0
 
 
 class GetSchedulerStatistics(Request[SchedulerStatistics], tag="GetSchedulerStats"):
@@ -652,6 +662,9 @@ class WorkerStatistics(Message, tag="WorkerStats"):
         control_pending: Control requests (load, flush) waiting for their reply right now.
         cut: Requests a drain ended at its deadline (an HTTP worker's; counted in
             ``failed`` too).
+        engine_strays: Requests that vLLM's engine ran for this worker without its
+            knowing them (an earlier incarnation's, whose outputs reached this one), aborted
+            there (a worker that is the engine's client itself).
     """
 
     origin: Origin
@@ -662,6 +675,7 @@ class WorkerStatistics(Message, tag="WorkerStats"):
     requests: int = 0
     control_pending: int = 0
     cut: int = 0
+    engine_strays: int = 0
 
 
 class GetWorkerStatistics(Request[WorkerStatistics], tag="GetWorkerStats"):

@@ -4,6 +4,8 @@ restarts the dead, kills the stuck, and makes sure no request waits on a dead me
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -22,7 +24,7 @@ from runtime import (
 from . import _metrics
 from ._tokenizer import model_id_of
 from .detokenizer import Detokenizer
-from .engines import EngineSpec, StandIn
+from .engines import EngineSpec, StandIn, Vllm
 from .messages import (
     Abort,
     AbortAll,
@@ -188,6 +190,13 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")
+        engine = self.engine
+        if isinstance(engine, Vllm) and engine.direct and engine.model and self.worker_nodes:
+            raise ValueError(
+                "worker_nodes with a launched vLLM engine whose clients are the workers "
+                "(Vllm.direct): the workers reach it on this host only; attach the engine "
+                "(Vllm(handshake=...)), or give Vllm(direct=False)"
+            )
         self.generator  # noqa: B018 - a stand-in's settings are checked here, not at its start
         if self.engine is not None and self.step_time:
             raise ValueError(
@@ -273,9 +282,16 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         self.config = config
         self.client = client
         self.channels = channels
+        #: The scheduler's engine; a vLLM engine's direct clients' addresses filled in.
+        self.engine = config.generator
+        if isinstance(self.engine, Vllm):
+            name = f"tokenyard-{os.getpid()}-{uuid.uuid4().hex[:12]}-vllm"
+            self.engine = self.engine.with_clients(config.workers, name)
         #: Whether the live scheduler's engine takes requests (`EngineState`); false from
         #: a scheduler's death until its successor says otherwise.
         self.engine_ready = False
+        #: Its engine's bound on prompt plus generated ids (0: none known).
+        self.engine_context_length = 0
         #: Schedulers in a row that died before their engine was ever ready.
         self.failed_engine_starts = 0
         self.collector = collector
@@ -313,7 +329,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
             kwargs = {
                 "detokenizers": [self.child(n) for n in self.detokenizer_ids],
                 "router": self.child(Member.ROUTER.value),
-                "engine": cfg.generator,
+                "engine": self.engine,
                 "tokenizer": cfg.tokenizer,
                 "max_batch_size": cfg.max_batch_size,
                 "model_name": cfg.model_name,
@@ -329,6 +345,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
                 "limits": cfg.limits,
                 "model_name": cfg.model_name,
             }
+            if isinstance(self.engine, Vllm) and self.engine.clients:
+                kwargs["engine_client"] = self.engine.clients[k]
             if self.channels is not None:
                 fd = self.channels.open(k)
                 kwargs["http"] = self.channels.settings(fd)
@@ -343,6 +361,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
             detokenizers=[self.child(n) for n in self.detokenizer_ids],
             router=self.child(Member.ROUTER.value),
             engine_ready=self.engine_ready,
+            engine_context_length=self.engine_context_length if self.engine_ready else 0,
         )
 
     def routers(self) -> list[ActorRef[Any]]:
@@ -355,7 +374,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
             await self._tell(ref, self.topology())
             return
         if name == Member.SCHEDULER.value:
-            self.engine_ready = await self._engine_ready(ref)
+            self.engine_ready, self.engine_context_length = await self._engine_ready(ref)
             if self.engine_ready:
                 self.failed_engine_starts = 0
         if name != Member.SCHEDULER.value:
@@ -434,15 +453,16 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
 
     # -- the engine's readiness ------------------------------------------------------------
 
-    async def _engine_ready(self, scheduler: ActorRef[Any]) -> bool:
+    async def _engine_ready(self, scheduler: ActorRef[Any]) -> tuple[bool, int]:
         """Whether a scheduler that just started has its engine ready (one that has not
-        connected yet has not: it tells `EngineState` when that changes)."""
+        connected yet has not: it tells `EngineState` when that changes), and the engine's
+        context length."""
         try:
             stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10)
         except TokenyardError as err:
             logger.warning("the scheduler did not say whether its engine is ready: %s", err)
-            return False
-        return stats.engine_ready
+            return False, 0
+        return stats.engine_ready, stats.engine_context_length
 
     @handler
     async def engine_state(self, msg: EngineState) -> None:
@@ -450,7 +470,7 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         told (a worker's ``/health`` answers it)."""
         if msg.scheduler != self.child(Member.SCHEDULER.value) or msg.ready == self.engine_ready:
             return  # a word of a scheduler that is gone, or nothing new
-        self.engine_ready = msg.ready
+        self.engine_ready, self.engine_context_length = msg.ready, msg.context_length
         if msg.ready:
             self.failed_engine_starts = 0
         await self._broadcast(self.topology())

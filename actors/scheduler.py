@@ -306,6 +306,11 @@ class Scheduler(Actor[SchedulerMessage]):
         """Whether the engine takes requests now (its capacity is not 0)."""
         return self._generator is not None and self._generator.capacity != 0
 
+    @property
+    def engine_context_length(self) -> int:
+        """The engine's bound on prompt plus generated ids (0: none, or not known yet)."""
+        return (self._generator.context_length if self._generator is not None else None) or 0
+
     async def _tell_engine_state(self) -> None:
         """Tell the supervisor when the engine's readiness changed since it was last told
         (it asks for the state at the start: `SchedulerStatistics.engine_ready`)."""
@@ -316,7 +321,13 @@ class Scheduler(Actor[SchedulerMessage]):
         logger.info("scheduler: the engine is %s", "ready" if ready else "not ready")
         if self._supervisor is not None:
             with contextlib.suppress(TokenyardError):  # a dead supervisor: ours dies too
-                await self._supervisor.tell(EngineState(scheduler=self.ref, ready=ready))
+                await self._supervisor.tell(
+                    EngineState(
+                        scheduler=self.ref,
+                        ready=ready,
+                        context_length=self.engine_context_length,
+                    )
+                )
 
     # -- handlers -------------------------------------------------------------------------
 
@@ -424,6 +435,7 @@ class Scheduler(Actor[SchedulerMessage]):
             waiting=len(self._waiting),
             generated_tokens=self._generated,
             engine_ready=self.engine_ready,
+            engine_context_length=self.engine_context_length,
         )
 
     # -- requests -------------------------------------------------------------------------

@@ -19,6 +19,12 @@ detokenizer, once a `Topology` says it is gone.
 A prompt is bounded before it costs anything: its bytes before tokenizing, its tokens after,
 and ``max_new_tokens`` against an upper bound; a request past one is refused with an error
 naming the limit.
+
+**A client of vLLM's engine itself** (``engine_client``: `actors.engines.Vllm.direct`), the
+worker sends each tokenized request to the engine, takes its outputs from the engine and
+detokenizes them (stop strings too) in this process: no scheduler and no detokenizer on the
+way. The scheduler still owns the engine: its death is the engine's loss (the same
+`Topology` fails the requests it cost), and a request waits while the engine is not ready.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -45,7 +51,10 @@ from runtime import (
 )
 
 from . import _metrics, _tracing
-from ._tokenizer import load_tokenizer, model_id_of
+from ._detokenize import IncrementalDetokenizer
+from ._tokenizer import eos_token_id, load_tokenizer, model_id_of
+from ._vllm_protocol import FinishReason, finish_reason_text
+from .engines import EngineClient  # noqa: TC001 -- a spawn argument's type (run time)
 from .messages import (
     Abort,
     AbortNotice,
@@ -74,6 +83,10 @@ from .messages import (
     WorkerMessage,
     WorkerStatistics,
 )
+
+if TYPE_CHECKING:
+    from ._vllm_client import VllmClient
+    from ._vllm_protocol import EngineCoreOutput
 
 logger = logging.getLogger("tokenyard.worker")
 #: Most control requests (load, flush) a worker keeps waiting for their answer; past it the
@@ -106,6 +119,10 @@ class _Request:
     span: _tracing.Span | None = None
     #: The trace context its tell to the scheduler carries (empty: untraced).
     trace: tuple[str, ...] = ()
+    #: Sent to vLLM's engine directly: its id there, its text so far, its ids so far.
+    engine_rid: str | None = None
+    detokenizer_state: IncrementalDetokenizer | None = None
+    completion_tokens: int = 0
 
     def end_span(self, reason: str, completion_tokens: int = 0) -> None:
         if self.span is not None:
@@ -178,6 +195,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
             supervisor restarts it).
         limits: What one request may ask for.
         model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
+        engine_client: Its own addresses as a client of vLLM's engine (``None``: its
+            requests go through the scheduler).
     """
 
     def __init__(
@@ -188,6 +207,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         register_timeout: float = 10.0,
         limits: RequestLimits | None = None,
         model_name: str | None = None,
+        engine_client: EngineClient | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.supervisor = supervisor
@@ -199,6 +219,15 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.scheduler: ActorRef[SchedulerMessage] | None = None
         #: Whether the scheduler's engine takes requests, as the latest `Topology` says.
         self.engine_ready = False
+        #: The engine's bound on prompt plus generated ids (0: none known).
+        self.engine_context_length = 0
+        self._engine_client = engine_client
+        #: The connection to vLLM's engine, when this worker is its client.
+        self.direct: VllmClient | None = None
+        #: This worker's request ids by their ids at the engine (direct requests).
+        self._by_engine_rid: dict[str, str] = {}
+        self._engine_rids = itertools.count()
+        self._vocab_size = 0
         self.detokenizers: list[ActorRef[Any] | None] = []
         self._spread = itertools.count()
         self.router: ActorRef[Any] | None = None
@@ -212,6 +241,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self.finished = 0
         self.failed = 0
         self.released = 0
+        self.engine_strays = 0
         model = model_name or model_id_of(tokenizer)
         self._ttft = _metrics.TIME_TO_FIRST_TOKEN.labels(model)
         self._itl = _metrics.INTER_TOKEN_LATENCY.labels(model)
@@ -224,6 +254,16 @@ class TokenizerWorker(Actor[WorkerMessage]):
     async def on_start(self) -> None:
         self.tokenizer = load_tokenizer(self.tokenizer_path)
         self.origin = Origin(self.worker_id, self.ref.incarnation)
+        if self._engine_client is not None:
+            from ._vllm_client import VllmClient
+
+            self._vocab_size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+            self.direct = VllmClient(
+                self._engine_client,
+                eos=eos_token_id(self.tokenizer),
+                on_outputs=self._engine_outputs,
+            )
+            self.start_soon(self.direct.run)
         self.start_soon(self._register)
 
     async def _register(self) -> None:
@@ -252,7 +292,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
             msg.router,
         )
         self.engine_ready = msg.engine_ready
+        self.engine_context_length = msg.engine_context_length
         if old is not None and msg.scheduler != old:
+            if self.direct is not None:
+                # The engine went with its scheduler: what it held or queued is gone.
+                self.direct.forget()
+                self._by_engine_rid.clear()
             await self._lose(
                 lambda r: r.scheduler == old, Member.SCHEDULER, "the scheduler died with it"
             )
@@ -267,7 +312,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 Member.DETOKENIZER,
                 "the detokenizer died with its output",
             )
-        if msg.scheduler is not None:
+        if msg.scheduler is not None and (self.direct is None or self.engine_ready):
             for request in list(self.requests.values()):
                 if request.tokenized is not None:
                     await self._forward(request)
@@ -397,6 +442,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         scheduler, tokenized = self.scheduler, request.tokenized
         if scheduler is None or tokenized is None:
             return
+        if self.direct is not None:
+            await self._send_to_engine(request, scheduler, tokenized, self.direct)
+            return
         index = self._pick_detokenizer()
         tokenized = msgspec.structs.replace(tokenized, detokenizer=index)
         request.tokenized, request.scheduler = None, scheduler
@@ -418,6 +466,122 @@ class TokenizerWorker(Actor[WorkerMessage]):
                     f"the scheduler did not take the request: {err}",
                 )
 
+    async def _send_to_engine(
+        self,
+        request: _Request,
+        scheduler: ActorRef[SchedulerMessage],
+        tokenized: TokenizedGenerate,
+        direct: VllmClient,
+    ) -> None:
+        """Send a request to vLLM's engine (`engine_client`), or keep it while the engine is
+        not ready; refuse what the engine must not see (it trusts its clients)."""
+        if not self.engine_ready:
+            return
+        rid, ids, sampling = tokenized.rid, tokenized.input_ids, tokenized.sampling
+        refusal = self._engine_refusal(ids)
+        state = None
+        if refusal is None:
+            try:
+                state = IncrementalDetokenizer(
+                    self.tokenizer,
+                    stop=sampling.stop,
+                    no_stop_trim=sampling.no_stop_trim,
+                    skip_special_tokens=sampling.skip_special_tokens,
+                )
+            except ValueError as err:  # an empty stop string
+                refusal = str(err)
+        engine_rid = f"{self.origin.worker}.{self.origin.incarnation}.{next(self._engine_rids):x}"
+        if refusal is None and not direct.add(engine_rid, ids, sampling):
+            refusal = "the engine takes no requests now (it is not connected to this worker)"
+        if refusal is not None:
+            if self.requests.pop(rid, None) is not None:
+                request.end_span("abort")
+                await self._fail(request.reply_to, rid, request.prompt_tokens, refusal)
+            return
+        request.tokenized, request.scheduler = None, scheduler
+        request.engine_rid, request.detokenizer_state = engine_rid, state
+        self._by_engine_rid[engine_rid] = rid
+
+    def _engine_refusal(self, ids: list[int]) -> str | None:
+        """Why the engine must not see a prompt: an id outside the vocabulary (it would
+        index past its embeddings), or no room left in its context."""
+        outside = [i for i in (min(ids), max(ids)) if not 0 <= i < self._vocab_size]
+        if outside:
+            return f"prompt id {outside[0]} is outside the vocabulary (0..{self._vocab_size - 1})"
+        limit = self.engine_context_length
+        if limit and len(ids) >= limit:
+            return (
+                f"the prompt is {len(ids)} tokens: the engine's context holds {limit} "
+                "(prompt and completion), no room is left to generate"
+            )
+        return None
+
+    async def _engine_outputs(self, outputs: list[EngineCoreOutput]) -> None:
+        """One message of vLLM's engine: detokenize each of this worker's requests in it
+        and hand the step to `output`, as a detokenizer would have; abort what this
+        worker does not know (an earlier incarnation's), and stop what a stop string ended."""
+        direct = self.direct
+        assert direct is not None
+        rids: list[str] = []
+        reasons: list[str | None] = []
+        pieces: list[str] = []
+        new_ids: list[list[int]] = []
+        completion: list[int] = []
+        prompt: list[int] = []
+        errors: list[str | None] = []
+        for out in outputs:
+            engine_rid, finish = out.request_id, out.finish_reason
+            rid = self._by_engine_rid.get(engine_rid)
+            request = None if rid is None else self.requests.get(rid)
+            state = None if request is None else request.detokenizer_state
+            if rid is None or request is None or state is None:
+                if finish is None and direct.abort_stray(engine_rid):
+                    self.engine_strays += 1
+                else:
+                    self._by_engine_rid.pop(engine_rid, None)
+                continue
+            ids = out.new_token_ids
+            request.completion_tokens += len(ids)
+            reason = None if finish is None else finish_reason_text(finish)
+            error = None
+            if reason == "abort":
+                error = (
+                    "the engine failed the request (its log says why)"
+                    if finish == FinishReason.ERROR
+                    else "the engine aborted the request"
+                )
+                piece = ""
+            else:
+                piece = state.push(ids, finished=reason is not None)
+                if state.stopped:
+                    if reason is None:
+                        direct.abort(engine_rid)
+                    reason = "stop"
+            if reason is not None:
+                del self._by_engine_rid[engine_rid]
+                direct.ended(engine_rid)
+            rids.append(rid)
+            reasons.append(reason)
+            pieces.append(piece)
+            new_ids.append(ids)
+            completion.append(request.completion_tokens)
+            prompt.append(request.prompt_tokens)
+            errors.append(error)
+        if rids:
+            await self.output(
+                BatchStrOutput(
+                    rids=rids,
+                    origins=[self.origin] * len(rids),
+                    finished_reasons=reasons,
+                    output_strs=pieces,
+                    output_ids=new_ids,
+                    prompt_tokens=prompt,
+                    completion_tokens=completion,
+                    cached_tokens=[0] * len(rids),
+                    errors=errors if any(e is not None for e in errors) else None,
+                )
+            )
+
     @handler
     def abort_request(self, msg: AbortRequest) -> None:
         """A caller let a request go (gave up, or resolved it elsewhere): forget it here and
@@ -430,7 +594,11 @@ class TokenizerWorker(Actor[WorkerMessage]):
             return
         request.end_span("released")
         self.released += 1
-        if self.scheduler is not None and request.scheduler is not None:
+        if request.engine_rid is not None:
+            self._by_engine_rid.pop(request.engine_rid, None)
+            if self.direct is not None:
+                self.direct.abort(request.engine_rid)
+        elif self.scheduler is not None and request.scheduler is not None:
             # Never waits: a full scheduler mailbox loses only the early stop of this
             # request's generation (its output is dropped on arrival either way).
             with contextlib.suppress(TokenyardError):
@@ -608,6 +776,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             released=self.released,
             requests=len(self.requests),
             control_pending=len(self.control),
+            engine_strays=self.engine_strays,
         )
 
     # -- helpers --------------------------------------------------------------------------

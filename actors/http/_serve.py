@@ -263,6 +263,23 @@ def _parser() -> argparse.ArgumentParser:
         "$TOKENYARD_VLLM_PYTHON, else .venv-vllm/bin/python)",
     )
     engine.add_argument(
+        "--vllm-clients",
+        choices=("workers", "scheduler"),
+        default="workers",
+        help="vllm: who is the engine's client: each worker, sending its requests and "
+        "detokenizing their outputs itself (default), or the scheduler alone, every request "
+        "going through it and a detokenizer",
+    )
+    engine.add_argument(
+        "--vllm-client-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="vllm, attached, --vllm-clients workers: the first of the ports the workers bind "
+        "for the engine, two each (default: a block free at the start, below the system's "
+        "ephemeral port range)",
+    )
+    engine.add_argument(
         "--engine-start-tries",
         type=int,
         default=3,
@@ -447,6 +464,8 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             model=args.model,
             args=tuple(args.vllm_args),
             python=args.vllm_python,
+            direct=args.vllm_clients == "workers",
+            client_port=args.vllm_client_port,
         )
         return {"engine": vllm, "context_length": _max_model_len(args.vllm_args)}
     spec = LlamaCpp(
@@ -487,9 +506,9 @@ def _check_vllm(args: argparse.Namespace) -> str | None:
                 "the engine you start"
             )
         try:
-            Vllm(handshake=args.engine_handshake)
+            Vllm(handshake=args.engine_handshake, client_port=args.vllm_client_port)
         except ValueError as err:
-            return f"bad --engine-handshake: {err}"
+            return f"bad --engine-handshake or --vllm-client-port: {err}"
         return None
     path = Path(args.model)
     if not (path / "config.json").is_file():

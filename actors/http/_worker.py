@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from actors.engines import EngineClient  # noqa: TC001 -- a spawn argument's type
+
 # Resolved at run time: the spawn arguments are decoded with __init__'s annotations.
 from actors.messages import (
     Drain,
@@ -80,6 +82,8 @@ class HttpWorker(TokenizerWorker):
         http: How to serve (its channel, limits, model).
         model_name: The ``model_name`` label of its metrics (``None``: from the tokenizer).
         collector: The system's metrics collector, which ``GET /metrics`` asks.
+        engine_client: Its own addresses as a client of vLLM's engine (``None``: its
+            requests go through the scheduler).
 
     Raises:
         ValueError: ``http`` is missing.
@@ -95,8 +99,17 @@ class HttpWorker(TokenizerWorker):
         http: HttpSettings | None = None,
         model_name: str | None = None,
         collector: ActorRef[GetMetrics] | None = None,
+        engine_client: EngineClient | None = None,
     ) -> None:
-        super().__init__(worker_id, supervisor, tokenizer, register_timeout, limits, model_name)
+        super().__init__(
+            worker_id,
+            supervisor,
+            tokenizer,
+            register_timeout,
+            limits,
+            model_name,
+            engine_client=engine_client,
+        )
         self.collector = collector
         if http is None:
             raise ValueError("an HttpWorker needs its http settings (its connection channel)")

@@ -14,9 +14,10 @@ import anyio
 import pytest
 from openai import OpenAI
 
-from actors import Vllm
+from actors import Vllm, WorkerDiedError
 from actors._vllm_engine import engine_command, shared_memory_of
 from actors.http import open_server
+from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, SamplingParams
 from tests.http._server import sse_events
 
 from ._vllm import ARGS, ENV, PYTHON, engine_core_of
@@ -80,7 +81,9 @@ async def server(
         workers=2,
         tokenizer=model_dir,
         port=0,
-        engine=Vllm(handshake=handshake),
+        # The scheduler the engine's one client: its path is tested here (the workers as
+        # clients are, below and by test_launch).
+        engine=Vllm(handshake=handshake, direct=False),
         context_length=4096,
         model="tiny",
     ) as running:
@@ -163,11 +166,16 @@ class TestAttached:
                 for k in range(12):  # max_num_seqs is 8
                     tg.start_soon(one, k)
         assert sorted(results) == [8 + k for k in range(12)]
+        scheduler = await server.pipeline.system.lookup("scheduler")
+        assert (await scheduler.ask(GetSchedulerStatistics(), timeout=10)).received >= 12
 
 
-class TestAKilledEngine:
-    async def test_ends_the_streams_and_a_new_engine_is_taken(self, model_dir: Path) -> None:
-        # A server and an engine of its own: the restarted scheduler must end with the test.
+class TestKills:
+    async def test_a_killed_worker_and_then_a_killed_engine(self, model_dir: Path) -> None:
+        """The workers the engine's clients (`Vllm.direct`): a killed worker's successor
+        binds its sockets again and the engine serves it; a killed engine ends the streams
+        and a new one is taken. A server and an engine of the test's own: the restarted
+        members must end with it."""
         handshake = f"tcp://127.0.0.1:{free_port()}"
         port = int(handshake.rsplit(":", 1)[1])
         with headless_engine(model_dir, port) as engine:
@@ -178,6 +186,7 @@ class TestAKilledEngine:
                 engine=Vllm(handshake=handshake),
                 context_length=4096,
             ) as server:
+                await self.kill_a_worker(server)
                 await self.kill_under_load(server, engine)
                 # The scheduler restarted and waits for an engine's HELLO: an engine started
                 # anew (the killed one's handshake cannot be reused) is taken.
@@ -187,6 +196,42 @@ class TestAKilledEngine:
                             server.url, {"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
                         )
                     assert status == 200, answer
+                    # None went through the scheduler, whose client only watches the engine
+                    # (asked while the engine lives: its end is the scheduler's death).
+                    scheduler = await server.pipeline.system.lookup("scheduler")
+                    stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10)
+                    assert stats.received == 0
+
+    @staticmethod
+    async def kill_a_worker(server: Server) -> None:
+        p = server.pipeline
+        long = p.stream_outputs(
+            PROMPT, SamplingParams(max_new_tokens=4000, temperature=0.0, ignore_eos=True)
+        )
+        killed: list[tuple[int, int]] = []
+
+        async def kill_its_worker() -> None:
+            async with contextlib.aclosing(long):
+                async for out in long:
+                    if not killed:  # the engine runs it: its worker dies, the engine not
+                        killed.append((out.worker, p.kill_worker(out.worker).incarnation))
+
+        with anyio.fail_after(120), pytest.raises(WorkerDiedError):
+            await kill_its_worker()
+        k, incarnation = killed[0]
+        ref = await p.wait_worker(k, after=incarnation, timeout=60)
+        # The engine reconnects to the successor's sockets: the dead worker's request, which
+        # it still runs, reaches the successor, which aborts it there.
+        with anyio.fail_after(60):
+            while (await ref.ask(GetWorkerStatistics(), timeout=10)).engine_strays < 1:
+                pass  # each ask is itself the wait
+        with anyio.fail_after(120):
+            served = [
+                await p.generate(PROMPT, max_new_tokens=8, temperature=0.0, ignore_eos=True)
+                for _ in range(4)
+            ]
+        assert {r.worker for r in served} == {0, 1}  # round robin: the successor served too
+        assert all(r.completion_tokens == 8 for r in served)
 
     @staticmethod
     async def kill_under_load(server: Server, engine: subprocess.Popen[bytes]) -> None:

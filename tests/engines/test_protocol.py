@@ -100,7 +100,11 @@ def free_port() -> int:
 
 
 class FakeEngine:
-    """An engine that replays the recorded frames over real sockets."""
+    """An engine that replays the recorded frames over real sockets.
+
+    It connects to every client the handshake names, as vLLM's engine does: client 0 (the
+    scheduler) through `input` and `output`, every client through `inputs` and `outputs`.
+    """
 
     def __init__(self, handshake: str) -> None:
         self.ctx = zmq.asyncio.Context()
@@ -108,30 +112,44 @@ class FakeEngine:
         self.handshake.setsockopt(zmq.IDENTITY, b"\x00\x00")
         self.handshake.setsockopt(zmq.LINGER, 0)
         self.handshake.connect(handshake)
-        self.input = self.ctx.socket(zmq.DEALER)
-        self.input.setsockopt(zmq.IDENTITY, b"\x00\x00")
-        self.output = self.ctx.socket(zmq.PUSH)
-        for sock in (self.input, self.output):
-            sock.setsockopt(zmq.LINGER, 0)
+        self.inputs: list[zmq.asyncio.Socket] = []
+        self.outputs: list[zmq.asyncio.Socket] = []
+
+    @property
+    def input(self) -> zmq.asyncio.Socket:
+        return self.inputs[0]
+
+    @property
+    def output(self) -> zmq.asyncio.Socket:
+        return self.outputs[0]
 
     async def start(self) -> None:
         await self.handshake.send(frames("hello")[0][0])
         sent = msgspec.msgpack.decode(await self.handshake.recv(), type=proto.HandshakeMetadata)
-        self.input.connect(sent.addresses.inputs[0])
-        self.output.connect(sent.addresses.outputs[0])
-        await self.input.send(frames("ready-response")[0][0])
+        for address in sent.addresses.inputs:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, b"\x00\x00")
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+            await sock.send(frames("ready-response")[0][0])  # on every input, as vLLM does
+            self.inputs.append(sock)
+        for address in sent.addresses.outputs:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+            self.outputs.append(sock)
         await self.handshake.send(frames("ready")[0][0])
 
-    async def request(self) -> tuple[bytes, Any]:
-        kind, body = await self.input.recv_multipart()
+    async def request(self, client: int = 0) -> tuple[bytes, Any]:
+        kind, body = await self.inputs[client].recv_multipart()
         return kind, msgspec.msgpack.decode(body)
 
-    async def push(self, rid: str, name: str) -> None:
+    async def push(self, rid: str, name: str, client: int = 0) -> None:
         for frame in frames(name):
             message = msgspec.msgpack.decode(frame[0])
             for out in message[1]:
                 out[0] = rid
-            await self.output.send(msgspec.msgpack.encode(message))
+            await self.outputs[client].send(msgspec.msgpack.encode(message))
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)

@@ -576,11 +576,14 @@ class TestSummarise:
             figure("tokenyard2.cpu_front_end_us", 300.0),  # 2 workers against 1 process
             figure("vllm_api2.requests_per_s", 50.0, BASELINE),
             figure("tokenyard_vllm2.requests_per_s", 40.0),  # 0.8x: missed
+            figure("tokenyard_vllm_scheduler2.requests_per_s", 60.0),  # for information
         ]
         _, targets = engines.summarise(figs, variants)
         assert ratios_of(figs[2]) == {"llamacpp.cpu_front_end_us": pytest.approx(0.75)}
         assert ratios_of(figs[4]) == {"vllm_api2.requests_per_s": pytest.approx(0.8)}
-        # Targets only at the same number of front-end processes: not tokenyard2's.
+        assert ratios_of(figs[5]) == {"vllm_api2.requests_per_s": pytest.approx(1.2)}
+        # Targets only at the same number of front-end processes (not tokenyard2's), and
+        # not of the scheduler path on vLLM.
         assert {t.figure: t.met for t in targets} == {
             "tokenyard1.cpu_front_end_us": True,
             "tokenyard_vllm2.requests_per_s": False,

@@ -1,0 +1,216 @@
+"""`VllmClient`: one tokenizer worker's own connection to vLLM's engine (`Vllm.direct`).
+
+vLLM's engine takes several clients: its handshake lists one input and one output address
+per client, it connects to all of them, and each request's ``client_index`` names the output
+its results go to (vLLM's own API servers use this, one client each). The scheduler makes
+the handshake (`actors._vllm_engine`) and names each worker's addresses after its own; the
+worker binds them for the pipeline's life, so that a restarted worker binds them again and
+the engine's sockets, which reconnect by themselves, find it.
+
+- **Input**, a ROUTER: requests go out as ``[engine identity, type, body]``. The engine
+  says nothing on it after its ready message, so a restarted worker cannot learn its
+  identity: it is engine 0's (`ENGINE_IDENTITY`; the scheduler refuses another in direct
+  mode). Until the engine has connected (at its start, or again after this worker's
+  restart) a frame is not routable: it waits, and is sent once it is. ``ROUTER_HANDOVER``
+  lets a new engine (after a restart) take the identity over from a connection the old
+  one left half-open.
+- **Output**, a PULL: the engine's outputs for this worker's requests. A frame that does not
+  decode is counted and logged (rate-limited), never raised.
+
+The worker owns its requests; this client only sends, receives and bounds what it queues:
+an ADD whose request was let go before it could be sent is never sent.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+import zmq
+import zmq.asyncio
+
+from runtime import Throttle
+
+from . import _vllm_protocol as proto
+from ._vllm_engine import ENGINE_IDENTITY, bounded_socket, engine_request
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .engines import EngineClient
+    from .messages import SamplingParams
+
+__all__ = ("MAX_QUEUED", "VllmClient")
+
+logger = logging.getLogger("tokenyard.vllm")
+
+#: Most frames waiting to be sent (the engine not connected yet); past it `add` refuses.
+MAX_QUEUED = 10_000
+
+#: Seconds between two tries to send while the engine is not connected to this worker.
+_RETRY = 0.02
+
+#: Stray request ids (of an earlier incarnation) whose abort was sent, so that each step of
+#: theirs does not send another; the oldest are forgotten past this many.
+_MAX_STRAYS = 4_096
+
+_ENCODER = msgspec.msgpack.Encoder()
+_OUTPUTS = msgspec.msgpack.Decoder(proto.EngineCoreOutputs)
+
+
+class VllmClient:
+    """A worker's connection to vLLM's engine as its client ``client.index``.
+
+    Args:
+        client: The worker's addresses and client index.
+        eos: The tokenizer's end-of-sequence id (sent as vLLM's front end sends it).
+        on_outputs: Called, in this event loop, with each message's outputs.
+    """
+
+    def __init__(
+        self,
+        client: EngineClient,
+        *,
+        eos: int | None,
+        on_outputs: Callable[[list[proto.EngineCoreOutput]], Awaitable[None]],
+    ) -> None:
+        self._client = client
+        self._eos = eos
+        self._on_outputs = on_outputs
+        self._ctx = zmq.asyncio.Context()
+        self._input = bounded_socket(self._ctx, zmq.ROUTER)
+        self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._output = bounded_socket(self._ctx, zmq.PULL)
+        #: Frames to send, in order: ``(engine rid, frames)`` (``None``: not an ADD).
+        self._queue: collections.deque[tuple[str | None, list[bytes]]] = collections.deque()
+        self._queued = anyio.Event()
+        #: ADDs queued and not sent yet; one let go meanwhile is left out of it.
+        self._unsent: set[str] = set()
+        #: Requests the engine has and has not ended.
+        self._running: set[str] = set()
+        self._strays: dict[str, None] = {}
+        self._bad = Throttle(logger)
+        #: Frames from the engine that did not decode.
+        self.rejected_frames = 0
+        #: Tries to send while the engine was not connected to this worker.
+        self.unroutable = 0
+        #: ``ENGINE_CORE_DEAD`` frames heard (the scheduler loses the engine and says so).
+        self.death_frames = 0
+
+    @property
+    def running(self) -> int:
+        """Requests sent or queued that the engine has not ended."""
+        return len(self._unsent) + len(self._running)
+
+    def add(self, rid: str, prompt_ids: list[int], sampling: SamplingParams) -> bool:
+        """Queue a request (``rid``: unique among every client's live requests); ``False``
+        when `MAX_QUEUED` frames already wait (the engine has not connected)."""
+        if len(self._queue) >= MAX_QUEUED:
+            return False
+        request = engine_request(rid, prompt_ids, sampling, self._eos, self._client.index)
+        self._unsent.add(rid)
+        self._push(rid, [proto.ADD, _ENCODER.encode(request)])
+        return True
+
+    def abort(self, rid: str) -> None:
+        """Stop the engine generating for ``rid`` (nothing is sent if it never got it)."""
+        if rid in self._unsent:
+            self._unsent.discard(rid)
+        elif rid in self._running:
+            self._running.discard(rid)
+            self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+
+    def ended(self, rid: str) -> None:
+        """The engine ended ``rid`` itself (its last output came)."""
+        self._running.discard(rid)
+
+    def abort_stray(self, rid: str) -> bool:
+        """Abort a request this worker does not know (an earlier incarnation's, or one of
+        an engine that was replaced), once; whether this call did."""
+        if rid in self._strays or len(self._queue) >= MAX_QUEUED:
+            return False
+        self._strays[rid] = None
+        if len(self._strays) > _MAX_STRAYS:
+            del self._strays[next(iter(self._strays))]
+        self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+        return True
+
+    def forget(self) -> None:
+        """The engine was replaced (its scheduler died): nothing queued or running is kept."""
+        self._queue.clear()
+        self._unsent.clear()
+        self._running.clear()
+
+    def _push(self, rid: str | None, frames: list[bytes]) -> None:
+        self._queue.append((rid, frames))
+        self._queued.set()
+
+    async def run(self) -> None:
+        """Bind both addresses and serve them until cancelled; then close the sockets."""
+        try:
+            self._input.bind(self._client.input)
+            self._output.bind(self._client.output)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._deliver)
+                tg.start_soon(self._drain_input)
+                await self._receive()
+        finally:
+            self._input.close(linger=0)
+            self._output.close(linger=0)
+            self._ctx.term()
+
+    async def _deliver(self) -> None:
+        """Send the queued frames in order, each once the engine is connected."""
+        while True:
+            while self._queue:
+                rid, frames = self._queue[0]
+                if rid is not None and rid not in self._unsent:
+                    self._queue.popleft()  # let go before it was sent
+                    continue
+                try:
+                    await self._input.send_multipart([ENGINE_IDENTITY, *frames])
+                except zmq.ZMQError as err:
+                    if err.errno != zmq.EHOSTUNREACH:
+                        raise
+                    self.unroutable += 1
+                    self._bad.warning(
+                        "vLLM's engine is not connected to %s: %d frames wait",
+                        self._client.input,
+                        len(self._queue),
+                    )
+                    # sync-ok: the engine connecting to this socket is not announced on
+                    # it; the frame is tried again until it is routable.
+                    await anyio.sleep(_RETRY)
+                    continue
+                self._queue.popleft()
+                if rid is not None:
+                    self._unsent.discard(rid)
+                    self._running.add(rid)
+            self._queued = anyio.Event()
+            await self._queued.wait()
+
+    async def _drain_input(self) -> None:
+        """Read what the engine says on the input socket (its ready message, at each of its
+        starts) so that nothing piles up there."""
+        while True:
+            await self._input.recv_multipart()
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self._output.recv_multipart()
+            if frames[0] == proto.ENGINE_CORE_DEAD:
+                self.death_frames += 1
+                self._bad.warning("vLLM's engine sent ENGINE_CORE_DEAD (its log says why)")
+                continue
+            try:
+                message = _OUTPUTS.decode(frames[0])
+            except msgspec.MsgspecError as err:
+                self.rejected_frames += 1
+                self._bad.warning("a frame from vLLM on a worker's output socket: %s", err)
+                continue
+            if message.outputs:
+                await self._on_outputs(message.outputs)

@@ -1,0 +1,57 @@
+"""Where the workers that are vLLM's engine's clients bind (`Vllm.with_clients`)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from actors import PipelineConfig, Vllm
+from actors.engines import EngineClient, free_port_block
+
+
+def ephemeral_low() -> int:
+    return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
+
+class TestWithClients:
+    def test_attached_workers_bind_two_ports_each_from_the_given_one(self) -> None:
+        spec = Vllm(handshake="tcp://10.0.0.5:5570", client_port=6000).with_clients(2, "x")
+        assert spec.clients == (
+            EngineClient(1, "tcp://10.0.0.5:6000", "tcp://10.0.0.5:6001"),
+            EngineClient(2, "tcp://10.0.0.5:6002", "tcp://10.0.0.5:6003"),
+        )
+
+    def test_attached_without_a_port_a_free_block_below_the_ephemeral_range(self) -> None:
+        spec = Vllm(handshake="tcp://127.0.0.1:5570").with_clients(3, "x")
+        ports = [int(a.rsplit(":", 1)[1]) for c in spec.clients for a in (c.input, c.output)]
+        assert ports == list(range(ports[0], ports[0] + 6))
+        assert ports[0] >= 10_000
+        assert ports[-1] < ephemeral_low()
+
+    def test_launched_workers_bind_abstract_unix_sockets_named_for_the_pipeline(self) -> None:
+        spec = Vllm(model="m").with_clients(2, "tokenyard-1-ab")
+        assert [c.index for c in spec.clients] == [1, 2]
+        assert spec.clients[1].input == "ipc://@tokenyard-1-ab-1-in"
+        assert spec.clients[1].output == "ipc://@tokenyard-1-ab-1-out"
+
+    def test_with_the_scheduler_the_one_client_no_worker_binds(self) -> None:
+        spec = Vllm(model="m", direct=False)
+        assert spec.with_clients(2, "x") is spec
+
+    def test_too_many_workers_for_the_ports_left_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="lower client_port"):
+            Vllm(handshake="tcp://h:1", client_port=65530).with_clients(4, "x")
+
+    def test_a_launched_engine_cannot_reach_workers_on_other_nodes(self) -> None:
+        with pytest.raises(ValueError, match="worker_nodes"):
+            PipelineConfig(engine=Vllm(model="m"), worker_nodes=("other",))
+        PipelineConfig(engine=Vllm(model="m", direct=False), worker_nodes=("other",))
+
+
+def test_a_free_block_is_free() -> None:
+    first = free_port_block("127.0.0.1", 4)
+    for port in range(first, first + 4):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
