@@ -39,7 +39,8 @@ WORKER = "worker"  # tokenyard: tokenizer workers, each serving HTTP
 DETOKENIZER = "detokenizer"
 ROUTER = "router"
 #: tokenyard's scheduler process, where the engine is not in it (vLLM, attached): the
-#: engine's client, a part of the front end (vLLM's API server does that work itself). With
+#: engine's keeper (handshake, liveness) and, with ``--vllm-clients scheduler``, its one
+#: client, a part of the front end (vLLM's API server does that work itself). With
 #: llama.cpp in-process, the scheduler process is the engine.
 SCHEDULER = "engine_client"
 HTTP = "http"  # llama.cpp: every thread of its server but the compute threads

@@ -67,7 +67,7 @@ METRIC_LABELS = {
     "cpu_owner_us": "owner, supervisor",
     "cpu_http_us": "llama.cpp HTTP threads",
     "cpu_api_server_us": "vLLM API servers",
-    "cpu_engine_client_us": "scheduler (the engine's client)",
+    "cpu_engine_client_us": "scheduler (vLLM's keeper, or its client)",
     "cpu_engine_us": "engine",
     "ttft_p50": "first token, p50",
     "ttft_p99": "first token, p99",

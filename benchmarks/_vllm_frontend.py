@@ -16,9 +16,10 @@ run here (no vLLM venv), and the suite then skips it, saying so.
 
 Parts: for ``vllm serve`` the API server processes are the front end and vLLM's engine core
 and worker processes (titled ``VLLM::EngineCore``, ``VLLM::Worker...``) the engine; for
-tokenyard, its processes are the front end, its scheduler (the engine's client, which
-speaks vLLM's protocol as an API server does) among them, and the whole headless engine's
-tree the engine.
+tokenyard, its processes are the front end, its workers (each the engine's client, by
+default) and its scheduler (the engine's keeper; with ``--vllm-clients scheduler`` its one
+client, which speaks vLLM's protocol as an API server does) among them, and the whole
+headless engine's tree the engine.
 """
 
 from __future__ import annotations
@@ -171,17 +172,20 @@ def headless_command(
 
 @contextlib.contextmanager
 def open_tokenyard_vllm(
-    python: Path, model: Path, workers: int, max_num_seqs: int
+    python: Path, model: Path, workers: int, max_num_seqs: int, via_scheduler: bool = False
 ) -> Iterator[FrontEnd]:
     """``python -m actors serve --engine vllm --engine-handshake tcp://127.0.0.1:P`` with
     ``workers``, and a headless engine of its own started to dial in (an engine takes one
-    handshake per start: every variant starts its own)."""
+    handshake per start: every variant starts its own). The workers are the engine's
+    clients, or, ``via_scheduler``, the scheduler is its one client."""
     port = free_port()
     serve_args: Sequence[str] = (
         "--engine",
         "vllm",
         "--engine-handshake",
         f"tcp://127.0.0.1:{port}",
+        "--vllm-clients",
+        "scheduler" if via_scheduler else "workers",
         "--tokenizer",
         str(model),
         "--served-model-name",

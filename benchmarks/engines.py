@@ -156,6 +156,8 @@ class Variant:
         baseline: Key of the variant it is compared with (``""``: it is a baseline).
         processes: Front-end processes it was asked for (workers, API servers; 1 for
             llama.cpp's server): the targets compare front ends of the same count.
+        targeted: Whether the targets hold it (else its ratios are for information: the
+            scheduler path on vLLM, which the default path replaces).
     """
 
     key: str
@@ -163,6 +165,7 @@ class Variant:
     engine: str
     baseline: str = ""
     processes: int = 1
+    targeted: bool = True
 
     @property
     def role(self) -> str:
@@ -182,12 +185,25 @@ def llamacpp_variants(worker_counts: Sequence[int]) -> list[Variant]:
 
 
 def vllm_variants(worker_counts: Sequence[int]) -> list[Variant]:
-    """vllm serve with k API servers, then tokenyard with k workers, for each k."""
+    """vllm serve with k API servers, then tokenyard with k workers, each the engine's
+    client (``--vllm-clients workers``, the default), then with the scheduler its one
+    client (``--vllm-clients scheduler``), for each k."""
     out = []
     for k in worker_counts:
         base = Variant(f"vllm_api{k}", f"vllm serve, {k} API server{'s' * (k > 1)}", VLLM, "", k)
-        label = f"tokenyard on vLLM, {k} worker{'s' * (k > 1)}"
-        out += [base, Variant(f"tokenyard_vllm{k}", label, VLLM, base.key, k)]
+        workers = f"{k} worker{'s' * (k > 1)}"
+        out += [
+            base,
+            Variant(f"tokenyard_vllm{k}", f"tokenyard on vLLM, {workers}", VLLM, base.key, k),
+            Variant(
+                f"tokenyard_vllm_scheduler{k}",
+                f"tokenyard on vLLM, {workers}, via the scheduler",
+                VLLM,
+                base.key,
+                k,
+                targeted=False,
+            ),
+        ]
     return out
 
 
@@ -386,7 +402,11 @@ def summarise(
     targets = []
     for variant in compared.values():
         base_variant = next((v for v in variants if v.key == variant.baseline), None)
-        if base_variant is None or base_variant.processes != variant.processes:
+        if (
+            base_variant is None
+            or base_variant.processes != variant.processes
+            or not variant.targeted
+        ):
             continue
         for name, metric, op, threshold in TARGETS:
             figure = by_key.get(f"{variant.key}.{metric}")
@@ -469,8 +489,13 @@ def _vllm_plan(
     seqs = VLLM_MAX_NUM_SEQS
     plan: list[tuple[Variant, Callable[[], AbstractContextManager[FrontEnd]]]] = []
     for variant in vllm_variants(worker_counts):
-        opener = vllm.open_tokenyard_vllm if variant.baseline else vllm.open_vllm_serve
-        plan.append((variant, functools.partial(opener, python, model, variant.processes, seqs)))
+        args = (python, model, variant.processes, seqs)
+        if not variant.baseline:
+            opener = functools.partial(vllm.open_vllm_serve, *args)
+        else:
+            via_scheduler = variant.key.startswith("tokenyard_vllm_scheduler")
+            opener = functools.partial(vllm.open_tokenyard_vllm, *args, via_scheduler)
+        plan.append((variant, opener))
     return plan
 
 
@@ -555,9 +580,10 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             "llama.cpp's server: its compute thread (named llama-engine by the runner, "
             "found by a probe completion) is the engine; it also samples and turns tokens "
             "into text. tokenyard: the scheduler process, llama.cpp in-process, is the engine.",
-            "vLLM: its engine core and workers are the engine on both sides; tokenyard's "
-            "scheduler, the headless engine's client (it speaks vLLM's protocol, as vLLM's "
-            "API server does), is front end.",
+            "vLLM: its engine core and workers are the engine on both sides; every tokenyard "
+            "process is front end: its workers (each the headless engine's client, by "
+            "default) and its scheduler (the engine's keeper; via the scheduler, its one "
+            "client), which speak vLLM's protocol as vLLM's API server does.",
             "The load generator runs in this process and its CPU is reported apart.",
             RULE,
         ],
