@@ -1,4 +1,5 @@
-"""Errors the pipeline raises to its callers."""
+"""Errors the pipeline raises to its callers, and the one rule that decides when a request
+a member's death cost is started again instead (`resubmittable`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ from runtime import TokenyardError
 
 if TYPE_CHECKING:
     from .messages import Member
+
+#: How many times one request is started again after a member's death cost it its output.
+MAX_RESUBMITS = 3
+
+
+def resubmittable(lost_to: Member | None, delivered: bool, resubmits: int) -> bool:
+    """Whether a request whose attempt failed is started again rather than failed: the rule
+    of every door into the pipeline (`actors.Pipeline`'s callers, an HTTP worker's engine).
+
+    It is when the attempt was lost to a member's death (``lost_to``: a refusal is final),
+    nothing of it reached the caller (``delivered``: text once sent cannot be taken back),
+    and it was started again fewer than `MAX_RESUBMITS` times (``resubmits``).
+    """
+    return lost_to is not None and not delivered and resubmits < MAX_RESUBMITS
 
 
 class WorkerDiedError(TokenyardError):

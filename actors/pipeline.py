@@ -46,6 +46,7 @@ from ._errors import (
     RequestFailedError,
     SlowReaderError,
     WorkerDiedError,
+    resubmittable,
 )
 from .messages import (
     AbortRequest,
@@ -67,9 +68,6 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 logger = logging.getLogger("tokenyard.pipeline")
-
-#: How many times one request may be resubmitted after losing its worker before output.
-MAX_RESUBMITS = 3
 
 
 class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -213,7 +211,7 @@ class _CallerState:
         resubmitted (under a new attempt rid, already in ``requests``)."""
         self.requests.pop(req.request.rid, None)
         req.origin = None
-        if not req.got_output and req.resubmits < MAX_RESUBMITS:
+        if resubmittable(member, req.got_output, req.resubmits):
             req.resubmits += 1
             self.resubmitted += 1
             self._resubmissions.inc()

@@ -6,8 +6,9 @@ request is tokenized by the app, handed to the worker by a method call
 crosses to another process but the request to the engine and the engine's output itself.
 
 A request that a pipeline member's death cost its output before any reached the client is
-resubmitted here, under a new rid, at most `MAX_RESUBMITS` times; one that had output fails
-(the stream ends with an error event, or the request with a 503).
+resubmitted here, under a new rid, by the pipeline's one rule (`actors._errors.resubmittable`:
+at most `MAX_RESUBMITS` times); one that had output fails (the stream ends with an error
+event, or the request with a 503).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from actors import _metrics
+from actors._errors import MAX_RESUBMITS, resubmittable
 from actors.messages import RequestOutput
 
 from ._engine import Chunk, Completion, EngineError, EngineUnavailableError, TokenizerFacts
@@ -30,10 +32,7 @@ if TYPE_CHECKING:
 
     from ._chat import ChatTemplate
 
-__all__ = ("MAX_RESUBMITS", "WorkerEngine")
-
-#: How many times a request is started again after a member's death cost it its output.
-MAX_RESUBMITS = 3
+__all__ = ("WorkerEngine",)
 
 
 class _Outputs:
@@ -209,7 +208,7 @@ class WorkerEngine(TokenizerFacts):
                     completion_tokens=out.completion_tokens,
                     finish_reason=out.finish_reason or "stop",
                 )
-            if out.lost_to is not None and attempt < MAX_RESUBMITS:
+            if resubmittable(out.lost_to, False, attempt):
                 self.resubmitted += 1
                 self._resubmissions.inc()
                 continue
@@ -230,7 +229,7 @@ class WorkerEngine(TokenizerFacts):
                     out = await outputs.next()
                     if out.error is not None:
                         finished = True
-                        if out.lost_to is not None and not sent and attempt < MAX_RESUBMITS:
+                        if resubmittable(out.lost_to, sent, attempt):
                             break  # nothing reached the client: start it again
                         raise self._failure(out)
                     if out.finish_reason is None:
