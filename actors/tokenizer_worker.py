@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import msgspec
@@ -98,10 +98,47 @@ MAX_PENDING_CONTROL = 1_024
 LocalSink = Callable[[RequestOutput], None]
 
 
+class Caller(Protocol):
+    """Whoever waits for a request's outputs, as the worker hands them over: one call per
+    step with the caller's outputs of that step. Callers that are equal get one call
+    together (the requests of one remote inbox)."""
+
+    async def send(self, outputs: list[RequestOutput]) -> None:
+        """Hand over outputs; a caller that is gone drops them (nobody waits for them)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteCaller:
+    """A caller's inbox in another process (a `Generate`'s ``reply_to``): one
+    `RequestOutputs` message per step, whatever the number of its requests."""
+
+    ref: ActorRef[RequestOutputs]
+
+    async def send(self, outputs: list[RequestOutput]) -> None:
+        try:
+            await self.ref.tell(RequestOutputs(outputs=outputs))
+        except TokenyardError as err:
+            # The caller is gone: nobody waits for these; drop them.
+            logger.debug("caller %s unreachable: %s", self.ref.name, err)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LocalCaller:
+    """A request of this process's HTTP server (`TokenizerWorker.submit_local`): its sink
+    is called with each output, in this event loop."""
+
+    sink: LocalSink
+
+    async def send(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self.sink(out)
+
+
 @dataclass(slots=True)
 class _Request:
-    #: The caller's inbox, or a sink in this process (`TokenizerWorker.submit_local`).
-    reply_to: ActorRef[RequestOutputs] | LocalSink
+    #: Whoever waits for its outputs.
+    caller: Caller
     stream: bool
     prompt_tokens: int
     #: The tokenized request, until it is forwarded to a scheduler (held while none is up).
@@ -325,7 +362,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
     @handler
     async def admit(self, msg: Generate) -> None:
         """Tokenize a request and hand it to the scheduler."""
-        await self._admit(msg.rid, msg.reply_to, msg.text, msg.input_ids, msg.sampling, msg.stream)
+        await self._admit(
+            msg.rid, RemoteCaller(msg.reply_to), msg.text, msg.input_ids, msg.sampling, msg.stream
+        )
 
     async def submit_local(
         self,
@@ -344,7 +383,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         Call it from this actor's event loop; `release_local` lets the request go.
         ``traceparent`` is the HTTP request's trace context, the parent of its spans.
         """
-        await self._admit(rid, sink, text, input_ids, sampling, stream, traceparent)
+        await self._admit(rid, LocalCaller(sink), text, input_ids, sampling, stream, traceparent)
 
     def release_local(self, rid: str) -> None:
         """Let a request of `submit_local` go (its client left): forget it, and stop the
@@ -354,7 +393,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     async def _admit(
         self,
         rid: str,
-        reply_to: ActorRef[RequestOutputs] | LocalSink,
+        caller: Caller,
         text: str | None,
         input_ids: list[int] | None,
         sampling: SamplingParams,
@@ -366,7 +405,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if rid in self.requests:
             # Replacing it would leave the first caller waiting for ever.
             await self._fail(
-                reply_to,
+                caller,
                 rid,
                 0,
                 f"duplicate rid {rid!r}: worker {self.worker_id} already serves a request "
@@ -376,21 +415,21 @@ class TokenizerWorker(Actor[WorkerMessage]):
         max_new = sampling.max_new_tokens
         refusal = self.limits.refusal(text, None, max_new)
         if refusal is not None:
-            await self._fail(reply_to, rid, 0, refusal)
+            await self._fail(caller, rid, 0, refusal)
             return
         if input_ids is not None:
             ids = list(input_ids)
         elif text is not None:
             ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         else:
-            await self._fail(reply_to, rid, 0, "a request needs text or input_ids")
+            await self._fail(caller, rid, 0, "a request needs text or input_ids")
             return
         if not ids:
-            await self._fail(reply_to, rid, 0, "the prompt tokenizes to nothing")
+            await self._fail(caller, rid, 0, "the prompt tokenizes to nothing")
             return
         refusal = self.limits.refusal(None, ids, max_new)
         if refusal is not None:
-            await self._fail(reply_to, rid, len(ids), refusal)
+            await self._fail(caller, rid, len(ids), refusal)
             return
         span = _tracing.start(
             "tokenyard.worker", traceparent, rid=rid, worker=self.worker_id, prompt_tokens=len(ids)
@@ -401,7 +440,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         # sent.
         context = None if span is None else span.traceparent
         request = self.requests[rid] = _Request(
-            reply_to,
+            caller,
             stream,
             len(ids),
             tokenized,
@@ -429,7 +468,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         for rid in [rid for rid, r in self.requests.items() if which(r)]:
             request = self.requests.pop(rid)
             request.end_span("abort")
-            await self._fail(request.reply_to, rid, request.prompt_tokens, why, lost_to=member)
+            await self._fail(request.caller, rid, request.prompt_tokens, why, lost_to=member)
 
     async def _forward(self, request: _Request) -> None:
         """Send a request to the scheduler, or keep it until one is up.
@@ -460,7 +499,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             if self.requests.pop(tokenized.rid, None) is not None:
                 request.end_span("abort")
                 await self._fail(
-                    request.reply_to,
+                    request.caller,
                     tokenized.rid,
                     request.prompt_tokens,
                     f"the scheduler did not take the request: {err}",
@@ -496,7 +535,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if refusal is not None:
             if self.requests.pop(rid, None) is not None:
                 request.end_span("abort")
-                await self._fail(request.reply_to, rid, request.prompt_tokens, refusal)
+                await self._fail(request.caller, rid, request.prompt_tokens, refusal)
             return
         request.tokenized, request.scheduler = None, scheduler
         request.engine_rid, request.detokenizer_state = engine_rid, state
@@ -609,7 +648,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     @handler
     async def output(self, msg: BatchStrOutput) -> None:
         """This worker's share of one step: answer each caller with one message."""
-        by_caller: dict[ActorRef[RequestOutputs] | LocalSink, list[RequestOutput]] = {}
+        by_caller: dict[Caller, list[RequestOutput]] = {}
         errors = msg.errors
         now = time.monotonic()
         traces = current_trace()  # one per entry when the step has a traced request
@@ -630,7 +669,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 del self.requests[rid]
                 request.end_span("abort")
                 self.failed += 1
-                by_caller.setdefault(request.reply_to, []).append(
+                by_caller.setdefault(request.caller, []).append(
                     RequestOutput(
                         rid=rid,
                         worker=self.worker_id,
@@ -679,9 +718,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
                     if back is not None:
                         back.end()
                 request.end_span(finish, msg.completion_tokens[i])
-            by_caller.setdefault(request.reply_to, []).append(out)
+            by_caller.setdefault(request.caller, []).append(out)
         for caller, outputs in by_caller.items():
-            await self._send(caller, outputs)
+            await caller.send(outputs)
 
     @handler
     async def aborted(self, msg: AbortNotice) -> None:
@@ -691,7 +730,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             if request is not None:  # else a second copy of the notice (the router resends)
                 request.end_span("abort")
                 await self._fail(
-                    request.reply_to, rid, request.prompt_tokens, msg.reason, lost_to=msg.lost_to
+                    request.caller, rid, request.prompt_tokens, msg.reason, lost_to=msg.lost_to
                 )
 
     # -- control requests whose replies come back through the router ----------------------
@@ -791,7 +830,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
 
     async def _fail(
         self,
-        caller: ActorRef[RequestOutputs] | LocalSink,
+        caller: Caller,
         rid: str,
         prompt_tokens: int,
         error: str,
@@ -809,17 +848,4 @@ class TokenizerWorker(Actor[WorkerMessage]):
             error=error,
             lost_to=lost_to,
         )
-        await self._send(caller, [out])
-
-    async def _send(
-        self, caller: ActorRef[RequestOutputs] | LocalSink, outputs: list[RequestOutput]
-    ) -> None:
-        if not isinstance(caller, ActorRef):
-            for out in outputs:
-                caller(out)
-            return
-        try:
-            await caller.tell(RequestOutputs(outputs=outputs))
-        except TokenyardError as err:
-            # The caller is gone: nobody waits for these; drop them.
-            logger.debug("%s: caller %s unreachable: %s", self.ref.name, caller.name, err)
+        await caller.send([out])
