@@ -11,9 +11,12 @@ the engine's sockets, which reconnect by themselves, find it.
   says nothing on it after its ready message, so a restarted worker cannot learn its
   identity: it is engine 0's (`ENGINE_IDENTITY`; the scheduler refuses another in direct
   mode). Until the engine has connected (at its start, or again after this worker's
-  restart) a frame is not routable: it waits, and is sent once it is. ``ROUTER_HANDOVER``
-  lets a new engine (after a restart) take the identity over from a connection the old
-  one left half-open.
+  restart) a frame is not routable: it waits, and is sent once it is. A second peer
+  claiming the identity is refused while the engine's connection lives (no handover: it
+  would take the worker's traffic); ZeroMQ's heartbeats end a connection the engine left
+  half-open, so that a new engine is taken. An engine that stays unreachable for
+  ``unreachable_after`` seconds makes the worker fail what waits for it, and say so
+  (`unreachable`) until a frame goes through.
 - **Output**, a PULL: the engine's outputs for this worker's requests. A frame that does not
   decode is counted and logged (rate-limited), never raised.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import anyio
@@ -53,6 +57,14 @@ MAX_QUEUED = 10_000
 #: Seconds between two tries to send while the engine is not connected to this worker.
 _RETRY = 0.02
 
+#: Seconds between two probes of an engine that is unreachable.
+_PROBE_EVERY = 2.0
+
+#: ZeroMQ heartbeats on the input: a connection whose peer answers none for the timeout
+#: (milliseconds) is closed.
+_HEARTBEAT_IVL = 2_000
+_HEARTBEAT_TIMEOUT = 10_000
+
 #: Stray request ids (of an earlier incarnation) whose abort was sent, so that each step of
 #: theirs does not send another; the oldest are forgotten past this many.
 _MAX_STRAYS = 4_096
@@ -68,6 +80,8 @@ class VllmClient:
         client: The worker's addresses and client index.
         eos: The tokenizer's end-of-sequence id (sent as vLLM's front end sends it).
         on_outputs: Called, in this event loop, with each message's outputs.
+        on_unreachable: Called with the reason when the engine stayed unreachable for
+            ``unreachable_after`` seconds; the requests it had queued are dropped.
     """
 
     def __init__(
@@ -76,15 +90,24 @@ class VllmClient:
         *,
         eos: int | None,
         on_outputs: Callable[[list[proto.EngineCoreOutput]], Awaitable[None]],
+        on_unreachable: Callable[[str, list[str]], Awaitable[None]],
     ) -> None:
         self._client = client
         self._eos = eos
         self._on_outputs = on_outputs
+        self._on_unreachable = on_unreachable
         self._ctx = zmq.asyncio.Context()
         self._input = bounded_socket(self._ctx, zmq.ROUTER)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._input.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._input.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL)
+        self._input.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT)
         self._output = bounded_socket(self._ctx, zmq.PULL)
+        for sock in (self._input, self._output):
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        #: Bumped by `forget`: a send that was waiting meanwhile belongs to the old queue.
+        self._generation = 0
+        #: Why the engine is unreachable from this worker (``None``: it is not known to be).
+        self.unreachable: str | None = None
         #: Frames to send, in order: ``(engine rid, frames)`` (``None``: not an ADD).
         self._queue: collections.deque[tuple[str | None, list[bytes]]] = collections.deque()
         self._queued = anyio.Event()
@@ -98,6 +121,7 @@ class VllmClient:
         self.rejected_frames = 0
         #: Tries to send while the engine was not connected to this worker.
         self.unroutable = 0
+        self._unroutable_since: float | None = None
         #: ``ENGINE_CORE_DEAD`` frames heard (the scheduler loses the engine and says so).
         self.death_frames = 0
 
@@ -141,6 +165,7 @@ class VllmClient:
 
     def forget(self) -> None:
         """The engine was replaced (its scheduler died): nothing queued or running is kept."""
+        self._generation += 1
         self._queue.clear()
         self._unsent.clear()
         self._running.clear()
@@ -157,6 +182,7 @@ class VllmClient:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._deliver)
                 tg.start_soon(self._drain_input)
+                tg.start_soon(self._probe)
                 await self._receive()
         finally:
             self._input.close(linger=0)
@@ -167,31 +193,73 @@ class VllmClient:
         """Send the queued frames in order, each once the engine is connected."""
         while True:
             while self._queue:
-                rid, frames = self._queue[0]
+                item = self._queue[0]
+                rid, frames = item
                 if rid is not None and rid not in self._unsent:
                     self._queue.popleft()  # let go before it was sent
                     continue
+                generation = self._generation
                 try:
                     await self._input.send_multipart([ENGINE_IDENTITY, *frames])
                 except zmq.ZMQError as err:
                     if err.errno != zmq.EHOSTUNREACH:
                         raise
-                    self.unroutable += 1
-                    self._bad.warning(
-                        "vLLM's engine is not connected to %s: %d frames wait",
-                        self._client.input,
-                        len(self._queue),
-                    )
-                    # sync-ok: the engine connecting to this socket is not announced on
-                    # it; the frame is tried again until it is routable.
-                    await anyio.sleep(_RETRY)
+                    await self._unroutable()
                     continue
-                self._queue.popleft()
-                if rid is not None:
+                self._unroutable_since = None
+                self.unreachable = None
+                if generation != self._generation:
+                    continue  # forgotten while it was sent: the queue is another
+                if self._queue and self._queue[0] is item:
+                    self._queue.popleft()
+                if rid is None:
+                    continue
+                if rid in self._unsent:
                     self._unsent.discard(rid)
                     self._running.add(rid)
+                else:  # let go while it was being sent: the engine has it, abort it
+                    self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
             self._queued = anyio.Event()
             await self._queued.wait()
+
+    async def _unroutable(self) -> None:
+        """The engine is not connected to this worker: wait a little, or, past
+        ``unreachable_after``, give up on what waits for it."""
+        self.unroutable += 1
+        now = time.monotonic()
+        if self._unroutable_since is None:
+            self._unroutable_since = now
+        waited = now - self._unroutable_since
+        if waited < self._client.unreachable_after:
+            # sync-ok: the engine connecting to this socket is not announced on it; the
+            # frame is tried again until it is routable.
+            await anyio.sleep(_RETRY)
+            return
+        reason = (
+            f"vLLM's engine has not been connected to this worker's {self._client.input} "
+            f"for {waited:.0f} s: is the address reachable from the engine's host "
+            "(a port opened; serve --vllm-client-port)?"
+        )
+        self.unreachable = reason
+        logger.error("%s", reason)
+        dropped = sorted(self._unsent)
+        self._generation += 1
+        self._queue.clear()
+        self._unsent.clear()
+        self._unroutable_since = None
+        await self._on_unreachable(reason, dropped)
+
+    async def _probe(self) -> None:
+        """While the engine is unreachable, ask it something now and then (a utility call
+        of this client's): the first frame that goes through says it is back."""
+        call = 0
+        while True:
+            # sync-ok: a periodic check of a connection nothing announces
+            await anyio.sleep(_PROBE_EVERY)
+            if self.unreachable is not None and not self._queue:
+                call += 1
+                body = (self._client.index, call, "is_sleeping", ())
+                self._push(None, [proto.UTILITY, _ENCODER.encode(body)])
 
     async def _drain_input(self) -> None:
         """Read what the engine says on the input socket (its ready message, at each of its
@@ -212,5 +280,10 @@ class VllmClient:
                 self.rejected_frames += 1
                 self._bad.warning("a frame from vLLM on a worker's output socket: %s", err)
                 continue
-            if message.outputs:
+            if not message.outputs:
+                continue
+            try:
                 await self._on_outputs(message.outputs)
+            except Exception as err:  # noqa: BLE001 -- nothing the engine sends may end it
+                self.rejected_frames += 1
+                self._bad.error("outputs from vLLM the worker could not take", exc_info=err)

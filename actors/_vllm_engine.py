@@ -313,6 +313,13 @@ class VllmModel:
         self._check()
         assert self.ready_response is not None
         output = self._outputs[key] = _Output()
+        refusal = proto.engine_refusal(sampling)
+        if refusal is not None:
+            self._bad.warning("a request not sent to vLLM: %s; ended with length", refusal)
+            output.finished = "length"
+            self._has_output = True
+            self._notify()
+            return 0
         limit = self.ready_response.max_model_len
         if len(prompt_ids) >= limit:
             # vLLM's front end refuses such a prompt; its engine is not meant to see one.

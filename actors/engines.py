@@ -106,11 +106,13 @@ class EngineClient(msgspec.Struct, frozen=True):
             scheduler's).
         input: The worker's ROUTER, where it sends requests.
         output: The worker's PULL, where the engine pushes their outputs.
+        unreachable_after: `Vllm.unreachable_after`.
     """
 
     index: int
     input: str
     output: str
+    unreachable_after: float = 15.0
 
 
 class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
@@ -155,7 +157,10 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
             handshake's host, two each, in worker order (0: a block of ports free when
             the pipeline starts, below the system's ephemeral range, so that no outgoing
             connection takes one while its worker restarts). Launched, the engine is on
-            this host: the workers bind abstract Unix sockets.
+            this host: the workers bind Unix sockets in the system's private directory.
+        unreachable_after: Direct: seconds a worker's requests wait for the engine to be
+            connected to it (a port not opened, a wrong host) before they fail, and the
+            worker says why in ``/health`` until the engine is back.
         clients: Filled by the pipeline, not by hand: each direct worker's addresses.
     """
 
@@ -170,6 +175,7 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
     silence_timeout: float = 60.0
     direct: bool = True
     client_port: int = 0
+    unreachable_after: float = 15.0
     clients: tuple[EngineClient, ...] = ()
 
     def __post_init__(self) -> None:
@@ -184,7 +190,7 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
                 f"Vllm.handshake={self.handshake!r}: give tcp://HOST:PORT (vLLM's engines "
                 "dial tcp://<--data-parallel-address>:<--data-parallel-rpc-port>)"
             )
-        for name in ("start_timeout", "heartbeat", "silence_timeout"):
+        for name in ("start_timeout", "heartbeat", "silence_timeout", "unreachable_after"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Vllm.{name}={getattr(self, name)}: it must be positive")
         if self.silence_timeout <= self.heartbeat:
@@ -194,39 +200,48 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
             )
         if not 0 <= self.client_port < 65536:
             raise ValueError(f"Vllm.client_port={self.client_port}: give a TCP port, or 0")
+        if self.clients and not self.direct:
+            raise ValueError("Vllm.clients are the direct workers': none with direct=False")
 
-    def with_clients(self, workers: int, name: str) -> Vllm:
+    def with_clients(self, workers: int, directory: str | None) -> Vllm:
         """This spec with ``workers`` direct clients' addresses filled in (itself when not
         ``direct``).
 
         Attached, worker ``k`` binds ``client_port + 2k`` (input) and the port after it
         (output) on the handshake's host (``client_port`` 0: `free_port_block` picks them
-        now); launched, the abstract Unix sockets ``@<name>-<k>-in`` and ``-out``
-        (``name``: unique to the pipeline, which must run on the engine's host network).
+        now). Launched, the engine is on this host: ``directory/vllm-<k>-in`` and ``-out``
+        (the system's private directory, which only its owner can enter), or, with none,
+        loopback ports as attached.
 
         Raises:
             OSError: ``client_port`` is 0 and no block of free ports was found.
         """
         if not self.direct:
             return self
-        if self.handshake is not None:
-            host = self.handshake.removeprefix("tcp://").rsplit(":", 1)[0]
+        if self.handshake is None and directory:
+            addresses = [
+                (f"ipc://{directory}/vllm-{k}-in", f"ipc://{directory}/vllm-{k}-out")
+                for k in range(workers)
+            ]
+        else:
+            host = (
+                self.handshake.removeprefix("tcp://").rsplit(":", 1)[0]
+                if self.handshake is not None
+                else self.host
+            )
             first = self.client_port or free_port_block(host, 2 * workers)
             if first + 2 * workers > 65536:
                 raise ValueError(
                     f"Vllm: {workers} workers need ports {first} to {first + 2 * workers - 1}; "
                     "give a lower client_port"
                 )
-            ports = [(first + 2 * k, first + 2 * k + 1) for k in range(workers)]
-            clients = [
-                EngineClient(k + 1, f"tcp://{host}:{i}", f"tcp://{host}:{o}")
-                for k, (i, o) in enumerate(ports)
-            ]
-        else:
-            clients = [
-                EngineClient(k + 1, f"ipc://@{name}-{k}-in", f"ipc://@{name}-{k}-out")
+            addresses = [
+                (f"tcp://{host}:{first + 2 * k}", f"tcp://{host}:{first + 2 * k + 1}")
                 for k in range(workers)
             ]
+        clients = [
+            EngineClient(k + 1, i, o, self.unreachable_after) for k, (i, o) in enumerate(addresses)
+        ]
         return msgspec.structs.replace(self, clients=tuple(clients))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -191,11 +190,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             if getattr(self, name) <= 0:
                 raise ValueError(f"PipelineConfig.{name}={getattr(self, name)} must be positive")
         engine = self.engine
-        if isinstance(engine, Vllm) and engine.direct and engine.model and self.worker_nodes:
+        if isinstance(engine, Vllm) and engine.direct and self.worker_nodes:
             raise ValueError(
-                "worker_nodes with a launched vLLM engine whose clients are the workers "
-                "(Vllm.direct): the workers reach it on this host only; attach the engine "
-                "(Vllm(handshake=...)), or give Vllm(direct=False)"
+                "worker_nodes with a vLLM engine whose clients are the workers (Vllm.direct): "
+                "each worker's addresses are fixed on this host at the handshake, so a worker "
+                "on another node cannot bind them; give Vllm(direct=False)"
             )
         self.generator  # noqa: B018 - a stand-in's settings are checked here, not at its start
         if self.engine is not None and self.step_time:
@@ -282,11 +281,9 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         self.config = config
         self.client = client
         self.channels = channels
-        #: The scheduler's engine; a vLLM engine's direct clients' addresses filled in.
+        #: The scheduler's engine; a vLLM engine's direct clients' addresses filled in when
+        #: this supervisor starts (`on_start`).
         self.engine = config.generator
-        if isinstance(self.engine, Vllm):
-            name = f"tokenyard-{os.getpid()}-{uuid.uuid4().hex[:12]}-vllm"
-            self.engine = self.engine.with_clients(config.workers, name)
         #: Whether the live scheduler's engine takes requests (`EngineState`); false from
         #: a scheduler's death until its successor says otherwise.
         self.engine_ready = False
@@ -303,6 +300,12 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
     # -- starting -------------------------------------------------------------------------
 
     async def on_start(self) -> None:
+        if isinstance(self.engine, Vllm) and self.engine.direct and not self.engine.clients:
+            # The system's private directory, where its own ipc sockets are (its members
+            # share it; only its owner can enter it).
+            address = self.ref.address
+            directory = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
+            self.engine = self.engine.with_clients(self.config.workers, directory)
         if self.channels is not None:
             self.channels.report_stuck(self._takes_no_connections)
         await super().on_start()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from runtime import (
 from . import _metrics, _tracing
 from ._detokenize import IncrementalDetokenizer
 from ._tokenizer import eos_token_id, load_tokenizer, model_id_of
-from ._vllm_protocol import FinishReason, finish_reason_text
+from ._vllm_protocol import FinishReason, engine_refusal, finish_reason_text
 from .engines import EngineClient  # noqa: TC001 -- a spawn argument's type (run time)
 from .messages import (
     Abort,
@@ -264,6 +265,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         #: This worker's request ids by their ids at the engine (direct requests).
         self._by_engine_rid: dict[str, str] = {}
         self._engine_rids = itertools.count()
+        #: This incarnation's prefix of its ids at the engine (not guessable from outside).
+        self._rid_prefix = ""
+        self._bad_outputs = Throttle(logger)
         self._vocab_size = 0
         self.detokenizers: list[ActorRef[Any] | None] = []
         self._spread = itertools.count()
@@ -295,10 +299,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
             from ._vllm_client import VllmClient
 
             self._vocab_size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+            self._rid_prefix = f"{self.worker_id}.{self.ref.incarnation}.{secrets.token_hex(6)}."
             self.direct = VllmClient(
                 self._engine_client,
                 eos=eos_token_id(self.tokenizer),
                 on_outputs=self._engine_outputs,
+                on_unreachable=self._engine_unreachable,
             )
             self.start_soon(self.direct.run)
         self.start_soon(self._register)
@@ -517,7 +523,10 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if not self.engine_ready:
             return
         rid, ids, sampling = tokenized.rid, tokenized.input_ids, tokenized.sampling
-        refusal = self._engine_refusal(ids)
+        if sampling.max_new_tokens == 0:  # as the scheduler does: nothing to generate
+            await self._finish_unsent(request, rid)
+            return
+        refusal = direct.unreachable or self._engine_refusal(ids, sampling)
         state = None
         if refusal is None:
             try:
@@ -529,7 +538,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 )
             except ValueError as err:  # an empty stop string
                 refusal = str(err)
-        engine_rid = f"{self.origin.worker}.{self.origin.incarnation}.{next(self._engine_rids):x}"
+        engine_rid = f"{self._rid_prefix}{next(self._engine_rids):x}"
         if refusal is None and not direct.add(engine_rid, ids, sampling):
             refusal = "the engine takes no requests now (it is not connected to this worker)"
         if refusal is not None:
@@ -541,9 +550,25 @@ class TokenizerWorker(Actor[WorkerMessage]):
         request.engine_rid, request.detokenizer_state = engine_rid, state
         self._by_engine_rid[engine_rid] = rid
 
-    def _engine_refusal(self, ids: list[int]) -> str | None:
-        """Why the engine must not see a prompt: an id outside the vocabulary (it would
-        index past its embeddings), or no room left in its context."""
+    async def _finish_unsent(self, request: _Request, rid: str) -> None:
+        """End a request that asks for no token with ``length``, the engine never asked."""
+        await self.output(
+            BatchStrOutput(
+                rids=[rid],
+                origins=[self.origin],
+                finished_reasons=["length"],
+                output_strs=[""],
+                output_ids=[[]],
+                prompt_tokens=[request.prompt_tokens],
+                completion_tokens=[0],
+                cached_tokens=[0],
+            )
+        )
+
+    def _engine_refusal(self, ids: list[int], sampling: SamplingParams) -> str | None:
+        """Why the engine must not see a request: an id outside the vocabulary (it would
+        index past its embeddings), no room left in its context, sampling parameters it
+        dies of (`engine_refusal`)."""
         outside = [i for i in (min(ids), max(ids)) if not 0 <= i < self._vocab_size]
         if outside:
             return f"prompt id {outside[0]} is outside the vocabulary (0..{self._vocab_size - 1})"
@@ -553,7 +578,16 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 f"the prompt is {len(ids)} tokens: the engine's context holds {limit} "
                 "(prompt and completion), no room is left to generate"
             )
-        return None
+        return engine_refusal(sampling)
+
+    async def _engine_unreachable(self, reason: str, dropped: list[str]) -> None:
+        """The engine stayed unreachable from this worker: what waited for it fails."""
+        for engine_rid in dropped:
+            rid = self._by_engine_rid.pop(engine_rid, None)
+            request = None if rid is None else self.requests.pop(rid, None)
+            if rid is not None and request is not None:
+                request.end_span("abort")
+                await self._fail(request.caller, rid, request.prompt_tokens, reason)
 
     async def _engine_outputs(self, outputs: list[EngineCoreOutput]) -> None:
         """One message of vLLM's engine: detokenize each of this worker's requests in it
@@ -574,22 +608,30 @@ class TokenizerWorker(Actor[WorkerMessage]):
             request = None if rid is None else self.requests.get(rid)
             state = None if request is None else request.detokenizer_state
             if rid is None or request is None or state is None:
-                if finish is None and direct.abort_stray(engine_rid):
+                self._by_engine_rid.pop(engine_rid, None)
+                # One of this incarnation's that ended here (a stop string, its caller
+                # gone): its abort is on its way. Another's: the engine runs it for nobody.
+                stray = not engine_rid.startswith(self._rid_prefix) and finish is None
+                if stray and direct.abort_stray(engine_rid):
                     self.engine_strays += 1
-                else:
-                    self._by_engine_rid.pop(engine_rid, None)
                 continue
             ids = out.new_token_ids
             request.completion_tokens += len(ids)
             reason = None if finish is None else finish_reason_text(finish)
             error = None
+            piece = ""
             if reason == "abort":
                 error = (
                     "the engine failed the request (its log says why)"
                     if finish == FinishReason.ERROR
                     else "the engine aborted the request"
                 )
-                piece = ""
+            elif any(not 0 <= i < self._vocab_size for i in ids):
+                self._bad_outputs.warning("vLLM sent ids outside the vocabulary: %s", ids[:8])
+                error = "the engine sent ids outside the vocabulary"
+                if reason is None:
+                    direct.abort(engine_rid)
+                reason = "abort"
             else:
                 piece = state.push(ids, finished=reason is not None)
                 if state.stopped:

@@ -280,6 +280,14 @@ def _parser() -> argparse.ArgumentParser:
         "ephemeral port range)",
     )
     engine.add_argument(
+        "--vllm-unreachable-after",
+        type=float,
+        default=Vllm(model="").unreachable_after,
+        metavar="S",
+        help="vllm, --vllm-clients workers: seconds a worker's requests wait for the engine to "
+        "connect to it before they fail (default %(default)s)",
+    )
+    engine.add_argument(
         "--engine-start-tries",
         type=int,
         default=3,
@@ -466,6 +474,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             python=args.vllm_python,
             direct=args.vllm_clients == "workers",
             client_port=args.vllm_client_port,
+            unreachable_after=args.vllm_unreachable_after,
         )
         return {"engine": vllm, "context_length": _max_model_len(args.vllm_args)}
     spec = LlamaCpp(

@@ -162,7 +162,8 @@ class WorkerEngine(TokenizerFacts):
             return "the scheduler is restarting: requests wait for it"
         if not self._worker.engine_ready:
             return "the engine is not ready (starting, or not connected yet): requests wait for it"
-        return None
+        direct = self._worker.direct
+        return None if direct is None else direct.unreachable
 
     @property
     def in_flight(self) -> int:

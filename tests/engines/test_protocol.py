@@ -106,7 +106,9 @@ class FakeEngine:
     scheduler) through `input` and `output`, every client through `inputs` and `outputs`.
     """
 
-    def __init__(self, handshake: str) -> None:
+    def __init__(self, handshake: str, *, connect_inputs: bool = True) -> None:
+        self.connect_inputs = connect_inputs
+        self.client_addresses: list[str] = []
         self.ctx = zmq.asyncio.Context()
         self.handshake = self.ctx.socket(zmq.DEALER)
         self.handshake.setsockopt(zmq.IDENTITY, b"\x00\x00")
@@ -126,12 +128,14 @@ class FakeEngine:
     async def start(self) -> None:
         await self.handshake.send(frames("hello")[0][0])
         sent = msgspec.msgpack.decode(await self.handshake.recv(), type=proto.HandshakeMetadata)
-        for address in sent.addresses.inputs:
+        self.client_addresses = list(sent.addresses.inputs)
+        for k, address in enumerate(sent.addresses.inputs):
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, b"\x00\x00")
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(address)
-            await sock.send(frames("ready-response")[0][0])  # on every input, as vLLM does
+            if k == 0 or self.connect_inputs:  # else: as if the worker's port were closed
+                sock.connect(address)
+                await sock.send(frames("ready-response")[0][0])  # on every input, as vLLM
             self.inputs.append(sock)
         for address in sent.addresses.outputs:
             sock = self.ctx.socket(zmq.PUSH)

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 import pytest
+import zmq
 
 from actors import Pipeline, RequestFailedError, Vllm
 from actors import _vllm_protocol as proto
 from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
-from actors.messages import GetSchedulerStatistics, GetWorkerStatistics
+from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, WorkerStatistics
 from tests.engines.record_golden import PROMPT
 from tests.engines.test_protocol import FakeEngine, free_port, ids_of
 
@@ -38,11 +39,20 @@ async def served() -> AsyncIterator[tuple[Pipeline, FakeEngine]]:
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine(address)
     try:
-        async with Pipeline(workers=1, engine=Vllm(handshake=address)) as pipeline:
+        async with Pipeline(
+            workers=1, engine=Vllm(handshake=address, unreachable_after=1.0)
+        ) as pipeline:
             await engine.start()
             yield pipeline, engine
     finally:
         engine.close()
+
+
+async def worker_statistics(pipeline: Pipeline) -> WorkerStatistics:
+    worker = pipeline.worker_ref(0)
+    assert worker is not None
+    stats: WorkerStatistics = await worker.ask(GetWorkerStatistics(), timeout=10)
+    return stats
 
 
 async def next_frame(engine: FakeEngine) -> tuple[bytes, Any]:
@@ -110,6 +120,10 @@ class TestAWorkerAsTheEnginesClient:
         (result,) = results
         assert result.finish_reason == "stop"
         assert result.text == TOKENIZER.decode(GREEDY[:2])
+        # Its later outputs (sent before the abort landed) are its own: dropped, not strays.
+        await engine.push(rid, "outputs-greedy", client=1)
+        await serve_one_more(pipeline, engine)
+        assert (await worker_statistics(pipeline)).engine_strays == 0
 
     async def test_a_caller_that_gives_up_aborts_its_request_at_the_engine(
         self, served: tuple[Pipeline, FakeEngine]
@@ -130,6 +144,11 @@ class TestAWorkerAsTheEnginesClient:
             await pipeline.generate([1 << 30], max_new_tokens=4)
         with pytest.raises(RequestFailedError, match="no room is left"):
             await pipeline.generate([5] * 512, max_new_tokens=4)
+        # vLLM's input thread dies of these while decoding them: never sent.
+        with pytest.raises(RequestFailedError, match="temperature"):
+            await pipeline.generate(PROMPT_IDS, max_new_tokens=4, temperature=float("nan"))
+        nothing = await pipeline.generate(PROMPT_IDS, max_new_tokens=0)
+        assert (nothing.finish_reason, nothing.completion_tokens) == ("length", 0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(pipeline.generate, PROMPT_IDS)
             kind, body = await next_frame(engine)  # the first frame sent is this one's
@@ -147,9 +166,7 @@ class TestAWorkerAsTheEnginesClient:
         # Outputs of a request it does not know (an earlier incarnation's): aborted once.
         await engine.push("0.0.ff", "outputs-greedy", client=1)
         assert await next_frame(engine) == (proto.ABORT, ["0.0.ff"])
-        worker = pipeline.worker_ref(0)
-        assert worker is not None
-        assert (await worker.ask(GetWorkerStatistics(), timeout=10)).engine_strays == 1
+        assert (await worker_statistics(pipeline)).engine_strays == 1
         async with anyio.create_task_group() as tg:
             results = []
 
@@ -159,3 +176,70 @@ class TestAWorkerAsTheEnginesClient:
             tg.start_soon(generate)
             await serve_one(engine)  # an ADD next: the stray was not aborted again
         assert results[0].output_ids == GREEDY
+
+    async def test_ids_outside_the_vocabulary_fail_their_request_not_the_worker(
+        self, served: tuple[Pipeline, FakeEngine]
+    ) -> None:
+        pipeline, engine = served
+        before = pipeline.worker_ref(0)
+        async with anyio.create_task_group() as tg:
+            failures = []
+
+            async def generate() -> None:
+                try:
+                    await pipeline.generate(PROMPT_IDS, max_new_tokens=8)
+                except RequestFailedError as err:
+                    failures.append(str(err))
+
+            tg.start_soon(generate)
+            _, body = await next_frame(engine)
+            forged = [0, [[body[0], [-1, 1 << 40]]]]
+            await engine.outputs[1].send(msgspec.msgpack.encode(forged))
+            assert await next_frame(engine) == (proto.ABORT, [body[0]])
+        assert "outside the vocabulary" in failures[0]
+        assert pipeline.worker_ref(0) == before  # the same incarnation serves on
+        await serve_one_more(pipeline, engine)
+
+    async def test_a_peer_claiming_the_engines_identity_gets_no_request(
+        self, served: tuple[Pipeline, FakeEngine]
+    ) -> None:
+        pipeline, engine = served
+        thief = engine.ctx.socket(zmq.DEALER)
+        thief.setsockopt(zmq.IDENTITY, b"\x00\x00")
+        thief.setsockopt(zmq.LINGER, 0)
+        thief.connect(engine.client_addresses[1])
+        await thief.send(b"")  # connected: its handshake is done once the worker reads it
+        await serve_one_more(pipeline, engine)  # the engine still gets the worker's requests
+        assert not await thief.poll(100)
+        thief.close()
+
+
+async def serve_one_more(pipeline: Pipeline, engine: FakeEngine) -> None:
+    """A request the engine (client 1's socket) gets and answers: the worker serves."""
+    async with anyio.create_task_group() as tg:
+        results = []
+
+        async def generate() -> None:
+            results.append(await pipeline.generate(PROMPT_IDS, max_new_tokens=8))
+
+        tg.start_soon(generate)
+        await serve_one(engine)
+    assert results[0].output_ids == GREEDY
+
+
+class TestAnEngineThatNeverConnects:
+    async def test_the_workers_requests_fail_after_unreachable_after_naming_why(self) -> None:
+        address = f"tcp://127.0.0.1:{free_port()}"
+        engine = FakeEngine(address, connect_inputs=False)  # as behind a closed port
+        try:
+            async with Pipeline(
+                workers=1, engine=Vllm(handshake=address, unreachable_after=0.5)
+            ) as pipeline:
+                await engine.start()
+                with anyio.fail_after(20), pytest.raises(RequestFailedError, match="port"):
+                    await pipeline.generate(PROMPT_IDS, max_new_tokens=4)
+                # Refused at once while it is unreachable.
+                with anyio.fail_after(5), pytest.raises(RequestFailedError, match="port"):
+                    await pipeline.generate(PROMPT_IDS, max_new_tokens=4)
+        finally:
+            engine.close()
