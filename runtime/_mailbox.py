@@ -24,10 +24,11 @@ from ._protocol import (
     ErrorBody,
     Header,
     Kind,
-    bundle_decoder,
+    Traced,
     cookie_ok,
     decode_header,
     lookup_decoder,
+    tells_decoder,
 )
 from ._throttle import Throttle
 from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame, recv_rest
@@ -105,33 +106,12 @@ class Envelope:
         self.body = body
 
 
-class Traced:
-    """A traced tell of a bundle: its undecoded message and its trace context.
-
-    Attributes:
-        body: The message, decoded by `Mailbox.open_traced` just before its handler.
-        trace: Its trace context, current while its handler runs.
-    """
-
-    __slots__ = ("body", "trace")
-
-    def __init__(self, body: bytes, trace: tuple[str, ...]) -> None:
-        self.body = body
-        self.trace = trace
-
-
-#: One received item: a tell's frame, or a framed message. Bodies are decoded only just
-#: before their handler runs, framed or not (decoding a whole drained run up front would
-#: keep hundreds of decoded messages alive at once, and the garbage collector would walk
-#: them all on every collection: 10x slower for batches, measured again for traced tells).
+#: One received item: a tell's frame, a traced tell of a bundle (`Traced`), or a framed
+#: message. Bodies are decoded only just before their handler runs, framed or not
+#: (decoding a whole drained run up front would keep hundreds of decoded messages alive at
+#: once, and the garbage collector would walk them all on every collection: 10x slower for
+#: batches, measured again for traced tells).
 Item = bytes | Traced | Envelope
-
-
-def _size(item: Item) -> int:
-    """The bytes an item counts for in the mailbox's budget."""
-    if isinstance(item, bytes):
-        return len(item)
-    return len(item.body) if isinstance(item, Traced) else item.size
 
 
 class Mailbox:
@@ -212,9 +192,9 @@ class Mailbox:
                 if isinstance(framed, Envelope):
                     items.append(framed)
                     size += framed.size
-                elif framed is not None:  # a bundle of tells
+                elif framed is not None:  # a bundle of tells (a `Traced`'s len is its body's)
                     items += framed
-                    size += sum(map(_size, framed))
+                    size += sum(map(len, framed))
                 continue
             items.append(frame)
             size += len(frame)
@@ -233,7 +213,7 @@ class Mailbox:
             if items:
                 return items
 
-    def _framed(self, first: bytes) -> Envelope | list[Item] | None:
+    def _framed(self, first: bytes) -> Envelope | list[bytes | Traced] | None:
         rest = recv_rest(self.sock, MAX_FRAMES)
         try:
             header = decode_header(first)
@@ -270,39 +250,27 @@ class Mailbox:
             return Envelope(header, size, body=body)
         return Envelope(header, size)
 
-    def _unbundle(self, body: bytes) -> list[Item] | None:
+    def _unbundle(self, body: bytes) -> list[bytes | Traced] | None:
         """The tells of a bundle, in order: each a tell's frame, or a traced tell."""
         try:
-            bundled = bundle_decoder.decode(body)
+            bundled = tells_decoder.decode(body)
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, body)
             return None
         self._received += len(bundled) - 1  # the frame was counted as one
-        return [tell if isinstance(tell, bytes) else Traced(*tell) for tell in bundled]
+        return bundled
 
     # -- taking messages (the cell) ---------------------------------------------------------
 
     def open(self, frame: bytes) -> Message | None:
-        """Take a tell off the queue and decode it; ``None`` when it is refused."""
+        """Take a tell off the queue and decode it (a traced tell of a bundle: its
+        ``body``); ``None`` when it is refused."""
         self._queued -= 1
         self._queued_bytes -= len(frame)
         try:
             msg = self._decode(frame)
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, frame)
-            return None
-        self._opened += 1
-        return msg
-
-    def open_traced(self, tell: Traced) -> Message | None:
-        """Take a traced tell of a bundle off the queue and decode it; ``None`` when it is
-        refused."""
-        self._queued -= 1
-        self._queued_bytes -= len(tell.body)
-        try:
-            msg = self._decode(tell.body)
-        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
-            self.reject(err, tell.body)
             return None
         self._opened += 1
         return msg

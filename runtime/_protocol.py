@@ -180,6 +180,30 @@ bundle_decoder: msgspec.msgpack.Decoder[list[bytes | tuple[bytes, tuple[str, ...
 )
 
 
+class Traced(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A traced tell of a bundle as a mailbox takes it: the ``[message, [context, ...]]``
+    pair of a `Bundle`, decoded straight into this (no Python object built per tell
+    after the decode), the message left undecoded until just before its handler.
+
+    Attributes:
+        body: The encoded message.
+        trace: Its trace context, current while its handler runs.
+    """
+
+    body: bytes
+    trace: _Trace
+
+    def __len__(self) -> int:
+        """The bytes it counts for in its mailbox's budget: its message's."""
+        return len(self.body)
+
+
+tells_decoder: msgspec.msgpack.Decoder[list[bytes | Traced]] = msgspec.msgpack.Decoder(
+    Annotated[list[bytes | Traced], msgspec.Meta(max_length=MAX_BUNDLE)]
+)
+"""A `Bundle`'s body as a mailbox takes it: each tell's frame, or a `Traced`."""
+
+
 class TellHeaders:
     """The headers of one sender's tells, encoded once: a bundle's (`Kind.TELLS`), and a
     traced tell's (`Kind.TELL`) up to its trace context, the header's last field.
@@ -213,17 +237,38 @@ def checked_trace(trace: Sequence[str]) -> tuple[str, ...]:
         ProtocolError: More than `MAX_TRACE` contexts, or one longer than
             `MAX_TRACE_CHARS` (the receiver would refuse the message).
     """
-    # One traceparent given as a string is one context, not one per character.
-    contexts = (trace,) if isinstance(trace, str) else tuple(trace)
-    if contexts:
-        longest = max(map(len, contexts))
-        if len(contexts) > MAX_TRACE or longest > MAX_TRACE_CHARS:
-            raise ProtocolError(
-                f"trace= holds {len(contexts):,} contexts, the longest of "
-                f"{longest:,} characters: a message carries at most "
-                f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
-            )
+    contexts = trace if type(trace) is tuple else contexts_of(trace)
+    trace_chars(contexts)
     return contexts
+
+
+def contexts_of(trace: Sequence[str]) -> tuple[str, ...]:
+    """``trace`` as a tuple of contexts, unchecked: one traceparent given as a string is one
+    context, not one per character."""
+    return (trace,) if isinstance(trace, str) else tuple(trace)
+
+
+def trace_chars(contexts: tuple[str, ...]) -> int:
+    """The characters of all ``contexts`` together, once they are checked to be within
+    their bounds (what a traced tell adds to a bundle's bytes, near enough).
+
+    A traced tell pays for this check, so it is cheap when it can be: contexts whose
+    characters add up to no more than `MAX_TRACE_CHARS` (one ``traceparent``, a few) hold
+    no context longer than that, and only longer traces are looked at one by one.
+
+    Raises:
+        ProtocolError: As `checked_trace`.
+    """
+    chars = len("".join(contexts))
+    if len(contexts) > MAX_TRACE or (
+        chars > MAX_TRACE_CHARS and max(map(len, contexts)) > MAX_TRACE_CHARS
+    ):
+        raise ProtocolError(
+            f"trace= holds {len(contexts):,} contexts, the longest of "
+            f"{max(map(len, contexts)):,} characters: a message carries at most "
+            f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
+        )
+    return chars
 
 
 # -- control bodies ---------------------------------------------------------------------------

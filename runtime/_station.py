@@ -56,12 +56,14 @@ from ._protocol import (
     TellHeaders,
     body_encoder,
     checked_trace,
+    contexts_of,
     cookie_ok,
     decode_header,
     down_decoder,
     encode_header,
     error_decoder,
     new_corr,
+    trace_chars,
     watch_decoder,
 )
 from ._throttle import Throttle
@@ -247,8 +249,9 @@ class Station:
         # Coalesced only to a mailbox a node started (its ref names it): one of this system.
         coalesce = bool(ref.owner)
         if trace:
-            contexts = checked_trace(trace)
-            if self.outbox.try_send_traced(address, body, contexts, coalesce):
+            contexts = trace if type(trace) is tuple else contexts_of(trace)
+            chars = trace_chars(contexts)
+            if self.outbox.try_send_traced(address, body, contexts, chars, coalesce):
                 return None
             return (self.header(Kind.TELL, trace=contexts), body)
         if self.outbox.try_send(address, body, coalesce):

@@ -506,28 +506,40 @@ class Outbox:
         return True
 
     def try_send_traced(
-        self, address: str, frame: bytes, trace: tuple[str, ...], coalesce: bool = False
+        self,
+        address: str,
+        frame: bytes,
+        trace: tuple[str, ...],
+        chars: int,
+        coalesce: bool = False,
     ) -> bool:
         """Send a traced tell if the queue has room now (``False`` if it is full): as a
         ``TELL`` header and its body, or with ``coalesce``, when it is not the turn's first
-        traced tell to ``address``, in its bundle.
+        traced tell to ``address``, in its bundle. ``chars``: of its contexts, together
+        (`runtime._protocol.trace_chars`, which checked them).
 
         Raises:
             ProtocolError: The message is larger than ``max_message_size``, or the address
                 is not the system's.
         """
-        size = len(frame) + sum(map(len, trace))
-        peer = self._peer(address)
-        if coalesce and size <= self._bundle_frame and not peer.stalled:
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peer(address)
+        else:
+            self._uses += 1
+            peer.used = self._uses
+        if coalesce and not peer.stalled:
             bundle = peer.bundle
-            if bundle is not None:
-                bundle.append((frame, trace))
-                peer.bundle_bytes += size
-                if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
-                    self._flush(peer)
-                return True
-            if peer.traced_turn == self._turn:
-                return self._open_bundle(peer, (frame, trace), size)
+            if bundle is not None or peer.traced_turn == self._turn:
+                size = len(frame) + chars
+                if size <= self._bundle_frame:
+                    if bundle is None:
+                        return self._open_bundle(peer, (frame, trace), size)
+                    bundle.append((frame, trace))
+                    peer.bundle_bytes += size
+                    if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
+                        self._flush(peer)
+                    return True
         assert self._tells is not None, "a node's outbox has its tell headers"
         if not self.try_send_frames(address, (self._tells.traced(trace), frame)):
             return False

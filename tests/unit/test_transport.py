@@ -26,12 +26,17 @@ from runtime import (
     handler,
 )
 from runtime._protocol import (
+    MAX_TRACE_CHARS,
     Header,
     Kind,
     TellHeaders,
+    Traced,
     bundle_decoder,
+    checked_trace,
     decode_header,
     encode_header,
+    tells_decoder,
+    trace_chars,
 )
 from runtime._transport import POLLIN, Outbox, ReadinessWaiter, TransportOptions
 
@@ -275,7 +280,8 @@ class GetSeen(Request[Seen]):
 
 
 class Recorder(Actor[Seq | GetSeen]):
-    """Records each tell's number and the trace context its handler saw."""
+    """Records each tell's number and the trace context its handler saw; a negative number's
+    handler raises after recording."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, tuple[str, ...]]] = []
@@ -283,6 +289,8 @@ class Recorder(Actor[Seq | GetSeen]):
     @handler
     def seq(self, msg: Seq) -> None:
         self.seen.append((msg.n, current_trace()))
+        if msg.n < 0:
+            raise ValueError(msg.n)
 
     @handler
     def get(self, msg: GetSeen) -> Seen:
@@ -382,3 +390,49 @@ class TestBundles:
         full = encode_header(Header(Kind.TELL, sender="me", cookie=b"k" * 16, trace=trace))
         assert head.traced(trace) == bytes(full)
         assert decode_header(head.bundle).kind is Kind.TELLS
+
+    def test_a_mailbox_takes_a_bundle_apart_into_frames_and_traced_tells_of_the_same_bytes(
+        self,
+    ) -> None:
+        plain, traced = msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))
+        body = msgspec.msgpack.encode([plain, (traced, ("ctx", ""))])
+        assert bundle_decoder.decode(body) == [plain, (traced, ("ctx", ""))]
+        items = tells_decoder.decode(body)
+        assert items == [plain, Traced(traced, ("ctx", ""))]
+        # What each counts for in the mailbox's byte budget: its message's bytes.
+        assert list(map(len, items)) == [len(plain), len(traced)]
+
+    async def test_a_traced_handler_that_raises_leaves_no_context_to_the_tells_after_it(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            for _ in range(2):  # the turn's first traced tell alone, then in a bundle
+                await ref.tell(Seq(n=-1), trace=("ctx",))
+                await ref.tell(Seq(n=1))
+            got = await ref.ask(GetSeen())
+            assert got.seen == [(-1, ("ctx",)), (1, ())] * 2
+            assert (await ref.ask(GetSeen(), trace=("asked",))).seen == got.seen
+            stats = await system.statistics(ref)
+            assert (stats.failed, stats.rejected) == (2, 0)
+
+
+class TestTraceBounds:
+    @pytest.mark.parametrize(
+        "trace",
+        [
+            ("a" * 100,) * 10,  # more than MAX_TRACE_CHARS together, each within it
+            ("x" * MAX_TRACE_CHARS,),
+            ("",) * 3,
+        ],
+    )
+    def test_contexts_each_within_the_bound_pass_with_their_characters_counted(
+        self, trace: tuple[str, ...]
+    ) -> None:
+        assert trace_chars(trace) == sum(map(len, trace))
+        assert checked_trace(list(trace)) == trace
+
+    def test_one_long_context_among_short_ones_is_refused(self) -> None:
+        trace = ("a" * 55,) * 40 + ("x" * (MAX_TRACE_CHARS + 1),)
+        with pytest.raises(ProtocolError, match="513 characters"):
+            trace_chars(trace)
