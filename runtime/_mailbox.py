@@ -192,6 +192,11 @@ class Mailbox:
                 if isinstance(framed, Envelope):
                     items.append(framed)
                     size += framed.size
+                    if framed.header.corr:
+                        # Somebody waits for its answer: that goes out before the next
+                        # read, which, when the request came alone, is one that fails
+                        # (5 us here, most of it zmq.Again's construction).
+                        break
                 elif framed is not None:  # a bundle of tells (a `Traced`'s len is its body's)
                     items += framed
                     size += sum(map(len, framed))
@@ -207,7 +212,7 @@ class Mailbox:
         """Wait for at least one message, then drain up to ``limit`` without awaiting."""
         while True:
             if self._emptied:
-                await self._waiter.wait(POLLIN)
+                await self._waiter.wait_woken(POLLIN)
                 self._emptied = False
             items = self.drain(limit)
             if items:

@@ -178,17 +178,28 @@ class ReadinessWaiter:
         """Return once ``EVENTS`` has ``event`` (``POLLIN`` or ``POLLOUT``), or the waiter
         is closed (its socket with it)."""
         while not self._closed and not events(self._sock) & event:
-            loop = asyncio.get_running_loop()
-            if self._loop is not loop:
-                self._watch(loop)
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    self._waiters = [w for w in self._waiters if w is not fut]
+            await self._woken()
+
+    async def wait_woken(self, event: int) -> None:
+        """Return once ``EVENTS`` has ``event``, or after the socket's next wake-up, or once
+        the waiter is closed: for a caller that tries its read next and calls again when it
+        gets nothing. A wake-up almost always means a message, and reading ``EVENTS`` again
+        to be sure cost each one 2 us here (a read that fails re-arms the fd as well)."""
+        if not self._closed and not events(self._sock) & event:
+            await self._woken()
+
+    async def _woken(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._watch(loop)
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+                self._waiters = [w for w in self._waiters if w is not fut]
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not None:
