@@ -436,3 +436,42 @@ class TestTraceBounds:
         trace = ("a" * 55,) * 40 + ("x" * (MAX_TRACE_CHARS + 1),)
         with pytest.raises(ProtocolError, match="513 characters"):
             trace_chars(trace)
+
+
+class TestRequestsInADrain:
+    async def test_a_request_is_answered_before_the_tells_queued_behind_it_are_handled(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            async with anyio.create_task_group() as tg:
+                # One turn: a tell alone, the ask, then a tell in a bundle; all queued at
+                # once on the pipe, and a drain stops at the ask.
+                await ref.tell(Seq(n=1))
+                answers: list[Seen] = []
+
+                async def ask() -> None:
+                    answers.append(await ref.ask(GetSeen()))
+
+                tg.start_soon(ask)
+                await anyio.lowlevel.checkpoint()
+                await ref.tell(Seq(n=2))
+                await ref.tell(Seq(n=3))
+            assert answers[0].seen == [(1, ())]
+            assert (await ref.ask(GetSeen())).seen == [(n, ()) for n in (1, 2, 3)]
+
+    async def test_replies_arriving_together_each_resolve_their_ask(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            for n in range(50):
+                await ref.tell(Seq(n=n))
+            results: list[int] = []
+
+            async def ask() -> None:
+                results.append(len((await ref.ask(GetSeen())).seen))
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(20):
+                        tg.start_soon(ask)
+            assert results == [50] * 20
