@@ -31,7 +31,7 @@ from ._protocol import (
     tells_decoder,
 )
 from ._throttle import Throttle
-from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame, recv_rest
+from ._transport import NOBLOCK, ReadinessWaiter, recv_frame, recv_rest
 
 if TYPE_CHECKING:
     import logging
@@ -185,6 +185,7 @@ class Mailbox:
                 frame = recv_frame(sock, NOBLOCK)
             except zmq.Again:
                 self._emptied = True
+                self._waiter.rearmed()
                 break
             self._received += 1
             if frame and frame[0] == HEADER_MARK:
@@ -211,8 +212,8 @@ class Mailbox:
     async def receive(self, limit: int = 1024) -> list[Item]:
         """Wait for at least one message, then drain up to ``limit`` without awaiting."""
         while True:
-            if self._emptied:
-                await self._waiter.wait_woken(POLLIN)
+            if self._emptied:  # the last read failed: sleep until the fd fires
+                await self._waiter.woken()
                 self._emptied = False
             items = self.drain(limit)
             if items:

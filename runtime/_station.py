@@ -509,29 +509,37 @@ class Station:
 
     def read_replies(self) -> None:
         """Read every reply queued now (a monitor does, before it reads last words)."""
-        while self._read_reply():
+        while self._read_reply(check=True):
             pass
 
     def _on_replies(self) -> None:
-        """The reply inbox's reader: one frame, then the rest later in this turn of the
-        event loop, after whatever that frame woke (an asker resumes sooner than if this
-        read ``EVENTS`` again first: 2 us here)."""
-        if self._read_reply() and self._loop is not None:
-            self._loop.call_soon(self._on_replies)
+        """The reply inbox's fd fired: read a frame at once (a wake-up almost always means
+        one; a spurious one costs a failed read), and any more later in this turn of the
+        event loop, after whatever this one woke: the asker resumes without waiting for two
+        ``EVENTS`` reads (2 us each here)."""
+        if self._read_reply(check=False) and self._loop is not None:
+            self._loop.call_soon(self._more_replies)
 
-    def _read_reply(self) -> bool:
-        """Read and act on one frame of the reply inbox; whether there was one."""
+    def _more_replies(self) -> None:
+        if self._read_reply(check=True) and self._loop is not None:
+            self._loop.call_soon(self._more_replies)
+
+    def _read_reply(self, check: bool) -> bool:
+        """Read and act on one frame of the reply inbox; whether there was one.
+
+        Args:
+            check: Ask ``EVENTS`` first (when a frame is unlikely: the read that would fail
+                then costs more than asking). Either way, the socket's fd is re-armed.
+        """
         if self.closed:
             return False
         sock = self.reply_sock
-        # One reply per wake-up is the common case: asking EVENTS (which also re-arms the
-        # edge-triggered fd) is cheaper than the failing recv that would end a drain.
-        if not events(sock) & POLLIN:
+        if check and not events(sock) & POLLIN:
             return False
         try:
             first = recv_frame(sock, NOBLOCK)
         except zmq.Again:
-            return True
+            return check  # asked and told yes, yet none: ask again
         frames = recv_rest(sock, MAX_FRAMES)
         try:
             self._resolve(first, frames)

@@ -151,6 +151,8 @@ class ReadinessWaiter:
         self._waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: The fd fired while nobody waited, since `rearmed` was last called.
+        self._fired = False
 
     @property
     def closed(self) -> bool:
@@ -165,6 +167,7 @@ class ReadinessWaiter:
     def _wake(self) -> None:
         if not self._waiters:
             events(self._sock)  # consume the edge nobody waits for
+            self._fired = True
             return
         self._release()
 
@@ -180,13 +183,24 @@ class ReadinessWaiter:
         while not self._closed and not events(self._sock) & event:
             await self._woken()
 
-    async def wait_woken(self, event: int) -> None:
-        """Return once ``EVENTS`` has ``event``, or after the socket's next wake-up, or once
-        the waiter is closed: for a caller that tries its read next and calls again when it
-        gets nothing. A wake-up almost always means a message, and reading ``EVENTS`` again
-        to be sure cost each one 2 us here (a read that fails re-arms the fd as well)."""
-        if not self._closed and not events(self._sock) & event:
-            await self._woken()
+    def rearmed(self) -> None:
+        """Note that a non-blocking read just failed: it processed the socket's pending
+        commands, which re-arms the fd just as reading ``EVENTS`` does."""
+        self._fired = False
+
+    async def woken(self) -> None:
+        """Return once the socket's fd has fired since `rearmed` was last called (at once
+        if it already did, while nobody waited), or the waiter is closed: for a reader
+        that reads again next.
+
+        A wake-up almost always means a message. Reading ``EVENTS`` before sleeping and
+        again after waking, as `wait` does, cost a reader 2 us each here; a spurious
+        wake-up costs it one failed read instead.
+        """
+        if self._fired or self._closed:
+            self._fired = False
+            return
+        await self._woken()
 
     async def _woken(self) -> None:
         loop = asyncio.get_running_loop()
