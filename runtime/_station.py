@@ -52,6 +52,7 @@ from ._protocol import (
     NODE_KINDS,
     ErrorBody,
     Header,
+    HeaderTemplate,
     Kind,
     TellHeaders,
     body_encoder,
@@ -91,6 +92,8 @@ _KNOWN_KEPT = 100_000
 _MAX_SOCKETS = 16_384
 #: How many asked names get a round-trip histogram of their own (the rest share one).
 _ASKED_KEPT = 1_024
+#: How many untraced headers (kind, reply body type) are kept encoded but for their id.
+_HEADERS_KEPT = 4_096
 _OTHER = "(other)"
 _encode = body_encoder.encode
 _NONE = _encode(None)
@@ -173,6 +176,7 @@ class Station:
             name, self.reply_address, options.heartbeat, self.deaths, self.notify
         )
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+        self._headers: dict[tuple[Kind, str], HeaderTemplate] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -289,14 +293,23 @@ class Station:
 
     def header(
         self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
-    ) -> bytearray:
+    ) -> bytes | bytearray:
         """An encoded header from this station, with the cookie (and trace context, if any).
 
         Raises:
             ProtocolError: More than `MAX_TRACE` contexts, or one longer than
                 `MAX_TRACE_CHARS` (the receiver would refuse the message).
         """
-        contexts = checked_trace(trace) if trace else ()
+        if not trace:
+            template = self._headers.get((kind, body_type))
+            if template is None:
+                template = HeaderTemplate(
+                    kind, self.reply_address, self.name, self.cookie, body_type
+                )
+                if len(self._headers) < _HEADERS_KEPT:
+                    self._headers[kind, body_type] = template
+            return template.encode(corr)
+        contexts = checked_trace(trace)
         return encode_header(
             Header(
                 kind,

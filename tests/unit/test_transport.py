@@ -28,6 +28,7 @@ from runtime import (
 from runtime._protocol import (
     MAX_TRACE_CHARS,
     Header,
+    HeaderTemplate,
     Kind,
     TellHeaders,
     Traced,
@@ -390,6 +391,17 @@ class TestBundles:
         full = encode_header(Header(Kind.TELL, sender="me", cookie=b"k" * 16, trace=trace))
         assert head.traced(trace) == bytes(full)
         assert decode_header(head.bundle).kind is Kind.TELLS
+
+    @pytest.mark.parametrize("corr", [0, 1, 127, 128, 65_535, 2**32 - 1, 2**32, 2**63 - 1])
+    @pytest.mark.parametrize("body_type", ["", "tests.unit.test_transport:Seen"])
+    def test_a_header_template_gives_the_bytes_the_header_encodes_to(
+        self, corr: int, body_type: str
+    ) -> None:
+        for kind in (Kind.ASK, Kind.REPLY, Kind.STOP):
+            template = HeaderTemplate(kind, "ipc:///x/r1", "me", b"k" * 16, body_type)
+            full = Header(kind, corr, "ipc:///x/r1", "me", body_type, cookie=b"k" * 16)
+            assert template.encode(corr) == bytes(encode_header(full))
+            assert decode_header(template.encode(corr)) == full
 
     def test_a_mailbox_takes_a_bundle_apart_into_frames_and_traced_tells_of_the_same_bytes(
         self,
