@@ -6,7 +6,6 @@ measure what a user of the runtime gets.
 
 from __future__ import annotations
 
-import functools
 import time
 
 import msgspec
@@ -49,16 +48,20 @@ async def measure_tell(
     async with _system(transport) as system:
         ref = await system.spawn(Counter, name="counter")
         tell = ref.tell
-        if traced:
-            contexts = (TRACEPARENT,) * (1 if payload == "small" else BATCH_SIZE)
-            tell = functools.partial(ref.tell, trace=contexts)
+        # Called as a user calls it: a ``functools.partial`` holding the keyword cost the
+        # traced variant about 0.2 us a tell of the benchmark's own (a dict per call).
+        contexts = (TRACEPARENT,) * (1 if payload == "small" else BATCH_SIZE) if traced else ()
         sent = 0
 
         async def burst(n: int) -> float:
             nonlocal sent
             t0 = time.perf_counter_ns()
-            for _ in range(n):
-                await tell(msg)
+            if contexts:
+                for _ in range(n):
+                    await tell(msg, trace=contexts)
+            else:
+                for _ in range(n):
+                    await tell(msg)
             reply = await ref.ask(CountQuery(), timeout=_ASK_TIMEOUT)
             elapsed = (time.perf_counter_ns() - t0) / 1e9
             sent += n

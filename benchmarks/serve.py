@@ -403,6 +403,11 @@ def figures_of(
         for q in (0.5, 0.99):
             if values:
                 add(f"{name}_p{round(q * 100)}", nearest_rank_quantile(values, q), "ms")
+    # How to read the inter-token latency: at zero step time the engine stand-in outruns
+    # the front end, so a text chunk carries several tokens, and the gaps between chunks
+    # are either ~0 (chunks a client reads together) or a whole delivery period.
+    chunks = sum(len(r.itl) + 1 for r in ok if r.ttft is not None)
+    add("tokens_per_chunk", tokens / max(chunks, 1), "tok", "text chunks a client received", INFO)
     for role in ROLES:
         if role in by_role:
             add(f"cpu_{role}_us", by_role[role] * us, "us/req", "measured", INFO)

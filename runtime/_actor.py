@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
-from ._context import current_station, enter_trace
+from ._context import current_station, leave_traces
 from ._message import Message, reply_type
 
 if TYPE_CHECKING:
@@ -319,5 +319,5 @@ class Actor(Generic[M]):
 async def _untraced(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
     """Run a background task outside the trace context of the handler that started it (a
     task copies its starter's context: it would report that message's trace for ever)."""
-    enter_trace(())
+    leave_traces()
     await fn(*args)

@@ -19,12 +19,20 @@ import anyio
 
 from ._actor import handler_table
 from ._codec import MailboxDecoder
-from ._context import enter_trace, handling_address, leave_trace
+from ._context import TraceSlot, handling_address, open_trace_slot
 from ._errors import ProtocolError, TokenyardError, sole_error
-from ._mailbox import Envelope, Traced
+from ._mailbox import Envelope
 from ._message import type_path
 from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
-from ._protocol import HANDLED_KINDS, ErrorBody, Header, Kind, LookupQuery, LookupReply
+from ._protocol import (
+    HANDLED_KINDS,
+    ErrorBody,
+    Header,
+    Kind,
+    LookupQuery,
+    LookupReply,
+    Traced,
+)
 from ._stats import ActorMetrics
 from ._throttle import Throttle
 
@@ -83,6 +91,8 @@ class Cell:
         self._handler_slots = [0] * POW2_SLOTS
         self._handler_ns = 0
         self._runs = 0
+        #: Where the handlers' trace context is current (`serve` makes it so in its task).
+        self._trace: TraceSlot = TraceSlot()
 
     def metrics(self) -> ActorMetrics:
         """This actor's statistics now."""
@@ -149,6 +159,7 @@ class Cell:
     async def serve(self) -> Header | None:
         """Handle messages until a stop request; return it (after draining what is queued)."""
         handling_address.set(self.mailbox.address)
+        self._trace = open_trace_slot()
         mailbox = self.mailbox
         stop: Header | None = None
         while stop is None:
@@ -172,32 +183,40 @@ class Cell:
         actor = self.actor
         handlers = self._handlers
         open_tell = mailbox.open
+        trace = self._trace
         stop: Header | None = None
         for item in items:
-            token = None
             if type(item) is bytes:
                 msg = open_tell(item)
-            elif isinstance(item, Traced):  # a traced tell of a bundle: its context current
-                msg = mailbox.open_traced(item)
-                if msg is not None:
-                    token = enter_trace(item.trace)
+                if msg is None:
+                    continue
+                fn, is_async = handlers[type(msg)]
+                try:
+                    if is_async:
+                        await fn(msg)
+                    else:
+                        fn(msg)
+                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
+                    self._handler_failed(msg, err)
+            elif type(item) is Traced:  # a traced tell of a bundle: its context current
+                msg = open_tell(item.body)
+                if msg is None:
+                    continue
+                fn, is_async = handlers[type(msg)]
+                trace.trace = item.trace
+                try:
+                    if is_async:
+                        await fn(msg)
+                    else:
+                        fn(msg)
+                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
+                    self._handler_failed(msg, err)
+                finally:
+                    trace.trace = ()
             else:
                 assert isinstance(item, Envelope)
                 stop = await self._handle_framed(item) or stop
                 continue
-            if msg is None:
-                continue
-            fn, is_async = handlers[type(msg)]
-            try:
-                if is_async:
-                    await fn(msg)
-                else:
-                    fn(msg)
-            except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-                self._handler_failed(msg, err)
-            finally:
-                if token is not None:
-                    leave_trace(token)
             if actor._failure is not None:
                 raise actor._failure  # crash() was called: nothing more is handled
         return stop
@@ -209,23 +228,23 @@ class Cell:
         actor = self.actor
         handlers = self._handlers
         open_tell = mailbox.open
+        trace = self._trace
         slots = self._handler_slots
         stop: Header | None = None
         spent = 0
         started = clock()
         for item in items:
-            token = None
-            if type(item) is bytes or isinstance(item, Traced):
-                if type(item) is bytes:
-                    msg = open_tell(item)
+            if type(item) is bytes or type(item) is Traced:
+                if isinstance(item, Traced):
+                    msg = open_tell(item.body)
+                    context = item.trace
                 else:
-                    assert isinstance(item, Traced)
-                    msg = mailbox.open_traced(item)
-                    if msg is not None:
-                        token = enter_trace(item.trace)
+                    msg = open_tell(item)
+                    context = ()
                 if msg is None:
                     continue
                 fn, is_async = handlers[type(msg)]
+                trace.trace = context
                 try:
                     if is_async:
                         await fn(msg)
@@ -234,8 +253,7 @@ class Cell:
                 except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
                     self._handler_failed(msg, err)
                 finally:
-                    if token is not None:
-                        leave_trace(token)
+                    trace.trace = ()
                 ended = clock()
                 took = ended - started
                 slots[(took // 1000).bit_length()] += 1
@@ -298,7 +316,7 @@ class Cell:
         if isinstance(msg, ErrorBody):  # refused (counted and logged): nobody to tell
             return
         fn, is_async = self._handlers[type(msg)]
-        token = enter_trace(envelope.header.trace)
+        self._trace.trace = envelope.header.trace
         try:
             if is_async:
                 await fn(msg)
@@ -307,7 +325,7 @@ class Cell:
         except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
             self._handler_failed(msg, err)
         finally:
-            leave_trace(token)
+            self._trace.trace = ()
 
     async def _handle_ask(self, envelope: Envelope) -> None:
         header = envelope.header
@@ -316,7 +334,7 @@ class Cell:
             await self._reply_error(header, msg)
             return
         fn, is_async = self._handlers[type(msg)]
-        token = enter_trace(header.trace) if header.trace else None
+        self._trace.trace = header.trace
         try:
             result = await fn(msg) if is_async else fn(msg)
         except Exception as err:  # noqa: BLE001 - the asker gets the error as data
@@ -325,8 +343,7 @@ class Cell:
             await self._reply_error(header, ErrorBody.of(err))
             return
         finally:
-            if token is not None:
-                leave_trace(token)
+            self._trace.trace = ()
         await self._reply(header, result)
 
     async def _reply(self, header: Header, result: object) -> None:

@@ -83,13 +83,43 @@ _open: list[Sender] = []
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
 handling_address: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_handling")
 
-#: The trace context of the message whose handler is running (set only around a traced one).
-_trace: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "tokenyard_trace", default=()
+
+class TraceSlot:
+    """The trace context of the message a cell is handling now, read by `current_trace`.
+
+    Each cell makes its own slot current once, in the task that runs its handlers, and
+    writes a traced message's context into it around the handler (``()`` after): two
+    attribute stores per traced message, where a context variable set and reset around
+    every one cost a traced tell a sixth of its receiving time, measured.
+
+    Attributes:
+        trace: The contexts (``()``: none).
+    """
+
+    __slots__ = ("trace",)
+
+    def __init__(self) -> None:
+        self.trace: tuple[str, ...] = ()
+
+
+#: Current outside any cell, and in the tasks an actor starts (never written).
+_NO_TRACE = TraceSlot()
+_trace: contextvars.ContextVar[TraceSlot] = contextvars.ContextVar(
+    "tokenyard_trace", default=_NO_TRACE
 )
-#: Set `_trace` for a traced message's handler; the token resets it after.
-enter_trace = _trace.set
-leave_trace = _trace.reset
+
+
+def open_trace_slot() -> TraceSlot:
+    """Make a new, empty slot current in this task (a cell's, before it handles anything)."""
+    slot = TraceSlot()
+    _trace.set(slot)
+    return slot
+
+
+def leave_traces() -> None:
+    """Make no trace context current in this task again (a task an actor starts: it would
+    otherwise share its starter's slot, and report whichever message is handled then)."""
+    _trace.set(_NO_TRACE)
 
 
 def current_trace() -> tuple[str, ...]:
@@ -101,9 +131,11 @@ def current_trace() -> tuple[str, ...]:
 
     Returns:
         The contexts; empty when the message came with none, or outside a handler (a
-        task an actor starts with ``start_soon`` from a handler included).
+        task an actor starts with ``start_soon`` from a handler included). A task
+        started some other way from a handler, and still running once the handler has
+        returned, reads the context of whatever message its actor is handling then.
     """
-    return _trace.get()
+    return _trace.get().trace
 
 
 def current_station() -> Sender:

@@ -24,13 +24,14 @@ from ._protocol import (
     ErrorBody,
     Header,
     Kind,
-    bundle_decoder,
+    Traced,
     cookie_ok,
     decode_header,
     lookup_decoder,
+    tells_decoder,
 )
 from ._throttle import Throttle
-from ._transport import NOBLOCK, POLLIN, ReadinessWaiter, recv_frame, recv_rest
+from ._transport import NOBLOCK, ReadinessWaiter, recv_frame, recv_rest
 
 if TYPE_CHECKING:
     import logging
@@ -105,33 +106,12 @@ class Envelope:
         self.body = body
 
 
-class Traced:
-    """A traced tell of a bundle: its undecoded message and its trace context.
-
-    Attributes:
-        body: The message, decoded by `Mailbox.open_traced` just before its handler.
-        trace: Its trace context, current while its handler runs.
-    """
-
-    __slots__ = ("body", "trace")
-
-    def __init__(self, body: bytes, trace: tuple[str, ...]) -> None:
-        self.body = body
-        self.trace = trace
-
-
-#: One received item: a tell's frame, or a framed message. Bodies are decoded only just
-#: before their handler runs, framed or not (decoding a whole drained run up front would
-#: keep hundreds of decoded messages alive at once, and the garbage collector would walk
-#: them all on every collection: 10x slower for batches, measured again for traced tells).
+#: One received item: a tell's frame, a traced tell of a bundle (`Traced`), or a framed
+#: message. Bodies are decoded only just before their handler runs, framed or not
+#: (decoding a whole drained run up front would keep hundreds of decoded messages alive at
+#: once, and the garbage collector would walk them all on every collection: 10x slower for
+#: batches, measured again for traced tells).
 Item = bytes | Traced | Envelope
-
-
-def _size(item: Item) -> int:
-    """The bytes an item counts for in the mailbox's budget."""
-    if isinstance(item, bytes):
-        return len(item)
-    return len(item.body) if isinstance(item, Traced) else item.size
 
 
 class Mailbox:
@@ -205,6 +185,7 @@ class Mailbox:
                 frame = recv_frame(sock, NOBLOCK)
             except zmq.Again:
                 self._emptied = True
+                self._waiter.rearmed()
                 break
             self._received += 1
             if frame and frame[0] == HEADER_MARK:
@@ -212,9 +193,14 @@ class Mailbox:
                 if isinstance(framed, Envelope):
                     items.append(framed)
                     size += framed.size
-                elif framed is not None:  # a bundle of tells
+                    if framed.header.corr:
+                        # Somebody waits for its answer: that goes out before the next
+                        # read, which, when the request came alone, is one that fails
+                        # (5 us here, most of it zmq.Again's construction).
+                        break
+                elif framed is not None:  # a bundle of tells (a `Traced`'s len is its body's)
                     items += framed
-                    size += sum(map(_size, framed))
+                    size += sum(map(len, framed))
                 continue
             items.append(frame)
             size += len(frame)
@@ -226,14 +212,14 @@ class Mailbox:
     async def receive(self, limit: int = 1024) -> list[Item]:
         """Wait for at least one message, then drain up to ``limit`` without awaiting."""
         while True:
-            if self._emptied:
-                await self._waiter.wait(POLLIN)
+            if self._emptied:  # the last read failed: sleep until the fd fires
+                await self._waiter.woken()
                 self._emptied = False
             items = self.drain(limit)
             if items:
                 return items
 
-    def _framed(self, first: bytes) -> Envelope | list[Item] | None:
+    def _framed(self, first: bytes) -> Envelope | list[bytes | Traced] | None:
         rest = recv_rest(self.sock, MAX_FRAMES)
         try:
             header = decode_header(first)
@@ -270,39 +256,27 @@ class Mailbox:
             return Envelope(header, size, body=body)
         return Envelope(header, size)
 
-    def _unbundle(self, body: bytes) -> list[Item] | None:
+    def _unbundle(self, body: bytes) -> list[bytes | Traced] | None:
         """The tells of a bundle, in order: each a tell's frame, or a traced tell."""
         try:
-            bundled = bundle_decoder.decode(body)
+            bundled = tells_decoder.decode(body)
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, body)
             return None
         self._received += len(bundled) - 1  # the frame was counted as one
-        return [tell if isinstance(tell, bytes) else Traced(*tell) for tell in bundled]
+        return bundled
 
     # -- taking messages (the cell) ---------------------------------------------------------
 
     def open(self, frame: bytes) -> Message | None:
-        """Take a tell off the queue and decode it; ``None`` when it is refused."""
+        """Take a tell off the queue and decode it (a traced tell of a bundle: its
+        ``body``); ``None`` when it is refused."""
         self._queued -= 1
         self._queued_bytes -= len(frame)
         try:
             msg = self._decode(frame)
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, frame)
-            return None
-        self._opened += 1
-        return msg
-
-    def open_traced(self, tell: Traced) -> Message | None:
-        """Take a traced tell of a bundle off the queue and decode it; ``None`` when it is
-        refused."""
-        self._queued -= 1
-        self._queued_bytes -= len(tell.body)
-        try:
-            msg = self._decode(tell.body)
-        except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
-            self.reject(err, tell.body)
             return None
         self._opened += 1
         return msg

@@ -161,6 +161,37 @@ def encode_header(header: Header) -> bytearray:
     return buf
 
 
+class HeaderTemplate:
+    """The untraced header of one kind from one sender, encoded once but for its
+    correlation id: what an ask or a reply costs to head is then a concatenation.
+
+    An array-like header encodes its fields in order, the kind (a one-byte integer) and the
+    correlation id first: the template is the bytes before the id and those after it, and
+    the id is encoded between them as msgpack encodes any integer.
+
+    Args:
+        kind: The kind.
+        reply_to: The sender's reply address.
+        sender: The sender's name.
+        cookie: The system's cookie.
+        body_type: The reply body's type path ('' for none).
+    """
+
+    def __init__(
+        self, kind: Kind, reply_to: str, sender: str, cookie: bytes, body_type: str = ""
+    ) -> None:
+        whole = encode_header(Header(kind, 0, reply_to, sender, body_type, cookie=cookie))
+        # The mark, a fixarray of the header's fields, the kind, then the id 0 (one byte).
+        assert whole[1] == 0x90 + len(Header.__struct_fields__)
+        assert whole[3] == 0
+        self._prefix = bytes(whole[:3])
+        self._suffix = bytes(whole[4:])
+
+    def encode(self, corr: int) -> bytes:
+        """The header with ``corr``: the same bytes as `encode_header` gives."""
+        return self._prefix + _header_encoder.encode(corr) + self._suffix
+
+
 def decode_header(frame: bytes) -> Header:
     """Decode a header frame (the caller has checked the mark byte)."""
     return _header_decoder.decode(memoryview(frame)[1:])
@@ -178,6 +209,30 @@ traced one as ``(message, trace)``, its trace context as a header's ``trace``.""
 bundle_decoder: msgspec.msgpack.Decoder[list[bytes | tuple[bytes, tuple[str, ...]]]] = (
     msgspec.msgpack.Decoder(Bundle)
 )
+
+
+class Traced(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A traced tell of a bundle as a mailbox takes it: the ``[message, [context, ...]]``
+    pair of a `Bundle`, decoded straight into this (no Python object built per tell
+    after the decode), the message left undecoded until just before its handler.
+
+    Attributes:
+        body: The encoded message.
+        trace: Its trace context, current while its handler runs.
+    """
+
+    body: bytes
+    trace: _Trace
+
+    def __len__(self) -> int:
+        """The bytes it counts for in its mailbox's budget: its message's."""
+        return len(self.body)
+
+
+tells_decoder: msgspec.msgpack.Decoder[list[bytes | Traced]] = msgspec.msgpack.Decoder(
+    Annotated[list[bytes | Traced], msgspec.Meta(max_length=MAX_BUNDLE)]
+)
+"""A `Bundle`'s body as a mailbox takes it: each tell's frame, or a `Traced`."""
 
 
 class TellHeaders:
@@ -213,17 +268,38 @@ def checked_trace(trace: Sequence[str]) -> tuple[str, ...]:
         ProtocolError: More than `MAX_TRACE` contexts, or one longer than
             `MAX_TRACE_CHARS` (the receiver would refuse the message).
     """
-    # One traceparent given as a string is one context, not one per character.
-    contexts = (trace,) if isinstance(trace, str) else tuple(trace)
-    if contexts:
-        longest = max(map(len, contexts))
-        if len(contexts) > MAX_TRACE or longest > MAX_TRACE_CHARS:
-            raise ProtocolError(
-                f"trace= holds {len(contexts):,} contexts, the longest of "
-                f"{longest:,} characters: a message carries at most "
-                f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
-            )
+    contexts = trace if type(trace) is tuple else contexts_of(trace)
+    trace_chars(contexts)
     return contexts
+
+
+def contexts_of(trace: Sequence[str]) -> tuple[str, ...]:
+    """``trace`` as a tuple of contexts, unchecked: one traceparent given as a string is one
+    context, not one per character."""
+    return (trace,) if isinstance(trace, str) else tuple(trace)
+
+
+def trace_chars(contexts: tuple[str, ...]) -> int:
+    """The characters of all ``contexts`` together, once they are checked to be within
+    their bounds (what a traced tell adds to a bundle's bytes, near enough).
+
+    A traced tell pays for this check, so it is cheap when it can be: contexts whose
+    characters add up to no more than `MAX_TRACE_CHARS` (one ``traceparent``, a few) hold
+    no context longer than that, and only longer traces are looked at one by one.
+
+    Raises:
+        ProtocolError: As `checked_trace`.
+    """
+    chars = len("".join(contexts))
+    if len(contexts) > MAX_TRACE or (
+        chars > MAX_TRACE_CHARS and max(map(len, contexts)) > MAX_TRACE_CHARS
+    ):
+        raise ProtocolError(
+            f"trace= holds {len(contexts):,} contexts, the longest of "
+            f"{max(map(len, contexts)):,} characters: a message carries at most "
+            f"{MAX_TRACE:,} (one per request of a batch) of {MAX_TRACE_CHARS} each"
+        )
+    return chars
 
 
 # -- control bodies ---------------------------------------------------------------------------

@@ -52,16 +52,19 @@ from ._protocol import (
     NODE_KINDS,
     ErrorBody,
     Header,
+    HeaderTemplate,
     Kind,
     TellHeaders,
     body_encoder,
     checked_trace,
+    contexts_of,
     cookie_ok,
     decode_header,
     down_decoder,
     encode_header,
     error_decoder,
     new_corr,
+    trace_chars,
     watch_decoder,
 )
 from ._throttle import Throttle
@@ -77,7 +80,7 @@ from ._transport import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Container, Iterator, Sequence
+    from collections.abc import Callable, Container, Sequence
 
     from ._context import Frames, RefLike
     from ._protocol import Down
@@ -89,6 +92,8 @@ _KNOWN_KEPT = 100_000
 _MAX_SOCKETS = 16_384
 #: How many asked names get a round-trip histogram of their own (the rest share one).
 _ASKED_KEPT = 1_024
+#: How many untraced headers (kind, reply body type) are kept encoded but for their id.
+_HEADERS_KEPT = 4_096
 _OTHER = "(other)"
 _encode = body_encoder.encode
 _NONE = _encode(None)
@@ -98,15 +103,10 @@ def _succeeded(future: asyncio.Future[Any]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
-@contextlib.contextmanager
-def _unreadable(future: asyncio.Future[Any]) -> Iterator[None]:
+def _unreadable(future: asyncio.Future[Any], err: Exception) -> None:
     """Fail ``future`` at once when its reply does not decode: the asker is told, not left
-    waiting (the error still propagates, to be counted as a rejection)."""
-    try:
-        yield
-    except Exception as err:
-        future.set_exception(ProtocolError(f"an undecodable reply: {err}"))
-        raise
+    waiting (the caller raises the error on, to be counted as a rejection)."""
+    future.set_exception(ProtocolError(f"an undecodable reply: {err}"))
 
 
 @dataclass(slots=True)
@@ -176,6 +176,7 @@ class Station:
             name, self.reply_address, options.heartbeat, self.deaths, self.notify
         )
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+        self._headers: dict[tuple[Kind, str], HeaderTemplate] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -247,8 +248,9 @@ class Station:
         # Coalesced only to a mailbox a node started (its ref names it): one of this system.
         coalesce = bool(ref.owner)
         if trace:
-            contexts = checked_trace(trace)
-            if self.outbox.try_send_traced(address, body, contexts, coalesce):
+            contexts = trace if type(trace) is tuple else contexts_of(trace)
+            chars = trace_chars(contexts)
+            if self.outbox.try_send_traced(address, body, contexts, chars, coalesce):
                 return None
             return (self.header(Kind.TELL, trace=contexts), body)
         if self.outbox.try_send(address, body, coalesce):
@@ -291,14 +293,23 @@ class Station:
 
     def header(
         self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
-    ) -> bytearray:
+    ) -> bytes | bytearray:
         """An encoded header from this station, with the cookie (and trace context, if any).
 
         Raises:
             ProtocolError: More than `MAX_TRACE` contexts, or one longer than
                 `MAX_TRACE_CHARS` (the receiver would refuse the message).
         """
-        contexts = checked_trace(trace) if trace else ()
+        if not trace:
+            template = self._headers.get((kind, body_type))
+            if template is None:
+                template = HeaderTemplate(
+                    kind, self.reply_address, self.name, self.cookie, body_type
+                )
+                if len(self._headers) < _HEADERS_KEPT:
+                    self._headers[kind, body_type] = template
+            return template.encode(corr)
+        contexts = checked_trace(trace)
         return encode_header(
             Header(
                 kind,
@@ -324,12 +335,11 @@ class Station:
         self.deaths.subscribe(ref)
         corr, future = self.new_request(ref.address)
         try:
-            await self.outbox.send_frames(
-                ref.address,
-                (self.header(Kind.ASK, corr, trace=trace), _encode(msg)),
-                timeout,
-                lambda: self.deaths.check_alive(ref),
-            )
+            frames = (self.header(Kind.ASK, corr, trace=trace), _encode(msg))
+            if not self.outbox.try_send_frames(ref.address, frames):
+                await self.outbox.send_frames(
+                    ref.address, frames, timeout, lambda: self.deaths.check_alive(ref)
+                )
             assert self._loop is not None
             pending = self._pending.get(corr)
             if pending is not None:
@@ -488,11 +498,9 @@ class Station:
                 f"a handler returned {type(result).__name__}; handlers return a Message or None"
             )
         body_type = "" if result is None else type_path(type(result))
-        await self.outbox.send_frames(
-            header.reply_to,
-            (self.header(Kind.REPLY, header.corr, body_type), _encode(result)),
-            timeout,
-        )
+        frames = (self.header(Kind.REPLY, header.corr, body_type), _encode(result))
+        if not self.outbox.try_send_frames(header.reply_to, frames):
+            await self.outbox.send_frames(header.reply_to, frames, timeout)
 
     async def reply_error(
         self, header: Header, body: ErrorBody, timeout: float | None = None
@@ -514,30 +522,49 @@ class Station:
 
     def read_replies(self) -> None:
         """Read every reply queued now (a monitor does, before it reads last words)."""
-        self._on_replies()
+        while self._read_reply(check=True):
+            pass
 
     def _on_replies(self) -> None:
+        """The reply inbox's fd fired: read a frame at once (a wake-up almost always means
+        one; a spurious one costs a failed read), and any more later in this turn of the
+        event loop, after whatever this one woke: the asker resumes without waiting for two
+        ``EVENTS`` reads (2 us each here)."""
+        if self._read_reply(check=False) and self._loop is not None:
+            self._loop.call_soon(self._more_replies)
+
+    def _more_replies(self) -> None:
+        if self._read_reply(check=True) and self._loop is not None:
+            self._loop.call_soon(self._more_replies)
+
+    def _read_reply(self, check: bool) -> bool:
+        """Read and act on one frame of the reply inbox; whether there was one.
+
+        Args:
+            check: Ask ``EVENTS`` first (when a frame is unlikely: the read that would fail
+                then costs more than asking). Either way, the socket's fd is re-armed.
+        """
         if self.closed:
-            return
+            return False
         sock = self.reply_sock
-        # One reply per wake-up is the common case: asking EVENTS (which also re-arms the
-        # edge-triggered fd) is cheaper than the failing recv that would end a drain.
-        while events(sock) & POLLIN:
-            try:
-                first = recv_frame(sock, NOBLOCK)
-            except zmq.Again:
-                continue
-            frames = recv_rest(sock, MAX_FRAMES)
-            try:
-                self._resolve(first, frames)
-            except Exception as err:  # noqa: BLE001 - no bytes may end the reply inbox
-                self.rejected += 1
-                self._rejections.warning(
-                    "%s: refused a frame on its reply inbox: %s (first bytes %r)",
-                    self.name,
-                    err,
-                    bytes(first[:16]),
-                )
+        if check and not events(sock) & POLLIN:
+            return False
+        try:
+            first = recv_frame(sock, NOBLOCK)
+        except zmq.Again:
+            return check  # asked and told yes, yet none: ask again
+        frames = recv_rest(sock, MAX_FRAMES)
+        try:
+            self._resolve(first, frames)
+        except Exception as err:  # noqa: BLE001 - no bytes may end the reply inbox
+            self.rejected += 1
+            self._rejections.warning(
+                "%s: refused a frame on its reply inbox: %s (first bytes %r)",
+                self.name,
+                err,
+                bytes(first[:16]),
+            )
+        return True
 
     def _resolve(self, first: bytes, frames: list[bytes] | None) -> None:
         if first[:1] != HEADER_BYTE:
@@ -565,17 +592,24 @@ class Station:
     def _on_reply(self, header: Header, body: bytes) -> None:
         pending = self._take(header.corr)
         if pending is not None:
-            with _unreadable(pending.future):
-                pending.future.set_result(self._decode_reply(header.body_type, body))
+            try:
+                reply = self._decode_reply(header.body_type, body)
+            except Exception as err:
+                _unreadable(pending.future, err)
+                raise
+            pending.future.set_result(reply)
 
     def _on_error(self, header: Header, body: bytes) -> None:
         pending = self._take(header.corr)
         if pending is not None:
-            with _unreadable(pending.future):
+            try:
                 err = error_decoder.decode(body)
-                pending.future.set_exception(
-                    RemoteActorError(err.type_name, err.message, err.traceback)
-                )
+            except Exception as error:
+                _unreadable(pending.future, error)
+                raise
+            pending.future.set_exception(
+                RemoteActorError(err.type_name, err.message, err.traceback)
+            )
 
     def _on_failed(self, header: Header, body: bytes) -> None:
         """A child's failure before it was ready fails its spawn; after, its last words."""

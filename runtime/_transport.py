@@ -151,6 +151,8 @@ class ReadinessWaiter:
         self._waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        #: The fd fired while nobody waited, since `rearmed` was last called.
+        self._fired = False
 
     @property
     def closed(self) -> bool:
@@ -165,6 +167,7 @@ class ReadinessWaiter:
     def _wake(self) -> None:
         if not self._waiters:
             events(self._sock)  # consume the edge nobody waits for
+            self._fired = True
             return
         self._release()
 
@@ -178,17 +181,39 @@ class ReadinessWaiter:
         """Return once ``EVENTS`` has ``event`` (``POLLIN`` or ``POLLOUT``), or the waiter
         is closed (its socket with it)."""
         while not self._closed and not events(self._sock) & event:
-            loop = asyncio.get_running_loop()
-            if self._loop is not loop:
-                self._watch(loop)
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    self._waiters = [w for w in self._waiters if w is not fut]
+            await self._woken()
+
+    def rearmed(self) -> None:
+        """Note that a non-blocking read just failed: it processed the socket's pending
+        commands, which re-arms the fd just as reading ``EVENTS`` does."""
+        self._fired = False
+
+    async def woken(self) -> None:
+        """Return once the socket's fd has fired since `rearmed` was last called (at once
+        if it already did, while nobody waited), or the waiter is closed: for a reader
+        that reads again next.
+
+        A wake-up almost always means a message. Reading ``EVENTS`` before sleeping and
+        again after waking, as `wait` does, cost a reader 2 us each here; a spurious
+        wake-up costs it one failed read instead.
+        """
+        if self._fired or self._closed:
+            self._fired = False
+            return
+        await self._woken()
+
+    async def _woken(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._watch(loop)
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+                self._waiters = [w for w in self._waiters if w is not fut]
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not None:
@@ -506,28 +531,40 @@ class Outbox:
         return True
 
     def try_send_traced(
-        self, address: str, frame: bytes, trace: tuple[str, ...], coalesce: bool = False
+        self,
+        address: str,
+        frame: bytes,
+        trace: tuple[str, ...],
+        chars: int,
+        coalesce: bool = False,
     ) -> bool:
         """Send a traced tell if the queue has room now (``False`` if it is full): as a
         ``TELL`` header and its body, or with ``coalesce``, when it is not the turn's first
-        traced tell to ``address``, in its bundle.
+        traced tell to ``address``, in its bundle. ``chars``: of its contexts, together
+        (`runtime._protocol.trace_chars`, which checked them).
 
         Raises:
             ProtocolError: The message is larger than ``max_message_size``, or the address
                 is not the system's.
         """
-        size = len(frame) + sum(map(len, trace))
-        peer = self._peer(address)
-        if coalesce and size <= self._bundle_frame and not peer.stalled:
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peer(address)
+        else:
+            self._uses += 1
+            peer.used = self._uses
+        if coalesce and not peer.stalled:
             bundle = peer.bundle
-            if bundle is not None:
-                bundle.append((frame, trace))
-                peer.bundle_bytes += size
-                if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
-                    self._flush(peer)
-                return True
-            if peer.traced_turn == self._turn:
-                return self._open_bundle(peer, (frame, trace), size)
+            if bundle is not None or peer.traced_turn == self._turn:
+                size = len(frame) + chars
+                if size <= self._bundle_frame:
+                    if bundle is None:
+                        return self._open_bundle(peer, (frame, trace), size)
+                    bundle.append((frame, trace))
+                    peer.bundle_bytes += size
+                    if len(bundle) >= self._bundle_tells or peer.bundle_bytes >= self._bundle_bytes:
+                        self._flush(peer)
+                    return True
         assert self._tells is not None, "a node's outbox has its tell headers"
         if not self.try_send_frames(address, (self._tells.traced(trace), frame)):
             return False

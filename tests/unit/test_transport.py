@@ -26,12 +26,18 @@ from runtime import (
     handler,
 )
 from runtime._protocol import (
+    MAX_TRACE_CHARS,
     Header,
+    HeaderTemplate,
     Kind,
     TellHeaders,
+    Traced,
     bundle_decoder,
+    checked_trace,
     decode_header,
     encode_header,
+    tells_decoder,
+    trace_chars,
 )
 from runtime._transport import POLLIN, Outbox, ReadinessWaiter, TransportOptions
 
@@ -275,7 +281,8 @@ class GetSeen(Request[Seen]):
 
 
 class Recorder(Actor[Seq | GetSeen]):
-    """Records each tell's number and the trace context its handler saw."""
+    """Records each tell's number and the trace context its handler saw; a negative number's
+    handler raises after recording."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, tuple[str, ...]]] = []
@@ -283,6 +290,8 @@ class Recorder(Actor[Seq | GetSeen]):
     @handler
     def seq(self, msg: Seq) -> None:
         self.seen.append((msg.n, current_trace()))
+        if msg.n < 0:
+            raise ValueError(msg.n)
 
     @handler
     def get(self, msg: GetSeen) -> Seen:
@@ -382,3 +391,99 @@ class TestBundles:
         full = encode_header(Header(Kind.TELL, sender="me", cookie=b"k" * 16, trace=trace))
         assert head.traced(trace) == bytes(full)
         assert decode_header(head.bundle).kind is Kind.TELLS
+
+    @pytest.mark.parametrize("corr", [0, 1, 127, 128, 65_535, 2**32 - 1, 2**32, 2**63 - 1])
+    @pytest.mark.parametrize("body_type", ["", "tests.unit.test_transport:Seen"])
+    def test_a_header_template_gives_the_bytes_the_header_encodes_to(
+        self, corr: int, body_type: str
+    ) -> None:
+        for kind in (Kind.ASK, Kind.REPLY, Kind.STOP):
+            template = HeaderTemplate(kind, "ipc:///x/r1", "me", b"k" * 16, body_type)
+            full = Header(kind, corr, "ipc:///x/r1", "me", body_type, cookie=b"k" * 16)
+            assert template.encode(corr) == bytes(encode_header(full))
+            assert decode_header(template.encode(corr)) == full
+
+    def test_a_mailbox_takes_a_bundle_apart_into_frames_and_traced_tells_of_the_same_bytes(
+        self,
+    ) -> None:
+        plain, traced = msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))
+        body = msgspec.msgpack.encode([plain, (traced, ("ctx", ""))])
+        assert bundle_decoder.decode(body) == [plain, (traced, ("ctx", ""))]
+        items = tells_decoder.decode(body)
+        assert items == [plain, Traced(traced, ("ctx", ""))]
+        # What each counts for in the mailbox's byte budget: its message's bytes.
+        assert list(map(len, items)) == [len(plain), len(traced)]
+
+    async def test_a_traced_handler_that_raises_leaves_no_context_to_the_tells_after_it(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            for _ in range(2):  # the turn's first traced tell alone, then in a bundle
+                await ref.tell(Seq(n=-1), trace=("ctx",))
+                await ref.tell(Seq(n=1))
+            got = await ref.ask(GetSeen())
+            assert got.seen == [(-1, ("ctx",)), (1, ())] * 2
+            assert (await ref.ask(GetSeen(), trace=("asked",))).seen == got.seen
+            stats = await system.statistics(ref)
+            assert (stats.failed, stats.rejected) == (2, 0)
+
+
+class TestTraceBounds:
+    @pytest.mark.parametrize(
+        "trace",
+        [
+            ("a" * 100,) * 10,  # more than MAX_TRACE_CHARS together, each within it
+            ("x" * MAX_TRACE_CHARS,),
+            ("",) * 3,
+        ],
+    )
+    def test_contexts_each_within_the_bound_pass_with_their_characters_counted(
+        self, trace: tuple[str, ...]
+    ) -> None:
+        assert trace_chars(trace) == sum(map(len, trace))
+        assert checked_trace(list(trace)) == trace
+
+    def test_one_long_context_among_short_ones_is_refused(self) -> None:
+        trace = ("a" * 55,) * 40 + ("x" * (MAX_TRACE_CHARS + 1),)
+        with pytest.raises(ProtocolError, match="513 characters"):
+            trace_chars(trace)
+
+
+class TestRequestsInADrain:
+    async def test_a_request_is_answered_before_the_tells_queued_behind_it_are_handled(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            async with anyio.create_task_group() as tg:
+                # One turn: a tell alone, the ask, then a tell in a bundle; all queued at
+                # once on the pipe, and a drain stops at the ask.
+                await ref.tell(Seq(n=1))
+                answers: list[Seen] = []
+
+                async def ask() -> None:
+                    answers.append(await ref.ask(GetSeen()))
+
+                tg.start_soon(ask)
+                await anyio.lowlevel.checkpoint()
+                await ref.tell(Seq(n=2))
+                await ref.tell(Seq(n=3))
+            assert answers[0].seen == [(1, ())]
+            assert (await ref.ask(GetSeen())).seen == [(n, ()) for n in (1, 2, 3)]
+
+    async def test_replies_arriving_together_each_resolve_their_ask(self) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=False)
+            for n in range(50):
+                await ref.tell(Seq(n=n))
+            results: list[int] = []
+
+            async def ask() -> None:
+                results.append(len((await ref.ask(GetSeen())).seen))
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(20):
+                        tg.start_soon(ask)
+            assert results == [50] * 20
