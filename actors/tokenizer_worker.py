@@ -607,7 +607,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             rid = self._by_engine_rid.get(engine_rid)
             request = None if rid is None else self.requests.get(rid)
             state = None if request is None else request.detokenizer_state
-            if rid is None or request is None or state is None:
+            if rid is None or request is None or state is None or request.engine_rid != engine_rid:
                 self._by_engine_rid.pop(engine_rid, None)
                 # One of this incarnation's that ended here (a stop string, its caller
                 # gone): its abort is on its way. Another's: the engine runs it for nobody.
