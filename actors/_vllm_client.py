@@ -17,6 +17,10 @@ the engine's sockets, which reconnect by themselves, find it.
   half-open, so that a new engine is taken. An engine that stays unreachable for
   ``unreachable_after`` seconds makes the worker fail what waits for it, and say so
   (`unreachable`) until a frame goes through.
+- **Output**, watched too: while the engine runs a request of this worker's and says
+  nothing on it, it is asked whether it lives every ``heartbeat`` (a utility call of this
+  client's, answered here); past ``silence_timeout`` the worker fails those requests and
+  says why, until a frame comes.
 - **Output**, a PULL: the engine's outputs for this worker's requests. A frame that does not
   decode is counted and logged (rate-limited), never raised.
 
@@ -80,8 +84,9 @@ class VllmClient:
         client: The worker's addresses and client index.
         eos: The tokenizer's end-of-sequence id (sent as vLLM's front end sends it).
         on_outputs: Called, in this event loop, with each message's outputs.
-        on_unreachable: Called with the reason when the engine stayed unreachable for
-            ``unreachable_after`` seconds; the requests it had queued are dropped.
+        on_unreachable: Called with the reason and the ids of the requests given up when
+            the engine stayed unreachable for ``unreachable_after`` seconds, or silent on
+            the output for ``silence_timeout`` while it ran some.
     """
 
     def __init__(
@@ -106,8 +111,11 @@ class VllmClient:
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
         #: Bumped by `forget`: a send that was waiting meanwhile belongs to the old queue.
         self._generation = 0
-        #: Why the engine is unreachable from this worker (``None``: it is not known to be).
-        self.unreachable: str | None = None
+        #: Why the engine takes nothing from this worker (``None``: not known not to).
+        self._input_down: str | None = None
+        #: Why nothing reaches this worker from the engine (``None``: not known not to).
+        self._output_down: str | None = None
+        self._heard_at = time.monotonic()
         #: Frames to send, in order: ``(engine rid, frames)`` (``None``: not an ADD).
         self._queue: collections.deque[tuple[str | None, list[bytes]]] = collections.deque()
         self._queued = anyio.Event()
@@ -124,6 +132,12 @@ class VllmClient:
         self._unroutable_since: float | None = None
         #: ``ENGINE_CORE_DEAD`` frames heard (the scheduler loses the engine and says so).
         self.death_frames = 0
+
+    @property
+    def unreachable(self) -> str | None:
+        """Why the engine and this worker do not reach each other (``None``: they do, as
+        far as is known)."""
+        return self._input_down or self._output_down
 
     @property
     def running(self) -> int:
@@ -207,7 +221,7 @@ class VllmClient:
                     await self._unroutable()
                     continue
                 self._unroutable_since = None
-                self.unreachable = None
+                self._input_down = None
                 if generation != self._generation:
                     continue  # forgotten while it was sent: the queue is another
                 if self._queue and self._queue[0] is item:
@@ -240,7 +254,7 @@ class VllmClient:
             f"for {waited:.0f} s: is the address reachable from the engine's host "
             "(a port opened; serve --vllm-client-port)?"
         )
-        self.unreachable = reason
+        self._input_down = reason
         logger.error("%s", reason)
         dropped = sorted(self._unsent)
         self._generation += 1
@@ -250,15 +264,39 @@ class VllmClient:
         await self._on_unreachable(reason, dropped)
 
     async def _probe(self) -> None:
-        """While the engine is unreachable, ask it something now and then (a utility call
-        of this client's): the first frame that goes through says it is back."""
+        """Ask the engine whether it lives (a utility call of this client's, answered on
+        this worker's output) while it is unreachable, or while it runs a request of this
+        worker's and says nothing; past ``silence_timeout`` of that silence, fail what it
+        ran for this worker: its outputs do not reach it."""
+        client = self._client
         call = 0
         while True:
             # sync-ok: a periodic check of a connection nothing announces
-            await anyio.sleep(_PROBE_EVERY)
-            if self.unreachable is not None and not self._queue:
+            await anyio.sleep(min(_PROBE_EVERY, client.heartbeat / 2))
+            now = time.monotonic()
+            silent = now - self._heard_at
+            if not self._running and self._output_down is None:
+                self._heard_at = now  # nothing runs: silence is what is expected
+                ask = self._input_down is not None
+            elif silent > client.silence_timeout and self._output_down is None:
+                reason = (
+                    f"nothing from vLLM's engine on this worker's {client.output} for "
+                    f"{silent:.0f} s although asked: is the address reachable from the "
+                    "engine's host (a port opened; serve --vllm-client-port)?"
+                )
+                self._output_down = reason
+                logger.error("%s", reason)
+                running, dropped = sorted(self._running), sorted(self._running | self._unsent)
+                self.forget()
+                for rid in running:  # the engine may still take them, if not answer
+                    self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+                await self._on_unreachable(reason, dropped)
+                ask = True
+            else:
+                ask = silent > client.heartbeat or self.unreachable is not None
+            if ask and not self._queue:
                 call += 1
-                body = (self._client.index, call, "is_sleeping", ())
+                body = (client.index, call, "is_sleeping", ())
                 self._push(None, [proto.UTILITY, _ENCODER.encode(body)])
 
     async def _drain_input(self) -> None:
@@ -270,6 +308,8 @@ class VllmClient:
     async def _receive(self) -> None:
         while True:
             frames = await self._output.recv_multipart()
+            self._heard_at = time.monotonic()
+            self._output_down = None
             if frames[0] == proto.ENGINE_CORE_DEAD:
                 self.death_frames += 1
                 self._bad.warning("vLLM's engine sent ENGINE_CORE_DEAD (its log says why)")

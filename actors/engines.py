@@ -107,12 +107,18 @@ class EngineClient(msgspec.Struct, frozen=True):
         input: The worker's ROUTER, where it sends requests.
         output: The worker's PULL, where the engine pushes their outputs.
         unreachable_after: `Vllm.unreachable_after`.
+        heartbeat: `Vllm.heartbeat`: while the engine runs a request of the worker's and
+            says nothing on its output, the worker asks it whether it lives this often.
+        silence_timeout: `Vllm.silence_timeout`: past it without a word on the output
+            (outputs, or the answer), the worker fails what the engine ran for it.
     """
 
     index: int
     input: str
     output: str
     unreachable_after: float = 15.0
+    heartbeat: float = 5.0
+    silence_timeout: float = 60.0
 
 
 class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
@@ -240,7 +246,8 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
                 for k in range(workers)
             ]
         clients = [
-            EngineClient(k + 1, i, o, self.unreachable_after) for k, (i, o) in enumerate(addresses)
+            EngineClient(k + 1, i, o, self.unreachable_after, self.heartbeat, self.silence_timeout)
+            for k, (i, o) in enumerate(addresses)
         ]
         return msgspec.structs.replace(self, clients=tuple(clients))
 

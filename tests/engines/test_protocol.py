@@ -106,8 +106,11 @@ class FakeEngine:
     scheduler) through `input` and `output`, every client through `inputs` and `outputs`.
     """
 
-    def __init__(self, handshake: str, *, connect_inputs: bool = True) -> None:
+    def __init__(
+        self, handshake: str, *, connect_inputs: bool = True, connect_outputs: bool = True
+    ) -> None:
         self.connect_inputs = connect_inputs
+        self.connect_outputs = connect_outputs
         self.client_addresses: list[str] = []
         self.ctx = zmq.asyncio.Context()
         self.handshake = self.ctx.socket(zmq.DEALER)
@@ -137,10 +140,11 @@ class FakeEngine:
                 sock.connect(address)
                 await sock.send(frames("ready-response")[0][0])  # on every input, as vLLM
             self.inputs.append(sock)
-        for address in sent.addresses.outputs:
+        for k, address in enumerate(sent.addresses.outputs):
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(address)
+            if k == 0 or self.connect_outputs:  # else: as if the worker's port were closed
+                sock.connect(address)
             self.outputs.append(sock)
         await self.handshake.send(frames("ready")[0][0])
 

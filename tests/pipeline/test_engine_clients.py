@@ -243,3 +243,25 @@ class TestAnEngineThatNeverConnects:
                     await pipeline.generate(PROMPT_IDS, max_new_tokens=4)
         finally:
             engine.close()
+
+    async def test_a_request_whose_outputs_never_come_fails_after_silence_timeout(self) -> None:
+        address = f"tcp://127.0.0.1:{free_port()}"
+        engine = FakeEngine(address, connect_outputs=False)  # its outputs reach nobody
+        try:
+            spec = Vllm(handshake=address, heartbeat=0.2, silence_timeout=1.0)
+            async with Pipeline(workers=1, engine=spec) as pipeline:
+                await engine.start()
+                with anyio.fail_after(20), pytest.raises(RequestFailedError, match="nothing"):
+                    await pipeline.generate(PROMPT_IDS, max_new_tokens=4)
+                # Its ADD, the worker's questions whether the engine lives, its ABORT.
+                kind, body = await next_frame(engine)
+                assert kind == proto.ADD
+                frames: list[tuple[bytes, Any]] = []
+                with anyio.fail_after(10):
+                    while not frames or frames[-1][0] != proto.ABORT:
+                        frames.append(await next_frame(engine))
+                assert frames[-1][1] == [body[0]]  # the request it gave up, aborted
+                kinds = [k for k, _ in frames]
+                assert proto.UTILITY in kinds
+        finally:
+            engine.close()
