@@ -665,6 +665,8 @@ class WorkerStatistics(Message, tag="WorkerStats"):
         engine_strays: Requests that vLLM's engine ran for this worker without its
             knowing them (an earlier incarnation's, whose outputs reached this one), aborted
             there (a worker that is the engine's client itself).
+        engine_rejected: Frames on the worker's own socket from vLLM's engine that did not
+            decode, or outputs it could not take (a worker that is the engine's client).
     """
 
     origin: Origin
@@ -676,6 +678,7 @@ class WorkerStatistics(Message, tag="WorkerStats"):
     control_pending: int = 0
     cut: int = 0
     engine_strays: int = 0
+    engine_rejected: int = 0
 
 
 class GetWorkerStatistics(Request[WorkerStatistics], tag="GetWorkerStats"):

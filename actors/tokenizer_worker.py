@@ -858,6 +858,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             requests=len(self.requests),
             control_pending=len(self.control),
             engine_strays=self.engine_strays,
+            engine_rejected=0 if self.direct is None else self.direct.rejected_frames,
         )
 
     # -- helpers --------------------------------------------------------------------------

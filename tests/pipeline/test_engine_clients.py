@@ -166,7 +166,8 @@ class TestAWorkerAsTheEnginesClient:
         # Outputs of a request it does not know (an earlier incarnation's): aborted once.
         await engine.push("0.0.ff", "outputs-greedy", client=1)
         assert await next_frame(engine) == (proto.ABORT, ["0.0.ff"])
-        assert (await worker_statistics(pipeline)).engine_strays == 1
+        stats = await worker_statistics(pipeline)
+        assert (stats.engine_strays, stats.engine_rejected) == (1, 2)  # the two bad frames
         async with anyio.create_task_group() as tg:
             results = []
 
