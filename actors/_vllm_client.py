@@ -139,11 +139,6 @@ class VllmClient:
         far as is known)."""
         return self._input_down or self._output_down
 
-    @property
-    def running(self) -> int:
-        """Requests sent or queued that the engine has not ended."""
-        return len(self._unsent) + len(self._running)
-
     def add(self, rid: str, prompt_ids: list[int], sampling: SamplingParams) -> bool:
         """Queue a request (``rid``: unique among every client's live requests); ``False``
         when `MAX_QUEUED` frames already wait (the engine has not connected)."""
@@ -179,10 +174,15 @@ class VllmClient:
 
     def forget(self) -> None:
         """The engine was replaced (its scheduler died): nothing queued or running is kept."""
+        self._drop_queue()
+        self._running.clear()
+
+    def _drop_queue(self) -> None:
+        """Drop every frame waiting to be sent (a send waiting meanwhile is of the old
+        queue: ``_generation`` says so)."""
         self._generation += 1
         self._queue.clear()
         self._unsent.clear()
-        self._running.clear()
 
     def _push(self, rid: str | None, frames: list[bytes]) -> None:
         self._queue.append((rid, frames))
@@ -257,9 +257,7 @@ class VllmClient:
         self._input_down = reason
         logger.error("%s", reason)
         dropped = sorted(self._unsent)
-        self._generation += 1
-        self._queue.clear()
-        self._unsent.clear()
+        self._drop_queue()
         self._unroutable_since = None
         await self._on_unreachable(reason, dropped)
 

@@ -304,7 +304,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
             # The system's private directory, where its own ipc sockets are (its members
             # share it; only its owner can enter it).
             address = self.ref.address
-            directory = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
+            ipc = address.startswith("ipc://")
+            directory = os.path.dirname(address.removeprefix("ipc://")) if ipc else None
             self.engine = self.engine.with_clients(self.config.workers, directory)
         if self.channels is not None:
             self.channels.report_stuck(self._takes_no_connections)

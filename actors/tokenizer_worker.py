@@ -569,9 +569,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         """Why the engine must not see a request: an id outside the vocabulary (it would
         index past its embeddings), no room left in its context, sampling parameters it
         dies of (`engine_refusal`)."""
-        outside = [i for i in (min(ids), max(ids)) if not 0 <= i < self._vocab_size]
-        if outside:
-            return f"prompt id {outside[0]} is outside the vocabulary (0..{self._vocab_size - 1})"
+        outside = self._outside_vocabulary(ids)
+        if outside is not None:
+            return f"prompt id {outside} is outside the vocabulary (0..{self._vocab_size - 1})"
         limit = self.engine_context_length
         if limit and len(ids) >= limit:
             return (
@@ -579,6 +579,15 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 "(prompt and completion), no room is left to generate"
             )
         return engine_refusal(sampling)
+
+    def _outside_vocabulary(self, ids: list[int]) -> int | None:
+        """An id of ``ids`` outside the vocabulary (``None``: none is)."""
+        if not ids:
+            return None
+        low, high = min(ids), max(ids)
+        if low < 0:
+            return low
+        return high if high >= self._vocab_size else None
 
     async def _engine_unreachable(self, reason: str, dropped: list[str]) -> None:
         """The engine stayed unreachable from this worker: what waited for it fails."""
@@ -626,7 +635,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
                     if finish == FinishReason.ERROR
                     else "the engine aborted the request"
                 )
-            elif any(not 0 <= i < self._vocab_size for i in ids):
+            elif self._outside_vocabulary(ids) is not None:
                 self._bad_outputs.warning("vLLM sent ids outside the vocabulary: %s", ids[:8])
                 error = "the engine sent ids outside the vocabulary"
                 if reason is None:

@@ -172,12 +172,12 @@ def headless_command(
 
 @contextlib.contextmanager
 def open_tokenyard_vllm(
-    python: Path, model: Path, workers: int, max_num_seqs: int, via_scheduler: bool = False
+    python: Path, model: Path, workers: int, max_num_seqs: int, clients: str = "workers"
 ) -> Iterator[FrontEnd]:
     """``python -m actors serve --engine vllm --engine-handshake tcp://127.0.0.1:P`` with
     ``workers``, and a headless engine of its own started to dial in (an engine takes one
     handshake per start: every variant starts its own). The workers are the engine's
-    clients, or, ``via_scheduler``, the scheduler is its one client."""
+    clients, or, ``clients="scheduler"``, the scheduler is its one client (``--vllm-clients``)."""
     port = free_port()
     serve_args: Sequence[str] = (
         "--engine",
@@ -185,7 +185,7 @@ def open_tokenyard_vllm(
         "--engine-handshake",
         f"tcp://127.0.0.1:{port}",
         "--vllm-clients",
-        "scheduler" if via_scheduler else "workers",
+        clients,
         "--tokenizer",
         str(model),
         "--served-model-name",

@@ -156,8 +156,8 @@ class Variant:
         baseline: Key of the variant it is compared with (``""``: it is a baseline).
         processes: Front-end processes it was asked for (workers, API servers; 1 for
             llama.cpp's server): the targets compare front ends of the same count.
-        targeted: Whether the targets hold it (else its ratios are for information: the
-            scheduler path on vLLM, which the default path replaces).
+        vllm_clients: On vLLM, tokenyard's ``--vllm-clients``: ``workers`` (the default,
+            which the targets hold) or ``scheduler`` (its ratios for information).
     """
 
     key: str
@@ -165,7 +165,13 @@ class Variant:
     engine: str
     baseline: str = ""
     processes: int = 1
-    targeted: bool = True
+    vllm_clients: str = "workers"
+
+    @property
+    def targeted(self) -> bool:
+        """Whether the targets hold it (not the scheduler path on vLLM, which the default
+        path replaces)."""
+        return self.vllm_clients == "workers"
 
     @property
     def role(self) -> str:
@@ -201,7 +207,7 @@ def vllm_variants(worker_counts: Sequence[int]) -> list[Variant]:
                 VLLM,
                 base.key,
                 k,
-                targeted=False,
+                vllm_clients="scheduler",
             ),
         ]
     return out
@@ -493,8 +499,7 @@ def _vllm_plan(
         if not variant.baseline:
             opener = functools.partial(vllm.open_vllm_serve, *args)
         else:
-            via_scheduler = variant.key.startswith("tokenyard_vllm_scheduler")
-            opener = functools.partial(vllm.open_tokenyard_vllm, *args, via_scheduler)
+            opener = functools.partial(vllm.open_tokenyard_vllm, *args, variant.vllm_clients)
         plan.append((variant, opener))
     return plan
 

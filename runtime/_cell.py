@@ -188,35 +188,29 @@ class Cell:
         for item in items:
             if type(item) is bytes:
                 msg = open_tell(item)
-                if msg is None:
-                    continue
-                fn, is_async = handlers[type(msg)]
-                try:
-                    if is_async:
-                        await fn(msg)
-                    else:
-                        fn(msg)
-                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-                    self._handler_failed(msg, err)
+                context = None
             elif type(item) is Traced:  # a traced tell of a bundle: its context current
                 msg = open_tell(item.body)
-                if msg is None:
-                    continue
-                fn, is_async = handlers[type(msg)]
-                trace.trace = item.trace
-                try:
-                    if is_async:
-                        await fn(msg)
-                    else:
-                        fn(msg)
-                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-                    self._handler_failed(msg, err)
-                finally:
-                    trace.trace = ()
+                context = item.trace
             else:
                 assert isinstance(item, Envelope)
                 stop = await self._handle_framed(item) or stop
                 continue
+            if msg is None:
+                continue
+            fn, is_async = handlers[type(msg)]
+            if context is not None:
+                trace.trace = context
+            try:
+                if is_async:
+                    await fn(msg)
+                else:
+                    fn(msg)
+            except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
+                self._handler_failed(msg, err)
+            finally:
+                if context is not None:
+                    trace.trace = ()
             if actor._failure is not None:
                 raise actor._failure  # crash() was called: nothing more is handled
         return stop

@@ -262,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
         help="vllm, launched: the Python of the venv vLLM is installed in (default "
         "$TOKENYARD_VLLM_PYTHON, else .venv-vllm/bin/python)",
     )
+    vllm_defaults = Vllm(model="")
     engine.add_argument(
         "--vllm-clients",
         choices=("workers", "scheduler"),
@@ -273,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--vllm-client-port",
         type=int,
-        default=0,
+        default=vllm_defaults.client_port,
         metavar="PORT",
         help="vllm, attached, --vllm-clients workers: the first of the ports the workers bind "
         "for the engine, two each (default: a block free at the start, below the system's "
@@ -282,7 +283,7 @@ def _parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--vllm-unreachable-after",
         type=float,
-        default=Vllm(model="").unreachable_after,
+        default=vllm_defaults.unreachable_after,
         metavar="S",
         help="vllm, --vllm-clients workers: seconds a worker's requests wait for the engine to "
         "connect to it before they fail (default %(default)s)",
