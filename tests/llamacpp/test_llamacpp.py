@@ -193,7 +193,7 @@ class TestAbort:
         def on_ids(ids: list[int]) -> None:
             aborted.calls.append(ids)
             started.set()
-            time.sleep(0.002)  # a slow reader: the abort lands mid-generation
+            time.sleep(0.002)  # sync-ok: a slow reader, so that the abort lands mid-generation
 
         generation = server.submit(first, long, on_ids, aborted.finished.append)
         other = Collected()
