@@ -45,8 +45,9 @@ from .router import Router
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+from ._limits import RequestLimits
 from .scheduler import Scheduler
-from .tokenizer_worker import RequestLimits, TokenizerWorker
+from .tokenizer_worker import TokenizerWorker
 
 logger = logging.getLogger("tokenyard.pipeline")
 
@@ -120,7 +121,9 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
         deliver_timeout: Seconds a worker may take none of its output before it is killed.
         max_prompt_bytes: Most UTF-8 bytes of a prompt, checked before tokenizing.
         max_prompt_tokens: Most tokens of a prompt.
-        max_new_tokens: Upper bound of a request's ``max_new_tokens``.
+        max_new_tokens: Upper bound of a request's ``max_new_tokens``. These three hold
+            `actors.Pipeline`'s requests; an HTTP request is held to its server's
+            `actors.http.ServeConfig` instead, once, by the HTTP layer.
         detokenizers: Number of detokenizers; each request streams through one of them
             for its whole life, the workers spreading their requests over all.
         max_stream_buffer: Most of a stream's output the caller holds unread, counted in
@@ -216,7 +219,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def limits(self) -> RequestLimits:
         """What one request may ask for."""
-        return RequestLimits(self.max_prompt_bytes, self.max_prompt_tokens, self.max_new_tokens)
+        return RequestLimits(
+            max_prompt_bytes=self.max_prompt_bytes,
+            max_prompt_tokens=self.max_prompt_tokens,
+            max_new_tokens=self.max_new_tokens,
+        )
 
 
 class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState]):

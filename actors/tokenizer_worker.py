@@ -53,6 +53,7 @@ from runtime import (
 
 from . import _metrics, _tracing
 from ._detokenize import IncrementalDetokenizer
+from ._limits import RequestLimits
 from ._tokenizer import eos_token_id, load_tokenizer, model_id_of
 from ._vllm_protocol import FinishReason, engine_refusal, finish_reason_text
 from .engines import EngineClient  # noqa: TC001 -- a spawn argument's type (run time)
@@ -172,44 +173,6 @@ class _Control:
     #: Who asked: an ``ActorRef[LoadReply]`` for a `GetLoad`, ``[FlushReply]`` for a flush.
     reply_to: ActorRef[Any]
     request: GetLoad | FlushCache
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    """What one request may ask of a worker.
-
-    Attributes:
-        max_prompt_bytes: Most UTF-8 bytes of a prompt's text, checked before tokenizing.
-        max_prompt_tokens: Most tokens of a prompt.
-        max_new_tokens: Upper bound of ``max_new_tokens``.
-    """
-
-    max_prompt_bytes: int = 1 << 20
-    max_prompt_tokens: int = 32_768
-    max_new_tokens: int = 32_768
-
-    def refusal(self, text: str | None, ids: list[int] | None, max_new_tokens: int) -> str | None:
-        """Why a request breaks a limit (``None``: it does not); ``ids`` once tokenized."""
-        if max_new_tokens > self.max_new_tokens:
-            return (
-                f"max_new_tokens={max_new_tokens} exceeds the limit of {self.max_new_tokens} "
-                "(PipelineConfig.max_new_tokens)"
-            )
-        if max_new_tokens < 0:
-            return f"max_new_tokens={max_new_tokens} must not be negative"
-        if text is not None and len(text) > self.max_prompt_bytes // 4:
-            size = len(text.encode())
-            if size > self.max_prompt_bytes:
-                return (
-                    f"the prompt is {size} bytes, over the limit of {self.max_prompt_bytes} "
-                    "(PipelineConfig.max_prompt_bytes)"
-                )
-        if ids is not None and len(ids) > self.max_prompt_tokens:
-            return (
-                f"the prompt is {len(ids)} tokens, over the limit of {self.max_prompt_tokens} "
-                "(PipelineConfig.max_prompt_tokens)"
-            )
-        return None
 
 
 class TokenizerWorker(Actor[WorkerMessage]):
@@ -376,20 +339,24 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self,
         rid: str,
         sink: LocalSink,
+        input_ids: list[int],
         *,
-        text: str | None = None,
-        input_ids: list[int] | None = None,
         sampling: SamplingParams,
         stream: bool,
         traceparent: str | None = None,
     ) -> None:
-        """Serve a request of this process's own HTTP server: as `generate` does, with its
+        """Serve a request of this process's own HTTP server: as `admit` does, with its
         outputs handed to ``sink`` in this process (no message to any other process).
 
-        Call it from this actor's event loop; `release_local` lets the request go.
-        ``traceparent`` is the HTTP request's trace context, the parent of its spans.
+        ``input_ids`` and ``sampling`` are taken as they are: the HTTP layer admitted them
+        against its own limits (`actors.http.ServeConfig.limits`), the one check an HTTP
+        request gets. Call it from this actor's event loop; `release_local` lets the
+        request go. ``traceparent`` is the HTTP request's trace context, the parent of its
+        spans.
         """
-        await self._admit(rid, LocalCaller(sink), text, input_ids, sampling, stream, traceparent)
+        await self._admit(
+            rid, LocalCaller(sink), None, input_ids, sampling, stream, traceparent, checked=True
+        )
 
     def release_local(self, rid: str) -> None:
         """Let a request of `submit_local` go (its client left): forget it, and stop the
@@ -405,7 +372,11 @@ class TokenizerWorker(Actor[WorkerMessage]):
         sampling: SamplingParams,
         stream: bool,
         traceparent: str | None = None,
+        *,
+        checked: bool = False,
     ) -> None:
+        """Take a request in: tokenize it and hold it to this worker's `limits` (unless
+        its caller did, ``checked``), or refuse it; then forward it."""
         await self.registered.wait()
         self.received += 1
         if rid in self.requests:
@@ -419,7 +390,8 @@ class TokenizerWorker(Actor[WorkerMessage]):
             )
             return
         max_new = sampling.max_new_tokens
-        refusal = self.limits.refusal(text, None, max_new)
+        limits = None if checked else self.limits
+        refusal = None if limits is None else limits.refusal(text, None, max_new)
         if refusal is not None:
             await self._fail(caller, rid, 0, refusal)
             return
@@ -433,7 +405,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if not ids:
             await self._fail(caller, rid, 0, "the prompt tokenizes to nothing")
             return
-        refusal = self.limits.refusal(None, ids, max_new)
+        refusal = None if limits is None else limits.tokens_refusal(len(ids))
         if refusal is not None:
             await self._fail(caller, rid, len(ids), refusal)
             return

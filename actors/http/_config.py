@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from actors._limits import RequestLimits
+
 from ._auth import ApiKey
 from ._cors import check_origins
 
@@ -150,8 +152,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("ServeConfig.model_id is empty: name the model, or pass None")
         self._check_access()
 
-    def limits(self, engine_context: int) -> TokenLimits:
-        """The limits in force in front of an engine whose context holds ``engine_context``.
+    def limits(self, engine_context: int) -> RequestLimits:
+        """The limits an HTTP request is held to in front of an engine whose context holds
+        ``engine_context`` tokens: checked once, by the HTTP layer, before its worker
+        takes its ids.
 
         Raises:
             ValueError: ``context_length`` or ``max_prompt_tokens`` do not fit the engine's
@@ -169,7 +173,17 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"ServeConfig.max_prompt_tokens={prompt} leaves no room to generate in a "
                 f"context of {context} tokens: make it at most {context - 1}"
             )
-        return TokenLimits(context_length=context, max_prompt_tokens=prompt)
+        return RequestLimits(
+            max_prompt_bytes=self.max_prompt_bytes,
+            max_prompt_tokens=prompt,
+            max_new_tokens=self.max_tokens_limit,
+            context_length=context,
+            settings=(
+                "ServeConfig.max_prompt_bytes",
+                "ServeConfig.max_prompt_tokens",
+                "ServeConfig.max_tokens_limit",
+            ),
+        )
 
     def _check_access(self) -> None:
         if self.max_request_id_length < 1:
@@ -178,15 +192,3 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
                 "at least 1"
             )
         check_origins(self.cors_origins)
-
-
-class TokenLimits(msgspec.Struct, frozen=True, kw_only=True):
-    """The token limits a `ServeConfig` resolves to in front of one engine.
-
-    Attributes:
-        context_length: Prompt plus completion tokens a request may use.
-        max_prompt_tokens: Most prompt tokens.
-    """
-
-    context_length: int
-    max_prompt_tokens: int

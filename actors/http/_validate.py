@@ -21,7 +21,9 @@ from ._chat import ChatTemplateError
 from ._errors import HTTPError
 
 if TYPE_CHECKING:
-    from ._config import ServeConfig, TokenLimits
+    from actors._limits import RequestLimits
+
+    from ._config import ServeConfig
     from ._engine import Engine
     from ._openai import (
         ChatCompletionRequest,
@@ -78,12 +80,13 @@ class Validator:
     Args:
         engine: The engine the requests go to (its tokenizer, vocabulary and template).
         config: The HTTP layer's limits.
-        limits: The token limits `ServeConfig.limits` resolved for the engine.
+        limits: The limits `ServeConfig.limits` resolved for the engine: the only check
+            of a request's prompt and ``max_tokens`` (its worker takes the ids as they are).
         model: The model id requests may name.
     """
 
     def __init__(
-        self, engine: Engine, config: ServeConfig, limits: TokenLimits, model: str
+        self, engine: Engine, config: ServeConfig, limits: RequestLimits, model: str
     ) -> None:
         self.engine = engine
         self.config = config
@@ -256,24 +259,14 @@ class Validator:
             raise _bad(str(err), "messages") from err
 
     def _check_bytes(self, text: str, param: str) -> None:
-        limit = self.config.max_prompt_bytes
-        # A str of n characters is at most 4n UTF-8 bytes: most prompts skip the encoding.
-        if len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit:
-            raise _bad(
-                f"{param} is longer than {limit} bytes (ServeConfig.max_prompt_bytes)",
-                param,
-                "context_length_exceeded",
-            )
+        refusal = self.limits.text_refusal(text, param)
+        if refusal is not None:
+            raise _bad(refusal, param, "context_length_exceeded")
 
     def _check_length(self, count: int, param: str) -> None:
-        limit = self.limits.max_prompt_tokens
-        if count > limit:
-            raise _bad(
-                f"the prompt is {count} tokens long, more than this server takes ({limit}; "
-                f"the context holds {self.limits.context_length})",
-                param,
-                "context_length_exceeded",
-            )
+        refusal = self.limits.tokens_refusal(count)
+        if refusal is not None:
+            raise _bad(refusal, param, "context_length_exceeded")
 
     def _check_ids(self, ids: list[int], param: str) -> None:
         size = self.vocab_size
@@ -337,12 +330,9 @@ class Validator:
         room = self.limits.context_length - prompt_tokens
         if asked is None:
             return min(self.config.default_max_tokens, room)
-        limit = self.config.max_tokens_limit
-        if not 1 <= asked <= limit:
-            raise _bad(
-                f"{param} must be within [1, {limit}] (ServeConfig.max_tokens_limit), got {asked}",
-                param,
-            )
+        refusal = self.limits.new_tokens_refusal(asked, param, least=1)
+        if refusal is not None:
+            raise _bad(refusal, param)
         if asked > room:
             raise _bad(
                 f"the context holds {self.limits.context_length} tokens, but {prompt_tokens} "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from actors._limits import RequestLimits  # noqa: TC001 -- a spawn argument's type
 from actors.engines import EngineClient  # noqa: TC001 -- a spawn argument's type
 
 # Resolved at run time: the spawn arguments are decoded with __init__'s annotations.
@@ -26,7 +27,7 @@ from actors.messages import (
     PipelineSupervisorMessage,
     WorkerStatistics,
 )
-from actors.tokenizer_worker import RequestLimits, TokenizerWorker
+from actors.tokenizer_worker import TokenizerWorker
 from runtime import ActorRef, GetMetrics, handler
 
 from ._app import OpenAIApp

@@ -133,15 +133,16 @@ class WorkerEngine(TokenizerFacts):
         stream: bool,
         traceparent: str | None,
     ) -> tuple[str, _Outputs]:
+        # The HTTP layer hands token ids it admitted; a text prompt (a caller of this
+        # engine's own) is tokenized here as the HTTP layer would.
+        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         rid = uuid.uuid4().hex
         outputs = self._live[rid] = _Outputs(rid, self._max_stream_buffer, self._release)
-        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
         try:
             await self._worker.submit_local(
                 rid,
                 outputs.put,
-                text=text,
-                input_ids=ids,
+                ids,
                 sampling=params,
                 stream=stream,
                 traceparent=traceparent,

@@ -30,6 +30,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from actors import InvalidRequestError
 from actors.http import ApiKey, ServeConfig, open_server
 from actors.http._auth import API_KEY_ENV
 from actors.http._load import LoadResult, LoadSpec, run_load
@@ -125,6 +126,34 @@ class TestTheApi:
                 assert r.status == 200
             stats = server.statistics()
             assert set(stats.open) == {0, 1}  # both workers still registered
+
+    async def test_an_http_request_is_held_to_serve_config_s_limits_alone(self) -> None:
+        # The pipeline's own limits are far tighter: they hold `Pipeline` callers, not
+        # HTTP requests, which the HTTP layer checks once against ServeConfig.
+        config = ServeConfig(max_prompt_tokens=30, max_tokens_limit=16, default_max_tokens=8)
+        async with (
+            open_server(
+                workers=1, port=0, config=config, max_prompt_tokens=4, max_new_tokens=2
+            ) as server,
+            aiohttp.ClientSession() as s,
+        ):
+            url = f"{server.url}/v1/completions"
+            prompt = list(range(10, 30))  # 20 tokens
+            async with s.post(
+                url, json={"prompt": prompt, "max_tokens": 8, "ignore_eos": True}
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["usage"]["completion_tokens"] == 8
+            over = [
+                ({"prompt": list(range(10, 41)), "max_tokens": 1}, "ServeConfig.max_prompt_tokens"),
+                ({"prompt": prompt, "max_tokens": 17}, "ServeConfig.max_tokens_limit"),
+            ]
+            for body, setting in over:
+                async with s.post(url, json=body) as r:
+                    assert r.status == 400
+                    assert setting in (await r.json())["error"]["message"]
+            with pytest.raises(InvalidRequestError, match=r"PipelineConfig\.max_prompt_tokens"):
+                await server.pipeline.generate(prompt, max_new_tokens=1)
 
 
 class TestConnections:

@@ -1,0 +1,80 @@
+"""`RequestLimits`: what one request may ask for, and the one checker of it.
+
+Each door into the pipeline checks a request once, against one `RequestLimits`: the
+tokenizer worker for `actors.Pipeline`'s callers (`actors.PipelineConfig.limits`), the HTTP
+validator for an HTTP request (`actors.http.ServeConfig.limits`), whose worker then takes
+the ids it admitted as they are (`TokenizerWorker.submit_local`). A refusal names the
+setting that refused it, in the config that set it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ("RequestLimits",)
+
+
+class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """What one request may ask for.
+
+    Attributes:
+        max_prompt_bytes: Most UTF-8 bytes of a prompt's text, checked before tokenizing.
+        max_prompt_tokens: Most tokens of a prompt.
+        max_new_tokens: Upper bound of a request's tokens to generate.
+        context_length: Prompt plus generated tokens a request may use, named in a
+            refusal (0: not known here; the engine's side bounds it).
+        settings: The settings the three limits come from, in that order, as a refusal
+            names them (``ServeConfig.max_tokens_limit``, say): the fix for a refusal.
+    """
+
+    max_prompt_bytes: int = 1 << 20
+    max_prompt_tokens: int = 32_768
+    max_new_tokens: int = 32_768
+    context_length: int = 0
+    settings: tuple[str, str, str] = (
+        "PipelineConfig.max_prompt_bytes",
+        "PipelineConfig.max_prompt_tokens",
+        "PipelineConfig.max_new_tokens",
+    )
+
+    def text_refusal(self, text: str, what: str = "the prompt") -> str | None:
+        """Why ``text`` is too long a prompt (``None``: it is not), before it is tokenized."""
+        limit = self.max_prompt_bytes
+        # A str of n characters is at most 4n UTF-8 bytes: most prompts skip the encoding.
+        if len(text) * 4 <= limit:
+            return None
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size <= limit:
+            return None
+        return f"{what} is {size} bytes, longer than {limit} bytes ({self.settings[0]})"
+
+    def tokens_refusal(self, count: int) -> str | None:
+        """Why a prompt of ``count`` tokens is too long (``None``: it is not)."""
+        limit = self.max_prompt_tokens
+        if count <= limit:
+            return None
+        context = f"; the context holds {self.context_length}" if self.context_length else ""
+        return (
+            f"the prompt is {count} tokens long, more than this server takes ({limit}, "
+            f"{self.settings[1]}{context})"
+        )
+
+    def new_tokens_refusal(
+        self, count: int, what: str = "max_new_tokens", least: int = 0
+    ) -> str | None:
+        """Why ``count`` tokens to generate are refused (``None``: they are not);
+        ``least``: the fewest the door takes."""
+        limit = self.max_new_tokens
+        if least <= count <= limit:
+            return None
+        return f"{what} must be within [{least}, {limit}] ({self.settings[2]}), got {count}"
+
+    def refusal(self, text: str | None, ids: list[int] | None, max_new_tokens: int) -> str | None:
+        """Why a request breaks a limit (``None``: it does not): its ``text`` before it is
+        tokenized, its ``ids`` once it is, and its ``max_new_tokens``."""
+        refusal = self.new_tokens_refusal(max_new_tokens)
+        if refusal is None and text is not None:
+            refusal = self.text_refusal(text)
+        if refusal is None and ids is not None:
+            refusal = self.tokens_refusal(len(ids))
+        return refusal
