@@ -1,10 +1,13 @@
 """``python -m actors``: the main job (``make run``); ``python -m actors serve``: the server;
-``python -m actors make-model DIR``: the tiny llama.cpp test model; ``python -m actors
-make-hf-model DIR``: the tiny vLLM test model.
+``python -m actors load``: a streaming load against a server; ``python -m actors make-model
+DIR``: the tiny llama.cpp test model; ``python -m actors make-hf-model DIR``: the tiny vLLM
+test model.
 
 ``python -m actors [options]`` runs the main job (`actors._main_job`); ``python -m actors
 serve [options]`` runs the OpenAI-compatible server (`actors.http._serve`) until SIGINT,
-SIGTERM or SIGHUP; ``python -m actors make-model DIR`` writes a random-weight GGUF and its
+SIGTERM or SIGHUP; ``python -m actors load --url URL`` drives closed-loop streaming clients
+against an OpenAI-compatible server and prints what they measured (`actors.http.load`);
+``python -m actors make-model DIR`` writes a random-weight GGUF and its
 tokenizer into ``DIR`` (`actors._gguf`, the ``llamacpp`` extra); ``python -m actors
 make-hf-model DIR`` writes a weightless Hugging Face config and the tokenizer, which vLLM
 runs with random weights (`actors._hf_model`). ``--help`` after any says more.
@@ -16,13 +19,17 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the main job, or ``serve``, ``make-model`` or ``make-hf-model`` when that is the
-    first argument."""
+    """Run the main job, or ``serve``, ``load``, ``make-model`` or ``make-hf-model`` when
+    that is the first argument."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["serve"]:
         from .http._serve import main as serve
 
         return serve(args[1:])
+    if args[:1] == ["load"]:
+        from .http.load import main as load
+
+        return load(args[1:])
     if args[:1] == ["make-model"]:
         from ._gguf import main as make_model
 

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
     from .http import Server
-    from .http._load import RequestRecord
+    from .http.load import RequestRecord
 
 CHAT_PROMPTS = (
     "Tell me about the harbour of Yokohama 🚢",
@@ -151,7 +151,7 @@ async def stream_chats(server: Server, console: Console, max_tokens: int, engine
     Returns:
         What went wrong, one line per failed stream (empty when all went well).
     """
-    from .http._load import stream_chat
+    from .http.load import stream_chat
 
     errors: list[str] = []
     console.rule("[bold]streaming chat completions over HTTP")
@@ -180,8 +180,8 @@ async def run_load(
     kill: int | None,
 ) -> LoadReport:
     """The load, with a progress bar, and worker ``kill`` SIGKILLed a third of the way in."""
-    from .http._load import LoadSpec
-    from .http._load import run_load as load
+    from .http.load import LoadSpec
+    from .http.load import run_load as load
 
     report = LoadReport()
     done = asyncio.Event()

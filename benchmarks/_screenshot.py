@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from actors.http import open_server
-from actors.http._load import LoadSpec, run_load
+from actors.http.load import LoadSpec, run_load
 from runtime import GetMetrics
 from runtime.top import Frame, render_frame
 

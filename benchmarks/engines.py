@@ -25,7 +25,7 @@ tokenyard attached to a headless engine with 1 and 2 workers; skipped, with the 
 the notes, when vLLM's venv or the vLLM engine is missing.
 
 The load, the same for every front end: ``--concurrency`` closed-loop clients on keep-alive
-connections (`actors.http._load`, in this process) streaming ``/v1/completions`` with
+connections (`actors.http.load`, in this process) streaming ``/v1/completions`` with
 ``stream_options.include_usage`` and ``ignore_eos`` (both servers honour it: every request
 generates ``--max-tokens`` tokens, which ``output_tokens`` shows), the same prompts, a
 warm-up of `WARMUP` seconds (less when ``--duration`` is shorter), then ``--duration``
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from actors.http._load import LoadResult, LoadSpec, run_load
+from actors.http.load import LoadResult, LoadSpec, run_load
 
 from . import _vllm_frontend as vllm
 from ._frontend import (

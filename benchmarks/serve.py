@@ -5,7 +5,7 @@ Run it with ``python -m benchmarks serve [--json PATH] [--full] [--concurrency N
 [--duration S] [--workers 1,2,4]``.
 
 Variants, each a fresh server process (``benchmarks._serve_peer``) and its pipeline, loaded
-from this process by the lean HTTP client (``actors.http._load``: C closed-loop clients
+from this process by the lean HTTP client (``actors.http.load``: C closed-loop clients
 on keep-alive connections streaming ``/v1/completions`` with ``stream_options.include_usage``,
 24 tokens a request, the stand-in engine at zero step time):
 
@@ -64,8 +64,8 @@ import anyio.to_thread
 import msgspec
 
 from actors._tracing import SETUP_ENV
-from actors.http._load import LoadResult, LoadSpec, run_load
 from actors.http._serve import default_detokenizers
+from actors.http.load import LoadResult, LoadSpec, run_load
 
 from ._messages import TRACEPARENT
 from ._proc import BenchmarkError, _env, reap

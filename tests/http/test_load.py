@@ -1,4 +1,4 @@
-"""actors.http._load: the load generator against the real app, and against small
+"""actors.http.load: the load generator against the real app, and against small
 scripted servers that refuse, close, reset and fail streams the ways real servers do."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from actors.http._load import LoadSpec, main, run_load, summarize
+from actors.__main__ import main as actors_main
+from actors.http.load import LoadSpec, main, run_load, summarize
 
 from ._server import serve_pipeline
 
@@ -176,6 +177,9 @@ class TestFailures:
             port = sock.getsockname()[1]
         assert main(["--url", f"http://127.0.0.1:{port}", "--requests", "1"]) == 1
         assert '"refused": 1' in capsys.readouterr().out
+        # The same command as `python -m actors load`.
+        assert actors_main(["load", "--url", f"http://127.0.0.1:{port}", "--requests", "2"]) == 1
+        assert '"refused": 2' in capsys.readouterr().out
 
     async def test_extra_headers_go_with_every_request(self) -> None:
         heads: list[bytes] = []

@@ -13,8 +13,8 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.http import open_server
-from actors.http._load import LoadSpec, run_load
 from actors.http._worker import WORKER_HEADER
+from actors.http.load import LoadSpec, run_load
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -33,9 +33,9 @@ from openai import AsyncOpenAI
 from actors import InvalidRequestError
 from actors.http import ApiKey, ServeConfig, open_server
 from actors.http._auth import API_KEY_ENV
-from actors.http._load import LoadResult, LoadSpec, run_load
 from actors.http._serve import _access_config, _config, _parser
 from actors.http._serve import main as serve_main
+from actors.http.load import LoadResult, LoadSpec, run_load
 from actors.messages import GetWorkerStatistics
 from tests.conftest import is_fork_server
 from tests.http._server import Running, running_serve, sse_events

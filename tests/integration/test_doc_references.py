@@ -56,7 +56,7 @@ What is a reference (anything else is prose, and is not checked):
 
 7. A code span that is a path into one of the project's directories (it starts with
    ``runtime/``, ``actors/``, ``benchmarks/``, ``tests/`` or ``docs/``, as
-   ``actors/http/_load.py`` or ``tests/integration/test_top.py::TestTop``): the file or
+   ``actors/http/load.py`` or ``tests/integration/test_top.py::TestTop``): the file or
    directory must exist, from the root, ``docs/`` or the file's own directory.
 
 Never a reference: any other code span that names an existing file or directory (from the
@@ -727,7 +727,7 @@ class TestWhatIsAReference:
 
     def test_a_path_into_the_project_must_exist(self) -> None:
         assert stale_in(
-            "`benchmarks/_http_load.py`, `actors/http/_load.py`, `docs/img/`, `docs/img/*.png`,"
+            "`benchmarks/_http_load.py`, `actors/http/load.py`, `docs/img/`, `docs/img/*.png`,"
             " `tests/integration/test_top.py::TestTop`, `tests/gone.py::test_x`, `bench.py`"
         ) == ["benchmarks/_http_load.py", "tests/gone.py::test_x"]
 

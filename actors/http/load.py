@@ -1,4 +1,9 @@
-"""A lean HTTP load generator for OpenAI-compatible streaming endpoints.
+"""A lean HTTP load generator for OpenAI-compatible streaming endpoints:
+``python -m actors load``.
+
+What an operator measures a server with, the main job drives its load with, and the serve
+and engines benchmarks compare front ends with (any OpenAI-compatible server: tokenyard's,
+``vllm serve``, llama.cpp's). It needs nothing beyond msgspec and the standard library.
 
 ``C`` closed-loop clients, each on its own keep-alive connection, send streaming
 ``/v1/completions`` or ``/v1/chat/completions`` requests (``stream_options.include_usage``
@@ -21,7 +26,7 @@ closed is counted and replaced; a request that found its reused connection alrea
 before any byte of its answer, is sent again on a fresh one (the race every keep-alive
 client has), so only real failures are failures.
 
-Run ``python -m actors.http._load --url http://127.0.0.1:8000 --concurrency 8
+Run ``python -m actors load --url http://127.0.0.1:8000 --concurrency 8
 --duration 10`` (``--help`` for the rest); ``--json PATH`` writes every record.
 """
 
@@ -513,7 +518,9 @@ def summarize(result: LoadResult) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: run a load and print its summary as JSON."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m actors load", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--url", required=True, help="http://host:port of the server")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--concurrency", type=int, default=8)
