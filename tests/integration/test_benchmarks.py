@@ -576,6 +576,23 @@ class TestSummarise:
         assert (slow.key, slow.workers, slow.slow_clients) == ("serve2slow", 2, 1000)
         assert not [v for v in serve.variants([1]) if v.slow_clients]
 
+    def test_serve_reads_inter_token_latency_with_one_client_against_its_baseline(self) -> None:
+        ones = [v for v in serve.variants([1, 2]) if v.clients]
+        assert [(v.key, v.workers, v.clients) for v in ones] == [
+            ("serve2c1", 2, 1),
+            ("baseline2c1", 2, 1),
+        ]
+        assert not [v for v in serve.variants([1]) if v.clients]
+        figs = [
+            figure("serve2.itl_p50", 3.0),  # 32 clients: a share of the throughput
+            figure("serve2c1.itl_p50", 0.3),
+            figure("baseline2c1.itl_p50", 0.6, BASELINE),
+        ]
+        _, targets = serve.summarise(figs)
+        assert ratios_of(figs[1]) == {"baseline2c1.itl_p50": pytest.approx(0.5)}
+        (itl,) = [t for t in targets if "inter-token" in t.name]
+        assert (itl.figure, itl.met, itl.value) == ("serve2c1.itl_p50", True, 0.3)
+
     def test_engines_read_each_tokenyard_variant_against_its_own_baseline(self) -> None:
         variants = engines.llamacpp_variants([1, 2]) + engines.vllm_variants([2])
         figs = [
