@@ -65,6 +65,11 @@ async def run_baseline(opts: argparse.Namespace) -> PeerReport:
     from actors.http import OpenAIApp, PipelineEngine
 
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    # asyncio turns Nagle off only on sockets whose proto says TCP, and create_server's
+    # (and so its accepted ones) say 0: without this every streamed chunk after the head
+    # waited for the client's delayed ACK, 40 ms to a first token with one client. An
+    # accepted socket inherits it (`serve`'s port owner sets it on each connection).
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     port = listener.getsockname()[1]
     async with PipelineEngine.open(workers=opts.workers, step_time=opts.step_time) as engine:
         config = uvicorn.Config(
