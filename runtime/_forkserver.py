@@ -130,8 +130,9 @@ class _Server:
         self.need(request.actor.partition(":")[0])
         if not self.frozen:
             # Objects that exist now are never scanned by a child's collector, so its
-            # collections do not write to (and so copy) the pages they share with us.
-            gc.collect()
+            # collections do not write to (and so copy) the pages they share with us. The
+            # server never collects (`runtime._forkwire.COMMAND`): a collection's freed
+            # blocks would be holes in shared pages, which a child's allocations fill.
             gc.freeze()
             self.frozen = True
 
@@ -218,6 +219,7 @@ def _place(fds: list[int], targets: list[int]) -> None:
 
 def become_actor(request: ForkRequest, fds: list[int], sock: socket.socket) -> NoReturn:
     """In the forked child: report the pid, take the descriptors, run the actor process."""
+    gc.enable()  # the server's objects are frozen: a collection here scans the child's own
     with contextlib.suppress(OSError):
         # The parent reads this only if the server dies before its reply: then this is how
         # it learns that the child exists, and that it must reap it.

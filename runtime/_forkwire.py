@@ -11,8 +11,12 @@ import struct
 import msgspec
 
 #: What the server process runs (``-c``, not ``-m``: ``-m`` would run this module as a
-#: second copy named ``__main__`` beside the one the ``runtime`` package imports).
-COMMAND = "from runtime._forkserver import main; main()"
+#: second copy named ``__main__`` beside the one the ``runtime`` package imports). The
+#: collector is off from its first import on (Python's recipe for forking without exec,
+#: with ``gc.freeze`` before each fork and ``gc.enable`` in the child): a collection frees
+#: blocks in pages every child shares, and each child's allocations fill, and so copy,
+#: those pages.
+COMMAND = "import gc; gc.disable(); from runtime._forkserver import main; main()"
 #: Most descriptors one request may carry (the kernel's SCM_MAX_FD).
 MAX_FDS = 253
 #: Largest request, in bytes (a request names modules and numbers, never arguments).

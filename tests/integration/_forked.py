@@ -10,14 +10,16 @@ and nobody has opened it for writing: how a test holds a fork server inside an i
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from typing import Any
 
 from runtime import Actor, Message, Request, handler
 
-#: The process that ran this module's top level.
+#: The process that ran this module's top level, and whether its collector ran then.
 IMPORTED_IN = os.getpid()
+IMPORTED_COLLECTING = gc.isenabled()
 
 
 def _wait_at_the_gate() -> None:
@@ -45,6 +47,25 @@ class Here(Message):
     imported_in: int
     pgid: int
     sid: int
+    #: Whether its collector runs, whether it ran where the module was imported, and how
+    #: many objects it holds frozen (never scanned).
+    collecting: bool
+    imported_collecting: bool
+    frozen: int
+
+
+def here(imported_in: int) -> Here:
+    """This process, as `Here` says it (``imported_in``: where the actor's module ran)."""
+    return Here(
+        pid=os.getpid(),
+        ppid=os.getppid(),
+        imported_in=imported_in,
+        pgid=os.getpgid(0),
+        sid=os.getsid(0),
+        collecting=gc.isenabled(),
+        imported_collecting=IMPORTED_COLLECTING,
+        frozen=gc.get_freeze_count(),
+    )
 
 
 class ExitWith(Message):
@@ -59,13 +80,7 @@ class Forked(Actor[WhereAmI | ExitWith]):
     @handler
     def where(self, msg: WhereAmI) -> Here:
         """Say which process this is."""
-        return Here(
-            pid=os.getpid(),
-            ppid=os.getppid(),
-            imported_in=IMPORTED_IN,
-            pgid=os.getpgid(0),
-            sid=os.getsid(0),
-        )
+        return here(IMPORTED_IN)
 
     @handler
     def exit_with(self, msg: ExitWith) -> None:

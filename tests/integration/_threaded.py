@@ -11,7 +11,7 @@ import threading
 
 from runtime import Actor, handler
 
-from ._forked import Here, WhereAmI
+from ._forked import Here, WhereAmI, here
 
 #: The process that ran this module's top level.
 IMPORTED_IN = os.getpid()
@@ -27,10 +27,4 @@ class Threaded(Actor[WhereAmI]):
     @handler
     def where(self, msg: WhereAmI) -> Here:
         """Say which process this is."""
-        return Here(
-            pid=os.getpid(),
-            ppid=os.getppid(),
-            imported_in=IMPORTED_IN,
-            pgid=os.getpgid(0),
-            sid=os.getsid(0),
-        )
+        return here(IMPORTED_IN)

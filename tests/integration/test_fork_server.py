@@ -79,6 +79,19 @@ class TestForkedActors:
             # The server forked while single-threaded, and still is.
             assert threads_of(server.pid) == 1
 
+    async def test_a_forked_actor_collects_but_never_scans_what_it_shares_with_its_server(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            here = await where(await system.spawn(Forked, name="forked"))
+            # The server never collects (its freed blocks would be holes in shared pages)
+            # and froze what it holds before forking; the child collects its own objects.
+            assert (here.imported_collecting, here.collecting) == (False, True)
+            assert here.frozen > 10_000
+        async with ActorSystem(start="spawn") as system:
+            fresh = await where(await system.spawn(Forked, name="fresh"))
+            assert (fresh.imported_collecting, fresh.collecting, fresh.frozen) == (True, True, 0)
+
     async def test_start_spawn_gives_a_fresh_interpreter_per_spawn_or_per_system(self) -> None:
         async with ActorSystem() as system:
             fresh = await where(await system.spawn(Forked, name="fresh", start="spawn"))
