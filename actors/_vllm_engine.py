@@ -276,6 +276,8 @@ class VllmModel:
         self.rejected_frames = 0
         #: Outputs for requests no longer running (aborted, or unknown).
         self.dropped_outputs = 0
+        #: Outputs whose ids are outside the vocabulary (their requests ended with abort).
+        self.rejected_outputs = 0
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
         return bounded_socket(self._ctx, kind)
@@ -623,7 +625,20 @@ class VllmModel:
             if output is None:
                 self.dropped_outputs += 1
                 continue
-            output.ids.extend(out.new_token_ids)
+            ids = out.new_token_ids
+            if ids and (min(ids) < 0 or max(ids) >= self._vocab_size):
+                # Not the model's (a forged frame, or another model behind the socket): the
+                # detokenizer could not decode them. The request ends here, at the engine too.
+                self._bad.warning(
+                    "vLLM sent ids outside the vocabulary for %s: %s", out.request_id, ids[:8]
+                )
+                if out.finish_reason is None and output.finished is None:
+                    self._send([proto.ABORT, _ENCODER.encode([out.request_id])])
+                output.finished = "abort"
+                self.rejected_outputs += 1
+                got = True
+                continue
+            output.ids.extend(ids)
             if out.finish_reason is not None:
                 reason = proto.finish_reason_text(out.finish_reason)
                 if out.finish_reason == proto.FinishReason.ERROR:

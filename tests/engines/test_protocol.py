@@ -17,6 +17,7 @@ from actors import Vllm
 from actors import _vllm_protocol as proto
 from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
 from actors._vllm_engine import EngineLostError, VllmModel, open_vllm
+from actors.engines import Produced
 from actors.messages import SamplingParams
 
 from .record_golden import GOLDEN, PROMPT, requests
@@ -261,6 +262,37 @@ class TestTheGenerator:
         await engine.push(body[0], "outputs-greedy")
         await follow_with_output(model, engine, woken)
         assert model.dropped_outputs == 8
+
+    async def test_ids_outside_the_vocabulary_end_the_request_with_abort_at_the_engine_too(
+        self, attached: tuple[VllmModel, FakeEngine, Woken]
+    ) -> None:
+        model, engine, woken = attached
+        model.admit("k", [10, 11], SamplingParams(max_new_tokens=8))
+        _, body = await engine.request()
+        ends: list[Produced] = []
+
+        def ended() -> bool:
+            if model.ready():
+                ends.extend(model.take().values())
+            return bool(ends)
+
+        # What no detokenizer could decode: a negative id, then (the request ended) one
+        # past the vocabulary, which finds no request any more.
+        for ids in ([5, -1], [5, model.vocab_size]):
+            await engine.output.send(msgspec.msgpack.encode([0, [[body[0], ids]]]))
+        await woken.until(ended)
+        assert ends == [Produced([], "abort")]  # none of its ids reach the detokenizer
+        assert await engine.request() == (proto.ABORT, [body[0]])
+        await follow_with_output(model, engine, woken)
+        assert model.rejected_outputs + model.dropped_outputs == 2
+        assert model.rejected_outputs >= 1
+        model.admit("k2", [10, 11], SamplingParams(max_new_tokens=8))
+        _, body = await engine.request()
+        await engine.output.send(msgspec.msgpack.encode([0, [[body[0], [model.vocab_size]]]]))
+        ends.clear()
+        await woken.until(ended)
+        assert ends == [Produced([], "abort")]
+        assert alive(model)
 
     async def test_frames_that_do_not_decode_are_counted_and_the_engine_lives_on(
         self, attached: tuple[VllmModel, FakeEngine, Woken]
