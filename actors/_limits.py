@@ -1,10 +1,12 @@
 """`RequestLimits`: what one request may ask for, and the one checker of it.
 
-Each door into the pipeline checks a request once, against one `RequestLimits`: the
-tokenizer worker for `actors.Pipeline`'s callers (`actors.PipelineConfig.limits`), the HTTP
-validator for an HTTP request (`actors.http.ServeConfig.limits`), whose worker then takes
-the ids it admitted as they are (`TokenizerWorker.submit_local`). A refusal names the
-setting that refused it, in the config that set it.
+Each door into the pipeline holds a request to one `RequestLimits`, with this one checker:
+a `Generate` to the tokenizer worker's (`actors.PipelineConfig.limits`), whoever sent it
+(`actors.Pipeline` checks what it can before sending too: a prompt too large to ship); an
+HTTP request to its server's (`actors.http.ServeConfig.limits`), checked once by the HTTP
+validator, whose worker then takes the ids it admitted as they are
+(`TokenizerWorker.submit_local`). A refusal names the setting that refused it, in the
+config that set it.
 """
 
 from __future__ import annotations
