@@ -51,6 +51,10 @@ _SAMPLED_RUNS = 16
 
 _Handlers = dict[type["Message"], tuple["Callable[[Any], Any]", bool]]
 
+#: Each actor class's mailbox decoder (`Cell.decoder_for`), as `handler_table` keeps its
+#: handlers: one per class for the life of the process.
+_decoders: dict[type, MailboxDecoder] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class Ending:
@@ -107,15 +111,20 @@ class Cell:
 
     @staticmethod
     def decoder_for(cls: type[Actor[Any]]) -> MailboxDecoder:
-        """Build the mailbox decoder of an actor class.
+        """The mailbox decoder of an actor class, built once per class (a decoder is
+        stateless: every mailbox of the class shares it, and a fork server's children
+        share the one it built before forking).
 
         Raises:
             TypeError: The class has no handlers (or their annotations are wrong).
         """
-        types = list(handler_table(cls))
-        if not types:
-            raise TypeError(f"{cls.__qualname__} has no @handler methods")
-        return MailboxDecoder(types)
+        decoder = _decoders.get(cls)
+        if decoder is None:
+            types = list(handler_table(cls))
+            if not types:
+                raise TypeError(f"{cls.__qualname__} has no @handler methods")
+            decoder = _decoders[cls] = MailboxDecoder(types)
+        return decoder
 
     async def run(self, on_ready: Callable[[], Awaitable[None]]) -> Header | None:
         """``on_start``, ready, serve until stopped, ``on_stop``; ``on_failure`` on a crash.

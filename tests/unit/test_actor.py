@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from runtime import (
@@ -16,6 +17,7 @@ from runtime import (
     handler,
 )
 from runtime._actor import handler_table
+from runtime._cell import Cell
 
 from ._messages import AskSelf, BadReturn, Counter, Other, Ping, Point, Pong
 
@@ -51,6 +53,12 @@ class TestHandlerDiscovery:
             def other(self, msg: Other) -> None: ...
 
         assert set(handler_table(More)) == {Ping, Point, AskSelf, BadReturn, Other}
+
+    def test_a_class_s_mailbox_decoder_is_built_once_and_shared(self) -> None:
+        # One per class: a fork server builds it before forking, and its children use it.
+        decoder = Cell.decoder_for(Counter)
+        assert Cell.decoder_for(Counter) is decoder
+        assert decoder.decode(msgspec.msgpack.encode(Ping(n=3))) == Ping(n=3)
 
 
 class TestDeclaredTypes:
