@@ -130,7 +130,8 @@ class _Server:
     def preload(self, modules: list[str]) -> None:
         for module in modules:
             self.need(module)
-        _run_an_event_loop()
+        with contextlib.suppress(Exception):  # a warm-up only: the children run it anyway
+            _run_an_event_loop()
 
     def need(self, module: str) -> None:
         if module in self.imported:
