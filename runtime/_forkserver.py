@@ -163,6 +163,8 @@ class _Server:
                 cls = resolve_class(request.actor, "")
                 Cell.decoder_for(cls)
                 decode_arguments(cls, (), {})  # what reads its annotations runs once here
+            if thread_count() > 1:  # evaluating its annotations started one
+                raise _Refusal(request.actor.partition(":")[0], thread_count())
             self.frozen = False
         if not self.frozen:
             # Objects that exist now are never scanned by a child's collector, so its
