@@ -36,6 +36,7 @@ import time
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import zmq
 import zmq.asyncio
@@ -301,10 +302,15 @@ class VllmClient:
         """Read what the engine says on the input socket (its ready message, at each of its
         starts) so that nothing piles up there."""
         while True:
+            await anyio.lowlevel.checkpoint()  # as `_receive`: never a loop that holds it
             await self._input.recv_multipart()
 
     async def _receive(self) -> None:
         while True:
+            # zmq.asyncio returns at once while frames wait, without suspending: an engine
+            # that keeps sending would hold this loop, and the worker would answer nothing
+            # else (asks, liveness probes, HTTP) until it paused. One turn per frame.
+            await anyio.lowlevel.checkpoint()
             frames = await self._output.recv_multipart()
             self._heard_at = time.monotonic()
             self._output_down = None

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import msgspec
 import zmq
 import zmq.asyncio
@@ -602,6 +603,9 @@ class VllmModel:
     async def _receive(self) -> None:
         """Take the engine's outputs into the per-request buffers."""
         while True:
+            # zmq.asyncio returns at once while frames wait, without suspending: an engine
+            # that keeps sending would hold the scheduler's loop. One turn per frame.
+            await anyio.lowlevel.checkpoint()
             frames = await self._output.recv_multipart()
             self._heard_at = time.monotonic()
             if frames[0] == proto.ENGINE_CORE_DEAD:

@@ -9,6 +9,7 @@ and scheduler processes; `make test-engines` runs the same paths against the rea
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -199,6 +200,41 @@ class TestAWorkerAsTheEnginesClient:
             assert await next_frame(engine) == (proto.ABORT, [body[0]])
         assert "outside the vocabulary" in failures[0]
         assert pipeline.worker_ref(0) == before  # the same incarnation serves on
+        await serve_one_more(pipeline, engine)
+
+    async def test_an_engine_that_never_pauses_leaves_it_answering(
+        self, served: tuple[Pipeline, FakeEngine]
+    ) -> None:
+        # Frames waiting on its output socket the whole time: a reader that never lets its
+        # event loop turn would leave every ask (and liveness probe) unanswered.
+        pipeline, engine = served
+        address = engine.outputs[1].getsockopt_string(zmq.LAST_ENDPOINT)
+        nothing = msgspec.msgpack.encode([0, []])  # a step's outputs: none
+        flooding = threading.Event()
+        stop = threading.Event()
+
+        def flood() -> None:
+            ctx = zmq.Context()
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(address)
+            try:
+                while not stop.is_set():
+                    if push.poll(10, zmq.POLLOUT):  # the worker takes them at its pace
+                        push.send(nothing)
+                        flooding.set()
+            finally:
+                ctx.destroy(linger=0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, flood)
+            try:
+                await anyio.to_thread.run_sync(flooding.wait, 10.0)
+                for _ in range(5):
+                    await worker_statistics(pipeline)  # each within its 10 s
+            finally:
+                stop.set()
+        assert flooding.is_set()
         await serve_one_more(pipeline, engine)
 
     async def test_a_peer_claiming_the_engines_identity_gets_no_request(
