@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._tokenizer import eos_token_id
+from ._tokenizer import eos_token_id, vocab_size
 from .engines import Produced
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class Vocabulary:
                 "own, so the stand-in engine has nothing to generate; pass a tokenizer.json "
                 "with a real vocabulary (or None for the bundled default)"
             )
-        size = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        size = vocab_size(tokenizer)
         return cls(size, eos, tuple(plain or wide), tuple(wide), tuple(split))
 
 

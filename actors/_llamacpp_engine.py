@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime import Throttle
 
-from ._tokenizer import eos_token_id
+from ._tokenizer import eos_token_id, vocab_size
 from .engines import Produced
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ async def open_llamacpp(
 
     server = await anyio.to_thread.run_sync(load)
     try:
-        vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+        size = vocab_size(tokenizer)
         theirs = server.tokenize(_SAMPLE)
         ours = tokenizer.encode(_SAMPLE, add_special_tokens=False).ids
         if theirs != ours:
@@ -217,4 +217,4 @@ async def open_llamacpp(
     except BaseException:
         server.close()
         raise
-    return LlamaCppModel(server, vocab_size=vocab_size, eos=eos_token_id(tokenizer), notify=notify)
+    return LlamaCppModel(server, vocab_size=size, eos=eos_token_id(tokenizer), notify=notify)

@@ -107,6 +107,24 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
         raise ValueError(f"{file} is not a valid tokenizer.json ({err}); {fix}") from err
 
 
+def vocab_size(tokenizer: Any) -> int:
+    """Ids ``0..vocab_size-1`` are the tokenizer's (added tokens included): what an engine
+    must generate within, and a prompt id must lie in."""
+    size: int = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+    return size
+
+
+def outside_vocabulary(ids: list[int], size: int) -> int | None:
+    """An id of ``ids`` outside ``0..size-1`` (``None``: none is): one ``min`` and one
+    ``max``, not a test per id."""
+    if not ids:
+        return None
+    low, high = min(ids), max(ids)
+    if low < 0:
+        return low
+    return high if high >= size else None
+
+
 def eos_token_id(tokenizer: Any, candidates: tuple[str, ...] = EOS_TOKEN_CANDIDATES) -> int | None:
     """Return the id of the tokenizer's end-of-sequence token, if it has a known one.
 

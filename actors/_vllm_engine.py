@@ -63,7 +63,7 @@ from zmq.utils.monitor import parse_monitor_message
 from runtime import Throttle, TokenyardError
 
 from . import _vllm_protocol as proto
-from ._tokenizer import eos_token_id
+from ._tokenizer import eos_token_id, outside_vocabulary, vocab_size
 from .engines import Produced
 
 if TYPE_CHECKING:
@@ -630,7 +630,7 @@ class VllmModel:
                 self.dropped_outputs += 1
                 continue
             ids = out.new_token_ids
-            if ids and (min(ids) < 0 or max(ids) >= self._vocab_size):
+            if outside_vocabulary(ids, self._vocab_size) is not None:
                 # Not the model's (a forged frame, or another model behind the socket): the
                 # detokenizer could not decode them. The request ends here, at the engine too.
                 self._bad.warning(
@@ -738,9 +738,10 @@ def _exit_text(code: int) -> str:
 async def open_vllm(spec: Vllm, tokenizer: Any, notify: Callable[[], None]) -> VllmModel:
     """The generator over ``spec``'s engine, its connection under way in the background
     (capacity 0 until the engine is ready)."""
-    vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
     if spec.model is not None:
         resolve_python(spec)  # fail now, with the fix in the message
-    model = VllmModel(spec, vocab_size=vocab_size, eos=eos_token_id(tokenizer), notify=notify)
+    model = VllmModel(
+        spec, vocab_size=vocab_size(tokenizer), eos=eos_token_id(tokenizer), notify=notify
+    )
     model.start()
     return model

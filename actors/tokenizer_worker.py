@@ -54,7 +54,7 @@ from runtime import (
 from . import _metrics, _tracing
 from ._detokenize import IncrementalDetokenizer
 from ._limits import RequestLimits
-from ._tokenizer import eos_token_id, load_tokenizer, model_id_of
+from ._tokenizer import eos_token_id, load_tokenizer, model_id_of, outside_vocabulary, vocab_size
 from ._vllm_protocol import FinishReason, engine_refusal, finish_reason_text
 from .engines import EngineClient  # noqa: TC001 -- a spawn argument's type (run time)
 from .messages import (
@@ -261,7 +261,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if self._engine_client is not None:
             from ._vllm_client import VllmClient
 
-            self._vocab_size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+            self._vocab_size = vocab_size(self.tokenizer)
             self._rid_prefix = f"{self.worker_id}.{self.ref.incarnation}.{secrets.token_hex(6)}."
             self.direct = VllmClient(
                 self._engine_client,
@@ -541,7 +541,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         """Why the engine must not see a request: an id outside the vocabulary (it would
         index past its embeddings), no room left in its context, sampling parameters it
         dies of (`engine_refusal`)."""
-        outside = self._outside_vocabulary(ids)
+        outside = outside_vocabulary(ids, self._vocab_size)
         if outside is not None:
             return f"prompt id {outside} is outside the vocabulary (0..{self._vocab_size - 1})"
         limit = self.engine_context_length
@@ -551,15 +551,6 @@ class TokenizerWorker(Actor[WorkerMessage]):
                 "(prompt and completion), no room is left to generate"
             )
         return engine_refusal(sampling)
-
-    def _outside_vocabulary(self, ids: list[int]) -> int | None:
-        """An id of ``ids`` outside the vocabulary (``None``: none is)."""
-        if not ids:
-            return None
-        low, high = min(ids), max(ids)
-        if low < 0:
-            return low
-        return high if high >= self._vocab_size else None
 
     async def _engine_unreachable(self, reason: str, dropped: list[str]) -> None:
         """The engine stayed unreachable from this worker: what waited for it fails."""
@@ -607,7 +598,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
                     if finish == FinishReason.ERROR
                     else "the engine aborted the request"
                 )
-            elif self._outside_vocabulary(ids) is not None:
+            elif outside_vocabulary(ids, self._vocab_size) is not None:
                 self._bad_outputs.warning("vLLM sent ids outside the vocabulary: %s", ids[:8])
                 error = "the engine sent ids outside the vocabulary"
                 if reason is None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from actors._tokenizer import vocab_size
 from runtime import TokenyardError
 
 if TYPE_CHECKING:
@@ -179,9 +180,7 @@ class TokenizerFacts:
         self._model = model
         self._context_length = context_length
         self._chat_template = chat_template
-        # As the scheduler counts it: ids 0..max, added tokens included.
-        vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
-        self._vocab_size = max(vocab.values()) + 1
+        self._vocab_size = vocab_size(tokenizer)  # as the scheduler counts it
 
     @property
     def model(self) -> str:
