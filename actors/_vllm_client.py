@@ -44,7 +44,7 @@ import zmq.asyncio
 from runtime import Throttle
 
 from . import _vllm_protocol as proto
-from ._vllm_engine import ENGINE_IDENTITY, bounded_socket, engine_request
+from ._vllm_engine import ENGINE_IDENTITY, abort_frames, bounded_socket, engine_request
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -156,7 +156,7 @@ class VllmClient:
             self._unsent.discard(rid)
         elif rid in self._running:
             self._running.discard(rid)
-            self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+            self._push(None, abort_frames(rid))
 
     def ended(self, rid: str) -> None:
         """The engine ended ``rid`` itself (its last output came)."""
@@ -170,7 +170,7 @@ class VllmClient:
         self._strays[rid] = None
         if len(self._strays) > _MAX_STRAYS:
             del self._strays[next(iter(self._strays))]
-        self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+        self._push(None, abort_frames(rid))
         return True
 
     def forget(self) -> None:
@@ -233,7 +233,7 @@ class VllmClient:
                     self._unsent.discard(rid)
                     self._running.add(rid)
                 else:  # let go while it was being sent: the engine has it, abort it
-                    self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+                    self._push(None, abort_frames(rid))
             self._queued = anyio.Event()
             await self._queued.wait()
 
@@ -288,7 +288,7 @@ class VllmClient:
                 running, dropped = sorted(self._running), sorted(self._running | self._unsent)
                 self.forget()
                 for rid in running:  # the engine may still take them, if not answer
-                    self._push(None, [proto.ABORT, _ENCODER.encode([rid])])
+                    self._push(None, abort_frames(rid))
                 await self._on_unreachable(reason, dropped)
                 ask = True
             else:

@@ -125,6 +125,11 @@ def bounded_socket(ctx: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
     return sock
 
 
+def abort_frames(rid: str) -> list[bytes]:
+    """The frames that ask the engine to stop generating ``rid`` (it answers nothing)."""
+    return [proto.ABORT, _ENCODER.encode([rid])]
+
+
 def engine_request(
     rid: str, prompt_ids: list[int], sampling: SamplingParams, eos: int | None, client: int = 0
 ) -> proto.EngineCoreRequest:
@@ -352,7 +357,7 @@ class VllmModel:
             return
         del self._keys[rid]
         if self._lost is None:
-            self._send([proto.ABORT, _ENCODER.encode([rid])])
+            self._send(abort_frames(rid))
 
     def ready(self) -> bool:
         """Whether some request produced ids, or ended, since the last take."""
@@ -637,7 +642,7 @@ class VllmModel:
                     "vLLM sent ids outside the vocabulary for %s: %s", out.request_id, ids[:8]
                 )
                 if out.finish_reason is None and output.finished is None:
-                    self._send([proto.ABORT, _ENCODER.encode([out.request_id])])
+                    self._send(abort_frames(out.request_id))
                 output.finished = "abort"
                 self.rejected_outputs += 1
                 got = True
