@@ -561,8 +561,6 @@ AGAINST_SERVE2 = {
     "serve2context": "no context",
     "serve2slow": "no slow clients",
 }
-#: The one-client variants, compared with each other.
-AGAINST_BASELINE = {"serve2c1": "baseline2c1"}
 
 
 def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
@@ -570,14 +568,9 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
     by_key = {f.key: f for f in figures}
     for f in figures:
         variant, _, metric = f.key.partition(".")
-        if variant.startswith("serve") and variant[5:].isdigit():
-            same = by_key.get(f"baseline{variant[5:]}.{metric}")
-            if same is not None and same.value:
-                f.ratios.append(
-                    Ratio(baseline=same.key, label=same.variant, value=f.value / same.value)
-                )
-        other = AGAINST_BASELINE.get(variant)
-        same = by_key.get(f"{other}.{metric}") if other else None
+        # serve k against baseline k, and serve 2 with one client against its baseline:
+        # a variant's baseline is the one whose key differs only in its first word.
+        same = by_key.get(f"baseline{variant[5:]}.{metric}") if variant[:5] == "serve" else None
         if same is not None and same.value:
             f.ratios.append(
                 Ratio(baseline=same.key, label=same.variant, value=f.value / same.value)
