@@ -117,7 +117,10 @@ class Server:
                 self._waiting = waiting
                 await self.dispatcher.wait_idle()
             self._waiting = None
-            self._clean = not waiting.cancelled_caught
+            # Not `waiting.cancelled_caught` alone: a loop that turns again only after the
+            # deadline (no CPU for a while) sees the connections close before it delivers
+            # the cancellation, and the wait ends with none to catch.
+            self._clean = not waiting.cancelled_caught and anyio.current_time() < self._cut_at
             if not self._clean:
                 # The workers end what still runs; its last answers go out.
                 with anyio.move_on_after(CUT_GRACE + 1.0):

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -267,6 +268,41 @@ class TestDraining:
         assert events[-2]["error"]["code"] == "service_unavailable"
         assert first == [False]
         assert second is False
+
+    async def test_a_drain_whose_loop_wakes_after_the_cut_says_not_clean(self) -> None:
+        # The process that owns the port gets no CPU from before its drain's deadline until
+        # the worker has ended the stream and closed it (a loaded machine): when its loop
+        # turns again, the connection's close and the deadline are due in the same turn,
+        # the close first. Before, the wait for the connections then ended with no
+        # cancellation to catch and the drain said clean: `serve` exited 0 having cut
+        # requests.
+        async with open_server(workers=1, port=0, step_time=0.01) as server:
+            url = f"{server.url}/v1/completions"
+            body = {"prompt": "Hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+            drained: list[bool] = []
+            with anyio.fail_after(30):
+                async with (
+                    aiohttp.ClientSession() as http,
+                    anyio.create_task_group() as tg,
+                    http.post(url, json=body) as r,
+                ):
+                    await r.content.readuntil(b"\n\n")
+
+                    async def drain() -> None:
+                        drained.append(await server.drain(0.2))
+
+                    tg.start_soon(drain)
+                    while server.dispatcher._idle is None:  # told the worker; waiting
+                        await anyio.lowlevel.checkpoint()
+                    # The loop stalls until the worker's mark that the connection closed
+                    # is there to read (it ends the stream at its own deadline, after
+                    # this process's).
+                    channel = server.dispatcher._channels[0].sock
+                    assert select.select([channel], [], [], 20)[0]
+                    events = sse_events(await r.content.read())
+        assert events[-1] == "[DONE]"
+        assert events[-2]["error"]["code"] == "service_unavailable"
+        assert drained == [False]
 
     async def test_a_drain_that_ends_no_request_is_clean_though_a_connection_stays_open(
         self,
@@ -626,7 +662,7 @@ class TestTheCommand:
         with running_serve(*options, stderr=True) as run:
             streams = asyncio.run(_streams_through_sigterm(run, count=4, max_tokens=3000))
             _, err = run.proc.communicate(timeout=30)
-            assert run.proc.returncode == 1  # not a clean drain: requests were ended
+            assert run.proc.returncode == 1, err  # not a clean drain: requests were ended
         assert "Traceback" not in err
         # Each worker says how many it ended: the 4 streams and the one without a stream.
         ended = re.findall(r"worker \d+ ended (\d+) request\(s\) still running", err)
