@@ -43,7 +43,11 @@ from tests.http._server import Running, running_serve, sse_events
 from tests.http.test_bounded import ask_large_answer, open_until
 
 if TYPE_CHECKING:
-    from anyio.abc import ByteReceiveStream
+    from collections.abc import AsyncIterator
+
+    from anyio.abc import ByteReceiveStream, TaskGroup
+
+    from actors.http import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("Tell me about the harbour of Yokohama.", "你好, 世界", "Bonjour à tous 😀")
@@ -240,27 +244,19 @@ class TestConnections:
 
 class TestDraining:
     async def test_a_second_drain_that_ends_a_request_makes_both_say_not_clean(self) -> None:
-        async with open_server(workers=1, port=0, step_time=0.01) as server:
-            url = f"{server.url}/v1/completions"
-            body = {"prompt": "Hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}
-            first: list[bool] = []
-            with anyio.fail_after(30):
-                async with (
-                    aiohttp.ClientSession() as http,
-                    anyio.create_task_group() as tg,
-                    http.post(url, json=body) as r,
-                ):
-                    await r.content.readuntil(b"\n\n")
+        first: list[bool] = []
+        with anyio.fail_after(30):
+            async with _one_long_stream() as (server, tg, r):
 
-                    async def drain() -> None:
-                        first.append(await server.drain())
+                async def drain() -> None:
+                    first.append(await server.drain())
 
-                    tg.start_soon(drain)
-                    # The first drain (30 s) waits for the connections to close.
-                    while server.dispatcher._idle is None:
-                        await anyio.lowlevel.checkpoint()
-                    second = await server.drain(0.0)  # a second Ctrl-C
-                    events = sse_events(await r.content.read())
+                tg.start_soon(drain)
+                # The first drain (30 s) waits for the connections to close.
+                while server.dispatcher._idle is None:
+                    await anyio.lowlevel.checkpoint()
+                second = await server.drain(0.0)  # a second Ctrl-C
+                events = sse_events(await r.content.read())
         # The stream was ended by the second drain: neither drain may call it clean
         # (before, the first, woken only by the connection closing, returned True, and
         # `serve` exited 0 after a second SIGTERM had cut requests).
@@ -276,30 +272,22 @@ class TestDraining:
         # the close first. Before, the wait for the connections then ended with no
         # cancellation to catch and the drain said clean: `serve` exited 0 having cut
         # requests.
-        async with open_server(workers=1, port=0, step_time=0.01) as server:
-            url = f"{server.url}/v1/completions"
-            body = {"prompt": "Hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}
-            drained: list[bool] = []
-            with anyio.fail_after(30):
-                async with (
-                    aiohttp.ClientSession() as http,
-                    anyio.create_task_group() as tg,
-                    http.post(url, json=body) as r,
-                ):
-                    await r.content.readuntil(b"\n\n")
+        drained: list[bool] = []
+        with anyio.fail_after(30):
+            async with _one_long_stream() as (server, tg, r):
 
-                    async def drain() -> None:
-                        drained.append(await server.drain(0.2))
+                async def drain() -> None:
+                    drained.append(await server.drain(0.2))
 
-                    tg.start_soon(drain)
-                    while server.dispatcher._idle is None:  # told the worker; waiting
-                        await anyio.lowlevel.checkpoint()
-                    # The loop stalls until the worker's mark that the connection closed
-                    # is there to read (it ends the stream at its own deadline, after
-                    # this process's).
-                    channel = server.dispatcher._channels[0].sock
-                    assert select.select([channel], [], [], 20)[0]
-                    events = sse_events(await r.content.read())
+                tg.start_soon(drain)
+                while server.dispatcher._idle is None:  # told the worker; waiting
+                    await anyio.lowlevel.checkpoint()
+                # The loop stalls until the worker's mark that the connection closed
+                # is there to read (it ends the stream at its own deadline, after
+                # this process's).
+                channel = server.dispatcher._channels[0].sock
+                assert select.select([channel], [], [], 20)[0]
+                events = sse_events(await r.content.read())
         assert events[-1] == "[DONE]"
         assert events[-2]["error"]["code"] == "service_unavailable"
         assert drained == [False]
@@ -690,6 +678,22 @@ class TestTheCommand:
                 portal.call(_until_gone, credentials, children)
                 for path in ipc_dirs:  # the system's own guardian removes its directory
                     portal.call(_until_gone, path, [])
+
+
+@contextlib.asynccontextmanager
+async def _one_long_stream() -> AsyncIterator[tuple[Server, TaskGroup, aiohttp.ClientResponse]]:
+    """A one-worker server streaming one long completion, its first event read; with a
+    task group in which the test starts its drain."""
+    async with open_server(workers=1, port=0, step_time=0.01) as server:
+        url = f"{server.url}/v1/completions"
+        body = {"prompt": "Hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        async with (
+            aiohttp.ClientSession() as http,
+            anyio.create_task_group() as tg,
+            http.post(url, json=body) as r,
+        ):
+            await r.content.readuntil(b"\n\n")
+            yield server, tg, r
 
 
 class _Streams:
