@@ -11,9 +11,15 @@ config that set it.
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import msgspec
 
-__all__ = ("RequestLimits",)
+if TYPE_CHECKING:
+    from .messages import SamplingParams
+
+__all__ = ("RequestLimits", "context_refusal", "sampling_refusal")
 
 
 class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,3 +86,28 @@ class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
         if refusal is None and ids is not None:
             refusal = self.tokens_refusal(len(ids))
         return refusal
+
+
+def sampling_refusal(sampling: SamplingParams) -> str | None:
+    """Why no engine can run these sampling parameters (``None``: one can): a temperature
+    that is not a finite number >= 0, a negative ``max_new_tokens``. vLLM's engine dies of
+    them (its input thread validates a request outside any guard); the others would only
+    misread them. Both doors to an engine refuse them: the scheduler and a worker that is
+    the engine's client itself."""
+    if not math.isfinite(sampling.temperature) or sampling.temperature < 0:
+        return f"temperature={sampling.temperature}: an engine takes a finite temperature >= 0"
+    if sampling.max_new_tokens < 0:
+        return f"max_new_tokens={sampling.max_new_tokens}: it must be >= 0"
+    return None
+
+
+def context_refusal(count: int, context_length: int | None) -> str | None:
+    """Why a prompt of ``count`` ids does not fit an engine whose context holds
+    ``context_length`` ids, prompt and completion (``None``: it fits, or the length is not
+    known): it must leave room for one generated id."""
+    if not context_length or count < context_length:
+        return None
+    return (
+        f"the prompt is {count} tokens: the engine's context holds {context_length} "
+        "(prompt and completion), no room is left to generate"
+    )

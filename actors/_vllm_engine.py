@@ -317,30 +317,12 @@ class VllmModel:
         return None if self.ready_response is None else self.ready_response.max_model_len
 
     def admit(self, key: Hashable, prompt_ids: list[int], sampling: SamplingParams) -> int:
-        """Send the request to the engine (as an ADD frame, by the socket task)."""
+        """Send the request to the engine (as an ADD frame, by the socket task): one the
+        scheduler checked, as vLLM's front end checks what its engine sees (sampling
+        parameters it takes, a prompt that leaves room in ``max_model_len``)."""
         self._check()
         assert self.ready_response is not None
-        output = self._outputs[key] = _Output()
-        refusal = proto.engine_refusal(sampling)
-        if refusal is not None:
-            self._bad.warning("a request not sent to vLLM: %s; ended with length", refusal)
-            output.finished = "length"
-            self._has_output = True
-            self._notify()
-            return 0
-        limit = self.ready_response.max_model_len
-        if len(prompt_ids) >= limit:
-            # vLLM's front end refuses such a prompt; its engine is not meant to see one.
-            self._bad.warning(
-                "a prompt of %d ids does not fit the engine's max_model_len %d: ended with "
-                "length, nothing generated",
-                len(prompt_ids),
-                limit,
-            )
-            output.finished = "length"
-            self._has_output = True
-            self._notify()
-            return 0
+        self._outputs[key] = _Output()
         rid = f"{self._next_rid:x}"
         self._next_rid += 1
         self._rids[key] = rid

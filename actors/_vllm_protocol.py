@@ -32,13 +32,9 @@ ignores the trailing elements of an array-like struct it does not declare.
 from __future__ import annotations
 
 import enum
-import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
-
-if TYPE_CHECKING:
-    from .messages import SamplingParams
 
 __all__ = (
     "ABORT",
@@ -57,7 +53,6 @@ __all__ = (
     "OutputKind",
     "ReadyResponse",
     "UtilityOutput",
-    "engine_refusal",
     "finish_reason_text",
 )
 
@@ -100,16 +95,6 @@ def finish_reason_text(code: int) -> str:
     if code == FinishReason.LENGTH:
         return "length"
     return "abort"
-
-
-def engine_refusal(sampling: SamplingParams) -> str | None:
-    """Why vLLM's engine must not see a request with these sampling parameters: its input
-    thread validates them while decoding, outside any guard, and dies of a bad one."""
-    if not math.isfinite(sampling.temperature) or sampling.temperature < 0:
-        return f"temperature={sampling.temperature}: vLLM takes a finite temperature >= 0"
-    if sampling.max_new_tokens < 1:
-        return f"max_new_tokens={sampling.max_new_tokens}: vLLM generates at least one token"
-    return None
 
 
 # -- handshake --------------------------------------------------------------------------------

@@ -334,7 +334,10 @@ class Generator(Protocol[K]):
         ...
 
     def admit(self, key: K, prompt_ids: list[int], sampling: SamplingParams) -> int:
-        """Start generating for a request; returns how many prompt ids were cached."""
+        """Start generating for a request; returns how many prompt ids were cached. The
+        scheduler admits only what it checked: ids within `vocab_size`, sampling
+        parameters an engine takes (`actors._limits.sampling_refusal`), at least one id to
+        generate, and a prompt shorter than `context_length`."""
         ...
 
     def cancel(self, key: K) -> None:

@@ -43,6 +43,7 @@ from runtime import (
 )
 
 from . import _metrics, _tracing
+from ._limits import context_refusal, sampling_refusal
 from ._tokenizer import model_id_of
 from .engines import EngineSpec, StandIn, open_generator
 from .messages import (
@@ -338,9 +339,7 @@ class Scheduler(Actor[SchedulerMessage]):
         key = (msg.origin, msg.rid)
         refusal = self._refusal(msg, key)
         if refusal is not None:
-            self._rejected += 1
-            logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
-            self._router.put(AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal))
+            self._refuse(msg, refusal)
             return
         trace = current_trace()
         parent = trace[0] if trace else None
@@ -461,7 +460,13 @@ class Scheduler(Actor[SchedulerMessage]):
                 f"prompt id {outside[0]} is outside the scheduler's vocabulary (0..{size - 1}); "
                 "tokenize with the tokenizer the scheduler was given"
             )
-        return None
+        return sampling_refusal(msg.sampling)
+
+    def _refuse(self, msg: TokenizedGenerate, refusal: str) -> None:
+        """Refuse a request: its worker fails it with ``refusal`` (an `AbortNotice`)."""
+        self._rejected += 1
+        logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
+        self._router.put(AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal))
 
     def _stop_ids(self, sampling: SamplingParams) -> frozenset[int]:
         eos = None if self._generator is None else self._generator.eos
@@ -564,18 +569,26 @@ class Scheduler(Actor[SchedulerMessage]):
 
     def _admit(self, generator: Generator[_Key]) -> None:
         """Move waiting requests into the batch while it has room; one that asks for no
-        tokens at all finishes at once (``"length"``), never reaching the generator."""
+        tokens at all finishes at once (``"length"``), never reaching the generator, and
+        one whose prompt leaves no room in the generator's context is refused (an engine
+        says how long its context is once it is connected, which may be after the request
+        arrived)."""
         capacity = generator.capacity  # 0: none for now (an engine not connected yet)
         room = self._max_batch_size if capacity is None else min(self._max_batch_size, capacity)
+        context_length = generator.context_length
         now = time.monotonic()
         while self._waiting and len(self._running) < room:
             key, req = self._waiting.popitem(last=False)
             self._queue_time.observe(now - req.queued_at)
-            if req.msg.sampling.max_new_tokens > 0:
-                self._running[key] = req
-                req.cached = generator.admit(key, req.msg.input_ids, req.msg.sampling)
-            else:
+            msg = req.msg
+            if msg.sampling.max_new_tokens == 0:
                 self._empty.append(req)
+            elif refusal := context_refusal(len(msg.input_ids), context_length):
+                req.end_span("abort")
+                self._refuse(msg, refusal)
+            else:
+                self._running[key] = req
+                req.cached = generator.admit(key, msg.input_ids, msg.sampling)
 
     def _step(self, produced: dict[_Key, Produced]) -> dict[int, _Share]:
         """Build one step's batches from what the running requests produced, one per

@@ -53,9 +53,9 @@ from runtime import (
 
 from . import _metrics, _tracing
 from ._detokenize import IncrementalDetokenizer
-from ._limits import RequestLimits
+from ._limits import RequestLimits, context_refusal, sampling_refusal
 from ._tokenizer import eos_token_id, load_tokenizer, model_id_of, outside_vocabulary, vocab_size
-from ._vllm_protocol import FinishReason, engine_refusal, finish_reason_text
+from ._vllm_protocol import FinishReason, finish_reason_text
 from .engines import EngineClient  # noqa: TC001 -- a spawn argument's type (run time)
 from .messages import (
     Abort,
@@ -539,18 +539,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
 
     def _engine_refusal(self, ids: list[int], sampling: SamplingParams) -> str | None:
         """Why the engine must not see a request: an id outside the vocabulary (it would
-        index past its embeddings), no room left in its context, sampling parameters it
-        dies of (`engine_refusal`)."""
+        index past its embeddings), no room left in its context (`context_refusal`), sampling
+        parameters it dies of (`sampling_refusal`): what the scheduler refuses on its path."""
         outside = outside_vocabulary(ids, self._vocab_size)
         if outside is not None:
             return f"prompt id {outside} is outside the vocabulary (0..{self._vocab_size - 1})"
-        limit = self.engine_context_length
-        if limit and len(ids) >= limit:
-            return (
-                f"the prompt is {len(ids)} tokens: the engine's context holds {limit} "
-                "(prompt and completion), no room is left to generate"
-            )
-        return engine_refusal(sampling)
+        return context_refusal(len(ids), self.engine_context_length) or sampling_refusal(sampling)
 
     async def _engine_unreachable(self, reason: str, dropped: list[str]) -> None:
         """The engine stayed unreachable from this worker: what waited for it fails."""

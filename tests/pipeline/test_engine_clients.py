@@ -9,6 +9,7 @@ and scheduler processes; `make test-engines` runs the same paths against the rea
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -35,18 +36,26 @@ PROMPT_IDS: list[int] = TOKENIZER.encode(PROMPT, add_special_tokens=False).ids
 GREEDY = ids_of("outputs-greedy")
 
 
-@pytest.fixture
-async def served() -> AsyncIterator[tuple[Pipeline, FakeEngine]]:
+@contextlib.asynccontextmanager
+async def _attached(direct: bool) -> AsyncIterator[tuple[Pipeline, FakeEngine]]:
+    """A one-worker pipeline whose engine is the fake: its worker is the engine's client
+    (``direct``), or its scheduler is."""
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine(address)
     try:
         async with Pipeline(
-            workers=1, engine=Vllm(handshake=address, unreachable_after=1.0)
+            workers=1, engine=Vllm(handshake=address, unreachable_after=1.0, direct=direct)
         ) as pipeline:
             await engine.start()
             yield pipeline, engine
     finally:
         engine.close()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Pipeline, FakeEngine]]:
+    async with _attached(direct=True) as attached:
+        yield attached
 
 
 async def worker_statistics(pipeline: Pipeline) -> WorkerStatistics:
@@ -136,25 +145,6 @@ class TestAWorkerAsTheEnginesClient:
             assert kind == proto.ADD
             tg.cancel_scope.cancel()
         assert await next_frame(engine) == (proto.ABORT, [body[0]])
-
-    async def test_what_the_engine_must_not_see_is_refused_before_it_is_sent(
-        self, served: tuple[Pipeline, FakeEngine]
-    ) -> None:
-        pipeline, engine = served
-        with pytest.raises(RequestFailedError, match="outside the vocabulary"):
-            await pipeline.generate([1 << 30], max_new_tokens=4)
-        with pytest.raises(RequestFailedError, match="no room is left"):
-            await pipeline.generate([5] * 512, max_new_tokens=4)
-        # vLLM's input thread dies of these while decoding them: never sent.
-        with pytest.raises(RequestFailedError, match="temperature"):
-            await pipeline.generate(PROMPT_IDS, max_new_tokens=4, temperature=float("nan"))
-        nothing = await pipeline.generate(PROMPT_IDS, max_new_tokens=0)
-        assert (nothing.finish_reason, nothing.completion_tokens) == ("length", 0)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pipeline.generate, PROMPT_IDS)
-            kind, body = await next_frame(engine)  # the first frame sent is this one's
-            assert (kind, body[1]) == (proto.ADD, PROMPT_IDS)
-            tg.cancel_scope.cancel()
 
     async def test_garbage_death_frames_and_strays_leave_it_serving(
         self, served: tuple[Pipeline, FakeEngine]
@@ -262,6 +252,41 @@ async def serve_one_more(pipeline: Pipeline, engine: FakeEngine) -> None:
         tg.start_soon(generate)
         await serve_one(engine)
     assert results[0].output_ids == GREEDY
+
+
+@pytest.fixture(params=["worker", "scheduler"])
+async def either_client(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[Pipeline, FakeEngine, int]]:
+    """A pipeline whose engine's client is its worker (client 1), or its scheduler (client
+    0, ``direct=False``); the engine; the client's index."""
+    direct = request.param == "worker"
+    async with _attached(direct) as (pipeline, engine):
+        yield pipeline, engine, 1 if direct else 0
+
+
+class TestWhatTheEngineMustNotSee:
+    async def test_is_refused_before_it_is_sent_as_the_same_failure_on_either_path(
+        self, either_client: tuple[Pipeline, FakeEngine, int]
+    ) -> None:
+        pipeline, engine, client = either_client
+        with pytest.raises(RequestFailedError, match=r"outside the .*vocabulary"):
+            await pipeline.generate([1 << 30], max_new_tokens=4)
+        with pytest.raises(RequestFailedError, match="no room is left"):
+            await pipeline.generate([5] * 512, max_new_tokens=4)
+        # vLLM's input thread dies of these while decoding them: never sent.
+        with pytest.raises(RequestFailedError, match="temperature"):
+            await pipeline.generate(PROMPT_IDS, max_new_tokens=4, temperature=float("nan"))
+        with pytest.raises(RequestFailedError, match="temperature"):
+            await pipeline.generate(PROMPT_IDS, max_new_tokens=4, temperature=-1.0)
+        nothing = await pipeline.generate(PROMPT_IDS, max_new_tokens=0)
+        assert (nothing.finish_reason, nothing.completion_tokens) == ("length", 0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pipeline.generate, PROMPT_IDS)
+            with anyio.fail_after(10):
+                kind, body = await engine.request(client=client)  # the first frame sent
+            assert (kind, body[1]) == (proto.ADD, PROMPT_IDS)
+            tg.cancel_scope.cancel()
 
 
 class TestAnEngineThatNeverConnects:

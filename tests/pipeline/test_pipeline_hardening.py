@@ -359,6 +359,20 @@ class TestLimits:
             assert out.error is not None
             assert "max_prompt_bytes" in out.error
 
+    async def test_sampling_no_engine_takes_is_refused_by_the_scheduler_whatever_the_engine(
+        self,
+    ) -> None:
+        async with Pipeline(workers=1) as p:
+            with anyio.fail_after(10):
+                for temperature in (float("nan"), float("inf"), -0.5):
+                    with pytest.raises(RequestFailedError, match="finite temperature >= 0"):
+                        await p.generate("hi", max_new_tokens=4, temperature=temperature)
+                out = await p.generate("hi", max_new_tokens=4, temperature=0.0)
+            assert out.finish_reason in ("stop", "length")
+            scheduler = await p.system.lookup("scheduler")
+            stats = await scheduler.ask(GetSchedulerStatistics(), timeout=10)
+            assert stats.rejected == 3
+
     async def test_a_request_the_detokenizer_refuses_fails_to_its_caller_with_the_reason(
         self,
     ) -> None:
