@@ -27,8 +27,12 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   kernel holds) and of which the client takes none for `ServeConfig.send_timeout` close
   the connection: a client that stops reading would otherwise hold its connection, and
   the answer's bytes, for ever (a close waits for them to go out, however long).
-- **Draining.** Once its server drains, a connection with no request open closes, and
-  every request answered from then on closes its connection after the answer.
+- **Draining.** Once its server drains, a connection idle between two requests closes,
+  and every request answered from then on closes its connection after the answer. A
+  connection that has brought no request yet (handed to the worker just now, its request
+  perhaps on its way) is kept for one: closing it would reset a request already sent (the
+  kernel answers unread bytes with a reset); its idle timeout, or the drain's deadline,
+  closes it if none comes.
 
 A refusal is an OpenAI-shaped JSON error with ``connection: close``, written by the
 protocol itself (no application task is started for a request that never completed its
@@ -202,12 +206,14 @@ class BoundedProtocol(HttpToolsProtocol):
         self.logger.debug("an Upgrade header was not acted on")
 
     def shutdown(self) -> None:
-        """Close now if no request is open; else close after the answer to the one open."""
+        """Close now if idle between two requests; else close after the answer to the one
+        open, or to the first one on a connection that has brought none yet."""
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.keep_alive = False
-        elif self._head_since is None:  # no head begun either
+        elif self.cycle is not None and self._head_since is None:  # no head begun either
             self._close()
-        # A head being read: its request's answer closes the connection (`_draining`).
+        # A head being read, or none yet: its request's answer closes the connection
+        # (`_draining`).
 
     # -- parser callbacks -----------------------------------------------------------------
 
