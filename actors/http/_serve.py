@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import errno
 import logging
+import math
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
-from runtime import TokenyardError, configure_logging, raise_fd_limit
+from runtime import ActorRef, TokenyardError, configure_logging, raise_fd_limit
 
 from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig
@@ -112,23 +113,27 @@ class Server:
         self._cut_at = cut_at
         try:
             self.dispatcher.stop_listening()
-            await self._tell_workers(timeout)
-            with anyio.CancelScope(deadline=self._cut_at) as waiting:
-                self._waiting = waiting
-                await self.dispatcher.wait_idle()
-            self._waiting = None
-            # Not `waiting.cancelled_caught` alone: a loop that turns again only after the
-            # deadline (no CPU for a while) sees the connections close before it delivers
-            # the cancellation, and the wait ends with none to catch.
-            self._clean = not waiting.cancelled_caught and anyio.current_time() < self._cut_at
-            if not self._clean:
-                # The workers end what still runs; its last answers go out.
-                with anyio.move_on_after(CUT_GRACE + 1.0):
+            async with anyio.create_task_group() as tg:
+                for k in range(self.pipeline.config.workers):
+                    tg.start_soon(self._drain_successors, k)
+                await self._tell_workers(timeout)
+                with anyio.CancelScope(deadline=self._cut_at) as waiting:
+                    self._waiting = waiting
                     await self.dispatcher.wait_idle()
-                # Connections still open at the deadline may only have been closing (an
-                # idle keep-alive one, drained with no time given): clean if no worker
-                # ended a request.
-                self._clean = await self._none_cut()
+                self._waiting = None
+                # Not `waiting.cancelled_caught` alone: a loop that turns again only after
+                # the deadline (no CPU for a while) sees the connections close before it
+                # delivers the cancellation, and the wait ends with none to catch.
+                self._clean = not waiting.cancelled_caught and anyio.current_time() < self._cut_at
+                if not self._clean:
+                    # The workers end what still runs; its last answers go out.
+                    with anyio.move_on_after(CUT_GRACE + 1.0):
+                        await self.dispatcher.wait_idle()
+                    # Connections still open at the deadline may only have been closing
+                    # (an idle keep-alive one, drained with no time given): clean if no
+                    # worker ended a request.
+                    self._clean = await self._none_cut()
+                tg.cancel_scope.cancel()
             return self._clean
         finally:
             self._drained.set()
@@ -152,12 +157,27 @@ class Server:
         """Tell every live worker to drain, its requests ending ``timeout`` s from now."""
         for k in range(self.pipeline.config.workers):
             ref = self.pipeline.worker_ref(k)
-            if ref is None:
-                continue
-            try:
-                await ref.ask(Drain(timeout=timeout), timeout=DRAIN_ASK_TIMEOUT)
-            except TokenyardError as err:  # dead or stuck: its death ends its requests
-                logger.warning("worker %d was not told to drain: %s", k, err)
+            if ref is not None:
+                await self._tell_worker(k, ref, timeout)
+
+    async def _tell_worker(self, k: int, ref: ActorRef[Any], timeout: float) -> None:
+        try:
+            await ref.ask(Drain(timeout=timeout), timeout=DRAIN_ASK_TIMEOUT)
+        except TokenyardError as err:  # dead or stuck: its death ends its requests
+            logger.warning("worker %d was not told to drain: %s", k, err)
+
+    async def _drain_successors(self, k: int) -> None:
+        """Tell each incarnation of worker ``k`` that starts during the drain to drain, by
+        the same deadline: the owner hands it what its predecessor had not taken, and what
+        waited here, which it must serve one request each and cut at the deadline too
+        (telling one that was told already changes nothing)."""
+        ref = self.pipeline.worker_ref(k)
+        after = 0 if ref is None else ref.incarnation
+        while True:  # until the drain is over (it cancels this)
+            assert self._cut_at is not None
+            ref = await self.pipeline.wait_worker(k, after=after, timeout=math.inf)
+            after = ref.incarnation
+            await self._tell_worker(k, ref, max(self._cut_at - anyio.current_time(), 0.0))
 
 
 def default_detokenizers(workers: int) -> int:

@@ -40,7 +40,8 @@ from actors.http.load import LoadResult, LoadSpec, run_load
 from actors.messages import GetWorkerStatistics
 from tests.conftest import is_fork_server
 from tests.http._server import Running, running_serve, sse_events
-from tests.http.test_bounded import ask_large_answer, open_until
+from tests.http.test_bounded import ask_large_answer, connect, open_until, read_answer
+from tests.http.test_dispatch import HEALTH, until, worker_pid
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -291,6 +292,68 @@ class TestDraining:
         assert events[-1] == "[DONE]"
         assert events[-2]["error"]["code"] == "service_unavailable"
         assert drained == [False]
+
+    async def test_a_connection_with_no_request_yet_is_served_one_through_a_drain(self) -> None:
+        # A client connected just before the drain sends its request just after it began:
+        # it is answered, then closed. Before, the drain closed the connection at once, and
+        # the request met a closed connection (a reset, when its bytes had arrived unread).
+        drained: list[bool] = []
+        async with open_server(workers=1, port=0) as server:
+            reader, writer = await connect(server)
+            try:
+                await open_until(server, 1, 10)
+                async with anyio.create_task_group() as tg:
+
+                    async def drain() -> None:
+                        drained.append(await server.drain(30.0))
+
+                    tg.start_soon(drain)
+                    while server.dispatcher._idle is None:  # told the worker; waiting
+                        await anyio.lowlevel.checkpoint()
+                    writer.write(HEALTH)
+                    with anyio.fail_after(10):
+                        status, headers, _ = await read_answer(reader)
+                        assert await reader.read() == b""
+                assert (status, headers.get("connection")) == (200, "close")
+            finally:
+                writer.close()
+        assert drained == [True]
+
+    async def test_a_worker_restarted_during_a_drain_drains_what_it_is_handed(self) -> None:
+        # A connection the worker never took (stopped, then killed, during the drain) goes
+        # to its successor, which must drain too: answer its request, then close it. Before,
+        # nobody told the successor, which kept the connection open for more requests, and
+        # the drain waited for it until its deadline.
+        drained: list[bool] = []
+        # Idle connections stay open for a minute: only the drain closes this one.
+        async with open_server(workers=1, port=0, config=ServeConfig(idle_timeout=60)) as server:
+            before = server.pipeline.worker_ref(0)
+            assert before is not None
+            pid = worker_pid(server, 0)
+            os.kill(pid, signal.SIGSTOP)
+            handed = server.statistics().handed.get(0, 0)
+            reader, writer = await connect(server)
+            try:
+                writer.write(HEALTH)
+                await until(lambda: server.statistics().handed.get(0, 0) > handed)
+                async with anyio.create_task_group() as tg:
+
+                    async def drain() -> None:
+                        drained.append(await server.drain(60.0))
+
+                    tg.start_soon(drain)
+                    while server._cut_at is None:
+                        await anyio.lowlevel.checkpoint()
+                    os.kill(pid, signal.SIGKILL)  # the drain goes on with its successor
+                    with anyio.fail_after(20):
+                        status, _, _ = await read_answer(reader)
+                        assert status == 200
+                        assert await reader.read() == b""  # closed after the one request
+                        after = await server.pipeline.wait_worker(0, after=before.incarnation)
+                    assert after.incarnation == before.incarnation + 1
+            finally:
+                writer.close()
+        assert drained == [True]
 
     async def test_a_drain_that_ends_no_request_is_clean_though_a_connection_stays_open(
         self,
