@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ENGINE_IDENTITY",
+    "MAX_ENGINE_FRAME",
     "EngineLostError",
     "VllmModel",
     "bounded_socket",
@@ -95,11 +96,19 @@ PYTHON_ENV = "TOKENYARD_VLLM_PYTHON"
 #: Seconds a launched engine has to stop after SIGTERM before its group is killed.
 _STOP_GRACE = 10.0
 
-#: Largest frame taken from the engine (a step's outputs are far smaller).
-_MAX_FRAME = 64 << 20
+#: Largest frame taken from the engine: a step's outputs take a few hundred bytes a
+#: request at most (vLLM 0.32's first, with its stats, about 250; the next ones about 60),
+#: so 4 MiB holds a step of over 10,000. A larger one ends the connection that sent it
+#: (libzmq's ``MAXMSGSIZE``), unread; the engine's side makes it again.
+MAX_ENGINE_FRAME = 4 << 20
 
-#: Frames each socket queues.
-_HWM = 10_000
+#: Frames each socket queues to send (ours, bounded before they are queued).
+_SNDHWM = 10_000
+
+#: Frames each socket queues as they come from the engine before they are read: with
+#: `MAX_ENGINE_FRAME`, at most 256 MiB a socket, whoever sends them. The engine waits (its
+#: socket blocks) while the reader is behind; it never drops a frame.
+_RCVHWM = 64
 
 #: Frames waiting to be sent before the engine is taken as lost (it takes none).
 _MAX_OUTBOX = 100_000
@@ -115,13 +124,14 @@ ENGINE_IDENTITY = (0).to_bytes(2, "little")
 
 
 def bounded_socket(ctx: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
-    """A socket to or from the engine that holds at most ``_HWM`` frames each way, none
-    over ``_MAX_FRAME`` bytes, and drops what it holds when closed."""
+    """A socket to or from the engine that queues at most ``_SNDHWM`` frames to send and
+    ``_RCVHWM`` received, none over `MAX_ENGINE_FRAME` bytes, and drops what it holds when
+    closed."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, _HWM)
-    sock.setsockopt(zmq.RCVHWM, _HWM)
-    sock.setsockopt(zmq.MAXMSGSIZE, _MAX_FRAME)
+    sock.setsockopt(zmq.SNDHWM, _SNDHWM)
+    sock.setsockopt(zmq.RCVHWM, _RCVHWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_ENGINE_FRAME)
     return sock
 
 

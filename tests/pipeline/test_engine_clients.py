@@ -17,10 +17,12 @@ import anyio
 import msgspec
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from actors import Pipeline, RequestFailedError, Vllm
 from actors import _vllm_protocol as proto
 from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
+from actors._vllm_engine import MAX_ENGINE_FRAME
 from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, WorkerStatistics
 from tests.engines.record_golden import PROMPT
 from tests.engines.test_protocol import FakeEngine, free_port, ids_of
@@ -225,6 +227,39 @@ class TestAWorkerAsTheEnginesClient:
             finally:
                 stop.set()
         assert flooding.is_set()
+        await serve_one_more(pipeline, engine)
+
+    async def test_a_frame_over_the_bound_ends_its_connection_unread(
+        self, served: tuple[Pipeline, FakeEngine]
+    ) -> None:
+        # What libzmq holds for the worker is bounded in bytes: frames of at most
+        # MAX_ENGINE_FRAME (before, 64 MiB, 10,000 of them queued: 640 GiB).
+        pipeline, engine = served
+        address = engine.outputs[1].getsockopt_string(zmq.LAST_ENDPOINT)
+
+        def send_too_large() -> bool:
+            """Whether the worker's side ended the connection that sent it."""
+            ctx = zmq.Context()
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 0)
+            push.setsockopt(zmq.RECONNECT_IVL, -1)  # an ended connection stays ended
+            monitor = push.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            try:
+                push.connect(address)
+                if not monitor.poll(10_000):
+                    return False
+                assert recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
+                push.send(b"\xc1" * (MAX_ENGINE_FRAME + 1))
+                if not monitor.poll(10_000):
+                    return False
+                return bool(recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED)
+            finally:
+                push.disable_monitor()
+                monitor.close(0)
+                ctx.destroy(linger=0)
+
+        assert await anyio.to_thread.run_sync(send_too_large)
+        assert (await worker_statistics(pipeline)).engine_rejected == 0  # never decoded
         await serve_one_more(pipeline, engine)
 
     async def test_a_peer_claiming_the_engines_identity_gets_no_request(
