@@ -117,12 +117,48 @@ class NodeProcess:
         return code
 
 
+#: The start of the names of the namespaces `two_hosts` makes (the pid that made one follows).
+NETNS_PREFIX = "tyhb"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans() -> list[str]:
+    """Remove the namespaces (and the veth ends left here) that `two_hosts` made in a
+    process that is gone without removing them (killed by SIGKILL, say); the names
+    removed. A namespace whose maker lives, or whose name is not of this form, is left
+    alone."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], check=True, capture_output=True, text=True, timeout=10
+    ).stdout
+    removed = []
+    for line in listed.splitlines():
+        name = line.split(" ", 1)[0]
+        tag = name.removeprefix(NETNS_PREFIX)
+        if tag == name or not tag.isdigit() or _alive(int(tag)):
+            continue
+        subprocess.run(["ip", "link", "del", f"tya{tag}"], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+        removed.append(name)
+    return removed
+
+
 @contextmanager
 def two_hosts() -> Iterator[Hosts]:
     """A second network namespace joined to this one by a veth pair, removed on exit
-    (names and a /28 subnet from this process's pid, so that runs side by side differ)."""
-    tag = f"{os.getpid() % 100_000}"
-    netns, link_a, link_b = f"tyhb{tag}", f"tya{tag}", f"tyb{tag}"
+    (names and a /28 subnet from this process's pid, so that runs side by side differ);
+    what a run killed before its exit left is removed first (`sweep_orphans`)."""
+    sweep_orphans()
+    tag = f"{os.getpid()}"
+    netns, link_a, link_b = f"{NETNS_PREFIX}{tag}", f"tya{tag}", f"tyb{tag}"
     subnet = os.getpid() % 16_000
     base = f"10.{200 + subnet // 4000}.{(subnet % 4000) // 16}.{(subnet % 16) * 16}"
     prefix, last = base.rsplit(".", 1)
