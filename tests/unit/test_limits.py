@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from actors import PipelineConfig
-from actors._limits import RequestLimits
+from actors._limits import RequestLimits, context_refusal, sampling_refusal
 from actors.http import ServeConfig
+from actors.messages import SamplingParams
 
 
 class TestRefusals:
@@ -46,3 +47,32 @@ class TestRefusals:
 
     def test_a_negative_max_new_tokens_is_refused(self) -> None:
         assert "within [0, " in str(RequestLimits().refusal(None, None, -1))
+
+
+class TestWhatNoEngineRuns:
+    @pytest.mark.parametrize(
+        ("temperature", "max_new_tokens", "refused"),
+        [
+            (0.0, 0, False),
+            (-0.0, 1, False),
+            (2.5, 64, False),
+            (-0.001, 1, True),
+            (float("nan"), 1, True),
+            (float("inf"), 1, True),
+            (0.0, -1, True),
+        ],
+    )
+    def test_sampling_an_engine_takes_passes_and_the_rest_is_refused(
+        self, temperature: float, max_new_tokens: int, refused: bool
+    ) -> None:
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        assert (sampling_refusal(sampling) is not None) == refused
+
+    def test_a_prompt_must_leave_one_id_of_room_in_a_known_context(self) -> None:
+        assert context_refusal(63, 64) is None
+        assert context_refusal(64, 64) == (
+            "the prompt is 64 tokens: the engine's context holds 64 (prompt and completion), "
+            "no room is left to generate"
+        )
+        assert context_refusal(10**6, None) is None  # not known: the engine bounds it
+        assert context_refusal(10**6, 0) is None
