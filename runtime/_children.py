@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tokenyard.system")
 
+#: Liveness probes in one ``stall_timeout``: each waits this share of it for its answer, and
+#: as many in a row must find none before the child is killed.
+_PROBES_PER_BOUND = 4
+
 #: Seconds between SIGTERM and SIGKILL.
 TERM_GRACE = 2.0
 
@@ -151,21 +155,31 @@ class ChildTable:
 
         A probe goes every quarter of the bound and waits a quarter for its answer; only a
         whole bound without any answer kills, so one probe or answer lost on a full queue
-        never does.
+        never does, and only once `_PROBES_PER_BOUND` probes in a row had their whole wait
+        in vain: when this process, or the whole machine, stood still past the bound (a
+        virtual machine not scheduled for seconds), the probe that was waiting finds no
+        answer, though the child had no time to give one; the next probes ask it again.
         """
         station, limit = self.station, child.how.stall_timeout
         assert limit is not None
         assert child.process is not None
+        wait = limit / _PROBES_PER_BOUND
         answered = time.monotonic()
+        missed = 0
         while not child.exited.is_set():
-            if await station.ping(child.station_address, limit / 4):
-                answered = time.monotonic()
-                with anyio.move_on_after(limit / 4):
+            sent = time.monotonic()
+            if await station.ping(child.station_address, wait):
+                answered, missed = time.monotonic(), 0
+                with anyio.move_on_after(wait):
                     await child.exited.wait()
                 continue
             if child.exited.is_set():
                 return
-            if time.monotonic() - answered < limit:
+            missed += 1
+            if time.monotonic() - answered < limit or missed < _PROBES_PER_BOUND:
+                # A probe that failed at once (no queue room) waits out its quarter too.
+                with anyio.move_on_after(sent + wait - time.monotonic()):
+                    await child.exited.wait()
                 continue
             child.unresponsive = f"unresponsive for {limit:g} s (killed)"
             logger.warning("actor %s %s", child.ref.name, child.unresponsive)

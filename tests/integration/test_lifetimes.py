@@ -9,12 +9,14 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from runtime import Actor, ActorSystem, Message, Request, handler
+from runtime import Actor, ActorSystem, Cause, Message, Request, handler
 from runtime._children import TERM_GRACE
 
 from ._actors import Echo, Ping, Pong, Slow
@@ -160,3 +162,51 @@ class TestCancelledOwner:
                 await forever.wait()  # until the deadline cancels the scope
         assert scope.cancelled_caught
         # The autouse guard checks that no process or ipc directory is left behind.
+
+
+class TestLiveness:
+    async def test_a_stopped_child_is_killed_as_unresponsive_after_its_stall_timeout(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            ref = await system.spawn(Echo, stall_timeout=1.0)
+            pid = system.pid_of(ref)
+            assert pid is not None
+            watch = system.watch(ref)
+            os.kill(pid, signal.SIGSTOP)
+            with anyio.fail_after(10):
+                down = await watch
+            assert (down.cause, down.reason) == (
+                Cause.UNRESPONSIVE,
+                "unresponsive for 1 s (killed)",
+            )
+
+    async def test_a_stall_of_the_whole_machine_past_the_bound_kills_no_child(self) -> None:
+        # The child and this process stand still together past the child's stall_timeout
+        # (a virtual machine not scheduled: 6 to 8 s seen here while vLLM began long
+        # generations), a probe waiting for its answer the while. When they run again the
+        # probe's wait is over, unanswered, though the child had no chance to answer:
+        # before, that killed every child of the system as unresponsive.
+        async with ActorSystem() as system:
+            ref = await system.spawn(Echo, stall_timeout=1.0)
+            pid = system.pid_of(ref)
+            assert pid is not None
+            watch = system.watch(ref)
+            child = system.spawner.children.live[ref.address]
+            station = system.station
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(10):  # a probe goes, and waits for its answer
+                    while not any(
+                        p.target == child.station_address for p in station._pending.values()
+                    ):
+                        await anyio.lowlevel.checkpoint()
+                # sync-ok: the stall itself, this process's event loop standing still with it
+                time.sleep(1.5)  # noqa: ASYNC251
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            with anyio.move_on_after(3.0):  # three bounds: a kill would come in the first
+                down = await watch
+                pytest.fail(f"the child was killed: {down.reason}")
+            assert (await ref.ask(Ping(n=1), timeout=5)) == Pong(n=1)
+            assert system.pid_of(ref) == pid
