@@ -164,27 +164,22 @@ class ChildTable:
         assert limit is not None
         assert child.process is not None
         wait = limit / _PROBES_PER_BOUND
-        answered = time.monotonic()
         missed = 0
         while not child.exited.is_set():
             sent = time.monotonic()
             if await station.ping(child.station_address, wait):
-                answered, missed = time.monotonic(), 0
-                with anyio.move_on_after(wait):
-                    await child.exited.wait()
-                continue
-            if child.exited.is_set():
+                missed, resume = 0, time.monotonic() + wait
+            elif child.exited.is_set():
                 return
-            missed += 1
-            if time.monotonic() - answered < limit or missed < _PROBES_PER_BOUND:
-                # A probe that failed at once (no queue room) waits out its quarter too.
-                with anyio.move_on_after(sent + wait - time.monotonic()):
-                    await child.exited.wait()
-                continue
-            child.unresponsive = f"unresponsive for {limit:g} s (killed)"
-            logger.warning("actor %s %s", child.ref.name, child.unresponsive)
-            child.process.kill()
-            return
+            elif (missed := missed + 1) < _PROBES_PER_BOUND:
+                resume = sent + wait  # a probe that failed at once waits out its quarter
+            else:  # each probe took a quarter at least: a whole bound without an answer
+                child.unresponsive = f"unresponsive for {limit:g} s (killed)"
+                logger.warning("actor %s %s", child.ref.name, child.unresponsive)
+                child.process.kill()
+                return
+            with anyio.move_on_after(resume - time.monotonic()):
+                await child.exited.wait()
 
     def died(self, child: Child, down: Down) -> None:
         """Record a death: the ``Down``, the station's dead set, its watchers, a log line."""
