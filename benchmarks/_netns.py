@@ -121,14 +121,25 @@ class NodeProcess:
 NETNS_PREFIX = "tyhb"
 
 
+def names(tag: str) -> tuple[str, str, str]:
+    """The namespace, the veth end here and the veth end in it, of the run ``tag`` (its pid)."""
+    return f"{NETNS_PREFIX}{tag}", f"tya{tag}", f"tyb{tag}"
+
+
+def namespaces() -> list[str]:
+    """The network namespaces of this machine, by name."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], check=True, capture_output=True, text=True, timeout=10
+    ).stdout
+    return [line.split(" ", 1)[0] for line in listed.splitlines()]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return True  # it runs (or another user's process has the pid: left alone too)
 
 
 def sweep_orphans() -> list[str]:
@@ -136,16 +147,12 @@ def sweep_orphans() -> list[str]:
     process that is gone without removing them (killed by SIGKILL, say); the names
     removed. A namespace whose maker lives, or whose name is not of this form, is left
     alone."""
-    listed = subprocess.run(
-        ["ip", "netns", "list"], check=True, capture_output=True, text=True, timeout=10
-    ).stdout
     removed = []
-    for line in listed.splitlines():
-        name = line.split(" ", 1)[0]
+    for name in namespaces():
         tag = name.removeprefix(NETNS_PREFIX)
         if tag == name or not tag.isdigit() or _alive(int(tag)):
             continue
-        subprocess.run(["ip", "link", "del", f"tya{tag}"], capture_output=True, timeout=10)
+        subprocess.run(["ip", "link", "del", names(tag)[1]], capture_output=True, timeout=10)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
         removed.append(name)
     return removed
@@ -157,8 +164,7 @@ def two_hosts() -> Iterator[Hosts]:
     (names and a /28 subnet from this process's pid, so that runs side by side differ);
     what a run killed before its exit left is removed first (`sweep_orphans`)."""
     sweep_orphans()
-    tag = f"{os.getpid()}"
-    netns, link_a, link_b = f"{NETNS_PREFIX}{tag}", f"tya{tag}", f"tyb{tag}"
+    netns, link_a, link_b = names(str(os.getpid()))
     subnet = os.getpid() % 16_000
     base = f"10.{200 + subnet // 4000}.{(subnet % 4000) // 16}.{(subnet % 16) * 16}"
     prefix, last = base.rsplit(".", 1)

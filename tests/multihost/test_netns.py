@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._netns import NETNS_PREFIX, sweep_orphans, two_hosts
+from benchmarks._netns import names, namespaces, sweep_orphans, two_hosts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,13 +25,6 @@ _HOLDS_THEM = (
     "    print(hosts.netns, flush=True)\n"
     "    sys.stdin.read()\n"
 )
-
-
-def _namespaces() -> set[str]:
-    listed = subprocess.run(
-        ["ip", "netns", "list"], check=True, capture_output=True, text=True, timeout=10
-    ).stdout
-    return {line.split(" ", 1)[0] for line in listed.splitlines()}
 
 
 def _links() -> str:
@@ -59,17 +52,18 @@ def test_what_a_run_killed_inside_them_left_is_removed_by_the_next() -> None:
         run.stdout.close()
         if run.stdin is not None:
             run.stdin.close()
+    netns, link_here, _ = names(str(run.pid))
     try:
-        assert left == f"{NETNS_PREFIX}{run.pid}"
-        assert left in _namespaces()  # left behind, with its veth end here
-        assert f"tya{run.pid}" in _links()
-        alive = _namespaces()  # any other run's, side by side with this one, stays
+        assert left == netns
+        assert left in namespaces()  # left behind, with its veth end here
+        assert link_here in _links()
+        alive = set(namespaces())  # any other run's, side by side with this one, stays
         with two_hosts() as hosts:
-            now = _namespaces()
+            now = set(namespaces())
             assert left not in now
-            assert f"tya{run.pid}" not in _links()
+            assert link_here not in _links()
             assert hosts.netns in now
             assert (alive - {left}) <= now
-        assert hosts.netns not in _namespaces()
+        assert hosts.netns not in namespaces()
     finally:
         sweep_orphans()  # this test leaves nothing behind either, whatever failed
