@@ -245,14 +245,9 @@ class TestConnections:
 
 class TestDraining:
     async def test_a_second_drain_that_ends_a_request_makes_both_say_not_clean(self) -> None:
-        first: list[bool] = []
         with anyio.fail_after(30):
             async with _one_long_stream() as (server, tg, r):
-
-                async def drain() -> None:
-                    first.append(await server.drain())
-
-                tg.start_soon(drain)
+                first = _start_drain(tg, server)
                 # The first drain (30 s) waits for the connections to close.
                 while server.dispatcher._idle is None:
                     await anyio.lowlevel.checkpoint()
@@ -273,14 +268,9 @@ class TestDraining:
         # the close first. Before, the wait for the connections then ended with no
         # cancellation to catch and the drain said clean: `serve` exited 0 having cut
         # requests.
-        drained: list[bool] = []
         with anyio.fail_after(30):
             async with _one_long_stream() as (server, tg, r):
-
-                async def drain() -> None:
-                    drained.append(await server.drain(0.2))
-
-                tg.start_soon(drain)
+                drained = _start_drain(tg, server, 0.2)
                 while server.dispatcher._idle is None:  # told the worker; waiting
                     await anyio.lowlevel.checkpoint()
                 # The loop stalls until the worker's mark that the connection closed
@@ -297,17 +287,12 @@ class TestDraining:
         # A client connected just before the drain sends its request just after it began:
         # it is answered, then closed. Before, the drain closed the connection at once, and
         # the request met a closed connection (a reset, when its bytes had arrived unread).
-        drained: list[bool] = []
         async with open_server(workers=1, port=0) as server:
             reader, writer = await connect(server)
             try:
                 await open_until(server, 1, 10)
                 async with anyio.create_task_group() as tg:
-
-                    async def drain() -> None:
-                        drained.append(await server.drain(30.0))
-
-                    tg.start_soon(drain)
+                    drained = _start_drain(tg, server, 30.0)
                     while server.dispatcher._idle is None:  # told the worker; waiting
                         await anyio.lowlevel.checkpoint()
                     writer.write(HEALTH)
@@ -324,7 +309,6 @@ class TestDraining:
         # to its successor, which must drain too: answer its request, then close it. Before,
         # nobody told the successor, which kept the connection open for more requests, and
         # the drain waited for it until its deadline.
-        drained: list[bool] = []
         # Idle connections stay open for a minute: only the drain closes this one.
         async with open_server(workers=1, port=0, config=ServeConfig(idle_timeout=60)) as server:
             before = server.pipeline.worker_ref(0)
@@ -337,11 +321,7 @@ class TestDraining:
                 writer.write(HEALTH)
                 await until(lambda: server.statistics().handed.get(0, 0) > handed)
                 async with anyio.create_task_group() as tg:
-
-                    async def drain() -> None:
-                        drained.append(await server.drain(60.0))
-
-                    tg.start_soon(drain)
+                    drained = _start_drain(tg, server, 60.0)
                     while server._cut_at is None:
                         await anyio.lowlevel.checkpoint()
                     os.kill(pid, signal.SIGKILL)  # the drain goes on with its successor
@@ -757,6 +737,17 @@ async def _one_long_stream() -> AsyncIterator[tuple[Server, TaskGroup, aiohttp.C
         ):
             await r.content.readuntil(b"\n\n")
             yield server, tg, r
+
+
+def _start_drain(tg: TaskGroup, server: Server, timeout: float | None = None) -> list[bool]:
+    """Start ``server.drain(timeout)`` in ``tg``: the list gets what it returns."""
+    drained: list[bool] = []
+
+    async def drain() -> None:
+        drained.append(await server.drain(timeout))
+
+    tg.start_soon(drain)
+    return drained
 
 
 class _Streams:
