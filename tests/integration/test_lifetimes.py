@@ -201,8 +201,8 @@ class TestLiveness:
                         p.target == child.station_address for p in station._pending.values()
                     ):
                         await anyio.lowlevel.checkpoint()
-                # sync-ok: the stall itself, this process's event loop standing still with it
-                time.sleep(1.5)  # noqa: ASYNC251
+                # The stall itself: this process's event loop stands still with the child.
+                time.sleep(1.5)  # noqa: ASYNC251  # sync-ok: the stall, not a wait
             finally:
                 os.kill(pid, signal.SIGCONT)
             with anyio.move_on_after(1.5):  # a kill would come as the loop turns again
