@@ -16,7 +16,9 @@ __all__ = (
     "DEFAULT_TOKENIZER_PATH",
     "EOS_TOKEN",
     "EOS_TOKEN_CANDIDATES",
+    "INLINE_CHARS",
     "PAD_TOKEN",
+    "TOKENIZER_THREADS",
     "eos_token_id",
     "load_tokenizer",
     "model_id_of",
@@ -38,6 +40,15 @@ DEFAULT_TOKENIZER_PATH = Path(__file__).parent / "data" / "tokenizer.json"
 
 BUNDLED_MODEL_ID = "tokenyard-bundled-bpe"
 """The model id of the bundled tokenizer."""
+
+INLINE_CHARS = 2048
+"""Texts up to this many characters are tokenized on the event loop (a millisecond or two
+at most); longer ones in a thread (HF ``tokenizers`` lets go of the GIL while it works), so
+that no prompt holds the event loop, and with it every other request of the process."""
+
+TOKENIZER_THREADS = 2
+"""Threads of one tokenizing owner (an HTTP server's validator, a tokenizer worker)
+tokenizing long texts at once; more wait their turn."""
 
 
 def model_id_of(tokenizer: str | os.PathLike[str] | None) -> str:

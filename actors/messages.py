@@ -658,7 +658,8 @@ class WorkerStatistics(Message, tag="WorkerStats"):
         failed: Requests answered with an error (refused here or by the scheduler).
         released: Requests let go at their caller's word (``AbortRequest``): the caller
             gave up, or resolved them elsewhere after a pipeline member died.
-        requests: Requests in the worker's table right now, waiting for output.
+        requests: Requests the worker holds right now: waiting for output, or their
+            prompt for its tokenizing.
         control_pending: Control requests (load, flush) waiting for their reply right now.
         cut: Requests a drain ended at its deadline (an HTTP worker's; counted in
             ``failed`` too).
@@ -667,6 +668,8 @@ class WorkerStatistics(Message, tag="WorkerStats"):
             there (a worker that is the engine's client itself).
         engine_rejected: Frames on the worker's own socket from vLLM's engine that did not
             decode, or outputs it could not take (a worker that is the engine's client).
+        tokenizing: Of ``requests``, those whose long prompt is being tokenized off the
+            event loop right now (at most `actors.tokenizer_worker.MAX_TOKENIZING`).
     """
 
     origin: Origin
@@ -679,6 +682,7 @@ class WorkerStatistics(Message, tag="WorkerStats"):
     cut: int = 0
     engine_strays: int = 0
     engine_rejected: int = 0
+    tokenizing: int = 0
 
 
 class GetWorkerStatistics(Request[WorkerStatistics], tag="GetWorkerStats"):

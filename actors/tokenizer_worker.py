@@ -18,7 +18,9 @@ detokenizer, once a `Topology` says it is gone.
 
 A prompt is bounded before it costs anything: its bytes before tokenizing, its tokens after,
 and ``max_new_tokens`` against an upper bound; a request past one is refused with an error
-naming the limit.
+naming the limit. A long prompt (over `INLINE_CHARS`) is tokenized in a thread while the
+worker goes on with its other messages (a prompt at ``max_prompt_bytes`` takes about a
+second); at most `MAX_TOKENIZING` at once, past which the next one waits in the mailbox.
 
 **A client of vLLM's engine itself** (``engine_client``: `actors.engines.Vllm.direct`), the
 worker sends each tokenized request to the engine, takes its outputs from the engine and
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import anyio.to_thread
 import msgspec
 
 from runtime import (
@@ -54,7 +57,15 @@ from runtime import (
 from . import _metrics, _tracing
 from ._detokenize import IncrementalDetokenizer
 from ._limits import RequestLimits, context_refusal, sampling_refusal
-from ._tokenizer import eos_token_id, load_tokenizer, model_id_of, outside_vocabulary, vocab_size
+from ._tokenizer import (
+    INLINE_CHARS,
+    TOKENIZER_THREADS,
+    eos_token_id,
+    load_tokenizer,
+    model_id_of,
+    outside_vocabulary,
+    vocab_size,
+)
 from ._vllm_protocol import FinishReason, finish_reason_text
 from .engines import EngineClient  # noqa: TC001 -- a spawn argument's type (run time)
 from .messages import (
@@ -94,6 +105,11 @@ logger = logging.getLogger("tokenyard.worker")
 #: Most control requests (load, flush) a worker keeps waiting for their answer; past it the
 #: oldest is forgotten, so that callers asking while no scheduler answers cannot grow it.
 MAX_PENDING_CONTROL = 1_024
+
+#: Most long prompts a worker holds for tokenizing at once (`TOKENIZER_THREADS` of them in
+#: threads, the others waiting for one); past it, the next waits in the mailbox, so what
+#: the worker holds is bounded by this many prompts of ``max_prompt_bytes``.
+MAX_TOKENIZING = 4
 
 
 #: Where a request served in this process (by its HTTP server) gets its outputs.
@@ -236,6 +252,11 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self._spread = itertools.count()
         self.router: ActorRef[Any] | None = None
         self.requests: dict[str, _Request] = {}
+        #: Callers of the long prompts being tokenized off the event loop, by rid: the rid
+        #: is taken (a duplicate is refused), and a release drops the request once tokenized.
+        self._tokenizing: dict[str, Caller] = {}
+        self._tokenizing_slots = anyio.Semaphore(MAX_TOKENIZING)
+        self._threads = anyio.CapacityLimiter(TOKENIZER_THREADS)
         self.registered = anyio.Event()
         self.control: dict[int, _Control] = {}
         self._control_ids = itertools.count(1)
@@ -379,7 +400,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         its caller did, ``checked``), or refuse it; then forward it."""
         await self.registered.wait()
         self.received += 1
-        if rid in self.requests:
+        if rid in self.requests or rid in self._tokenizing:
             # Replacing it would leave the first caller waiting for ever.
             await self._fail(
                 caller,
@@ -397,11 +418,63 @@ class TokenizerWorker(Actor[WorkerMessage]):
             return
         if input_ids is not None:
             ids = list(input_ids)
-        elif text is not None:
-            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        else:
+        elif text is None:
             await self._fail(caller, rid, 0, "a request needs text or input_ids")
             return
+        elif len(text) <= INLINE_CHARS:
+            ids = self._encode(text)
+        else:
+            # Tokenized in a thread, by a task of its own; the rid is taken now, so that
+            # what this mailbox takes next (its release, a duplicate) finds it.
+            await self._tokenizing_slots.acquire()
+            self._tokenizing[rid] = caller
+            self.start_soon(self._tokenize, rid, caller, text, sampling, stream, limits)
+            return
+        await self._take(rid, caller, ids, sampling, stream, limits, traceparent)
+
+    async def _tokenize(
+        self,
+        rid: str,
+        caller: Caller,
+        text: str,
+        sampling: SamplingParams,
+        stream: bool,
+        limits: RequestLimits | None,
+    ) -> None:
+        """`_admit` a long prompt: tokenize it in a thread, then take the request in,
+        unless its caller let it go meanwhile. An error fails this request alone."""
+        try:
+            ids = await anyio.to_thread.run_sync(
+                self._encode, text, limiter=self._threads, abandon_on_cancel=True
+            )
+            if self._untake(rid, caller):
+                await self._take(rid, caller, ids, sampling, stream, limits)
+        except Exception as err:  # as a handler's error: this request only
+            logger.exception("%s: tokenizing %r failed", self.ref.name, rid)
+            if self._untake(rid, caller):
+                await self._fail(caller, rid, 0, f"the prompt could not be tokenized: {err}")
+        finally:
+            self._tokenizing_slots.release()
+
+    def _untake(self, rid: str, caller: Caller) -> bool:
+        """End ``caller``'s hold on ``rid`` for its tokenizing; ``False``: it was let go
+        meanwhile (and the rid may be another request's now)."""
+        if self._tokenizing.get(rid) is not caller:
+            return False
+        del self._tokenizing[rid]
+        return True
+
+    async def _take(
+        self,
+        rid: str,
+        caller: Caller,
+        ids: list[int],
+        sampling: SamplingParams,
+        stream: bool,
+        limits: RequestLimits | None,
+        traceparent: str | None = None,
+    ) -> None:
+        """Hold a tokenized request to ``limits``, or refuse it; then forward it."""
         if not ids:
             await self._fail(caller, rid, 0, "the prompt tokenizes to nothing")
             return
@@ -636,6 +709,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         self._release(msg.rid)
 
     def _release(self, rid: str) -> None:
+        if self._tokenizing.pop(rid, None) is not None:
+            self.released += 1  # `_admit` drops it once tokenized
+            return
         request = self.requests.pop(rid, None)
         if request is None:
             return
@@ -810,7 +886,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     async def drain(self, msg: Drain) -> Draining:
         """Nothing to drain: a worker that serves no HTTP answers for its requests to its
         callers, who decide when to stop (an HTTP worker overrides this)."""
-        return Draining(connections=0, requests=len(self.requests))
+        return Draining(connections=0, requests=len(self.requests) + len(self._tokenizing))
 
     @handler
     def statistics(self, msg: GetWorkerStatistics) -> WorkerStatistics:
@@ -821,13 +897,18 @@ class TokenizerWorker(Actor[WorkerMessage]):
             finished=self.finished,
             failed=self.failed,
             released=self.released,
-            requests=len(self.requests),
+            requests=len(self.requests) + len(self._tokenizing),
             control_pending=len(self.control),
             engine_strays=self.engine_strays,
             engine_rejected=0 if self.direct is None else self.direct.rejected_frames,
+            tokenizing=len(self._tokenizing),
         )
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
 
     def _finished(self, request: _Request, reason: str, completion_tokens: int, now: float) -> None:
         """Count a request served to its end."""

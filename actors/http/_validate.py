@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
+from actors._tokenizer import INLINE_CHARS, TOKENIZER_THREADS
 from actors.messages import SamplingParams
 
 from ._chat import ChatTemplateError
@@ -35,14 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ("INLINE_CHARS", "INLINE_IDS", "TOKENIZER_THREADS", "Prepared", "Validator")
 
-INLINE_CHARS = 2048
-"""Texts up to this many characters are tokenized on the event loop (a millisecond or two
-at most); longer ones in a thread (HF ``tokenizers`` lets go of the GIL while it works), so
-that no prompt holds the event loop, and with it every other request of the process."""
 INLINE_IDS = 4096
 """Token ids up to this many are decoded on the event loop; more in a thread."""
-TOKENIZER_THREADS = 2
-"""Threads of one process tokenizing long texts at once; more wait their turn."""
 
 MAX_SEED = (1 << 63) - 1
 """Largest seed accepted (seeds are 64-bit signed integers, negative ones refused)."""

@@ -21,9 +21,12 @@ from actors import (
     SlowReaderError,
     WorkerDiedError,
 )
+from actors._tokenizer import load_tokenizer
+from actors.build_tokenizer import DEFAULT_CORPUS_PATH
 from actors.detokenizer import Detokenizer
 from actors.messages import (
     AbortAll,
+    AbortRequest,
     BatchStrOutput,
     BatchTokenIDOutput,
     CheckLoad,
@@ -39,12 +42,13 @@ from actors.messages import (
     RegisterWorker,
     RequestOutputs,
     RouteUpdate,
+    SamplingParams,
     Topology,
 )
 from actors.pipeline import _CallerState, _Request
 from actors.pipeline_supervisor import PipelineConfig
 from actors.router import Router
-from actors.tokenizer_worker import MAX_PENDING_CONTROL, TokenizerWorker
+from actors.tokenizer_worker import MAX_PENDING_CONTROL, MAX_TOKENIZING, TokenizerWorker
 from runtime import Actor, ActorRef, ActorSystem, TokenyardError, handler
 
 from ._actors import EventInbox, Events
@@ -416,6 +420,115 @@ class TestLimits:
             assert held_bytes <= 2000 + 100  # what was held, then the error: never more
             stats = await scheduler.ask(GetSchedulerStatistics())
             assert stats.generated_tokens < 20_000  # the engine stopped for it
+
+
+TOKENIZER = load_tokenizer(None)
+
+
+def document(chars: int) -> str:
+    """Prose of ``chars`` characters (the tokenizer's corpus, over and over): a prompt of a
+    megabyte takes the bundled tokenizer about a second."""
+    corpus = DEFAULT_CORPUS_PATH.read_text()
+    return (corpus * (chars // len(corpus) + 1))[:chars]
+
+
+def ended(events: Events) -> list[str]:
+    """The rids whose last output reached ``events``, in the order they did."""
+    return [
+        o.rid
+        for m in events.log
+        if isinstance(m, RequestOutputs)
+        for o in m.outputs
+        if o.finish_reason is not None
+    ]
+
+
+class TestLongPrompts:
+    async def test_a_long_prompt_holds_up_no_request_that_comes_after_it(self) -> None:
+        async with Pipeline(workers=1) as p:
+            events = Events()
+            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
+            worker = p.worker_ref(0)
+            assert worker is not None
+            # Far over max_prompt_tokens: refused once its tokens are counted, after a
+            # quarter of a second of tokenizing.
+            await worker.tell(Generate(rid="long", reply_to=inbox, text=document(300_000)))
+            short = SamplingParams(max_new_tokens=4)
+            await worker.tell(Generate(rid="short", reply_to=inbox, text="hi", sampling=short))
+            with anyio.fail_after(30):
+                await events.wait_until(lambda: len(ended(events)) == 2)
+            assert ended(events) == ["short", "long"]
+            (out,) = [
+                o
+                for m in events.log
+                if isinstance(m, RequestOutputs)
+                for o in m.outputs
+                if o.rid == "long"
+            ]
+            assert out.error is not None
+            assert "max_prompt_tokens" in out.error
+
+    async def test_a_long_prompt_is_served_like_a_short_one(self) -> None:
+        async with Pipeline(workers=1) as p:
+            text = document(20_000)
+            out = await p.generate(text, max_new_tokens=4)
+            assert out.prompt_tokens == len(TOKENIZER.encode(text, add_special_tokens=False).ids)
+            assert out.finish_reason in ("stop", "length")
+
+    async def test_a_long_prompt_let_go_while_it_is_tokenized_goes_no_further(self) -> None:
+        async with Pipeline(workers=1, max_prompt_tokens=1_000_000) as p:
+            events = Events()
+            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
+            worker = p.worker_ref(0)
+            assert worker is not None
+            one = SamplingParams(max_new_tokens=1)
+            first, second = document(300_000), document(400_000)
+            await worker.tell(Generate(rid="long", reply_to=inbox, text=first, sampling=one))
+            # Its rid is taken while it is tokenized: a second request with it is refused.
+            await worker.tell(Generate(rid="long", reply_to=inbox, text="hi", sampling=one))
+            await worker.tell(AbortRequest(rid="long"))
+            # Let go, the rid is free again; the first one's tokenizing, done first, must
+            # not take this one's place.
+            await worker.tell(Generate(rid="long", reply_to=inbox, text=second, sampling=one))
+            with anyio.fail_after(30):
+                await events.wait_until(lambda: len(ended(events)) == 2)
+                while (stats := await worker.ask(GetWorkerStatistics())).requests:
+                    pass  # each ask is itself the wait: the first one's thread ends on its own
+                # Sent after the first one would have been: once it is answered, the
+                # scheduler has seen all it will see.
+                await p.generate("hi", max_new_tokens=1)
+            refused, served = [
+                o for m in events.log if isinstance(m, RequestOutputs) for o in m.outputs
+            ]
+            assert refused.error is not None
+            assert "duplicate rid" in refused.error
+            assert served.error is None
+            assert served.prompt_tokens == len(
+                TOKENIZER.encode(second, add_special_tokens=False).ids
+            )
+            stats = await worker.ask(GetWorkerStatistics())
+            assert (stats.received, stats.finished, stats.released, stats.failed) == (4, 2, 1, 1)
+            scheduler = await p.system.lookup("scheduler")
+            assert (await scheduler.ask(GetSchedulerStatistics())).received == 2
+
+    async def test_long_prompts_past_the_bound_wait_in_the_mailbox(self) -> None:
+        async with Pipeline(workers=1) as p:
+            events = Events()
+            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
+            worker = p.worker_ref(0)
+            assert worker is not None
+            n = 3 * MAX_TOKENIZING
+            text = document(150_000)  # refused past max_prompt_tokens, once tokenized
+            for i in range(n):
+                await worker.tell(Generate(rid=f"long{i}", reply_to=inbox, text=text))
+            # Answered once the last prompt got its place: more would be held without it.
+            stats = await worker.ask(GetWorkerStatistics(), timeout=30)
+            assert stats.received == n
+            assert stats.tokenizing <= MAX_TOKENIZING
+            with anyio.fail_after(30):
+                await events.wait_until(lambda: len(ended(events)) == n)
+            stats = await worker.ask(GetWorkerStatistics())
+            assert (stats.failed, stats.tokenizing, stats.requests) == (n, 0, 0)
 
 
 class TestInProcessMembers:
