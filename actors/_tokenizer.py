@@ -19,6 +19,7 @@ __all__ = (
     "INLINE_CHARS",
     "PAD_TOKEN",
     "TOKENIZER_THREADS",
+    "encode_ids",
     "eos_token_id",
     "load_tokenizer",
     "model_id_of",
@@ -43,12 +44,32 @@ BUNDLED_MODEL_ID = "tokenyard-bundled-bpe"
 
 INLINE_CHARS = 2048
 """Texts up to this many characters are tokenized on the event loop (a millisecond or two
-at most); longer ones in a thread (HF ``tokenizers`` lets go of the GIL while it works), so
-that no prompt holds the event loop, and with it every other request of the process."""
+at most); longer ones in a thread (through `encode_ids`, which lets go of the GIL while it
+works), so that no prompt holds the event loop, and with it every other request of the
+process."""
 
 TOKENIZER_THREADS = 2
 """Threads of one tokenizing owner (an HTTP server's validator, a tokenizer worker)
 tokenizing long texts at once; more wait their turn."""
+
+#: Longest text (in characters) tokenized with the single call, which holds the GIL.
+_SINGLE_CALL_CHARS = 1024
+
+
+def encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool = False) -> list[int]:
+    """The token ids of ``text``.
+
+    A long text goes through the batch call: HF ``tokenizers`` holds the GIL for the whole
+    of a single ``encode`` (half a second for a MiB), and lets go of it while it works on a
+    batch, so that another thread (the event loop) runs meanwhile. Short ones take the
+    single call, which costs less.
+    """
+    if len(text) <= _SINGLE_CALL_CHARS:
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+    (encoding,) = tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
+    long_ids: list[int] = encoding.ids
+    return long_ids
 
 
 def model_id_of(tokenizer: str | os.PathLike[str] | None) -> str:

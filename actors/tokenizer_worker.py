@@ -60,6 +60,7 @@ from ._limits import RequestLimits, context_refusal, sampling_refusal
 from ._tokenizer import (
     INLINE_CHARS,
     TOKENIZER_THREADS,
+    encode_ids,
     eos_token_id,
     load_tokenizer,
     model_id_of,
@@ -907,8 +908,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     # -- helpers --------------------------------------------------------------------------
 
     def _encode(self, text: str) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return ids
+        return encode_ids(self.tokenizer, text)
 
     def _finished(self, request: _Request, reason: str, completion_tokens: int, now: float) -> None:
         """Count a request served to its end."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from actors._tokenizer import vocab_size
+from actors._tokenizer import encode_ids, vocab_size
 from runtime import TokenyardError
 
 if TYPE_CHECKING:
@@ -153,7 +153,8 @@ class Engine(Protocol):
         ...
 
 
-#: Longest text (in characters) or id list tokenized with the single, GIL-holding call.
+#: Longest id list decoded with the single, GIL-holding call (more go through the batch
+#: call, which lets go of it, as `actors._tokenizer.encode_ids` does for a long text).
 _SHORT = 1024
 
 
@@ -204,22 +205,14 @@ class TokenizerFacts:
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``: by default no special tokens added (as the workers
-        encode), else those the tokenizer's post-processor adds (a BOS, say).
-
-        A long text goes through the batch call: HF ``tokenizers`` holds the GIL for the
-        whole of a single ``encode`` (half a second for a MiB), and lets go of it while it
-        works on a batch, so another thread (the event loop) runs meanwhile.
+        encode), else those the tokenizer's post-processor adds (a BOS, say). A long text
+        lets go of the GIL while it is tokenized (`actors._tokenizer.encode_ids`).
         """
-        if len(text) <= _SHORT:
-            ids: list[int] = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-            return ids
-        batch = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
-        long_ids: list[int] = batch[0].ids
-        return long_ids
+        return encode_ids(self._tokenizer, text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids``, special tokens included (many through the batch call,
-        which lets go of the GIL, as `encode`)."""
+        which lets go of the GIL)."""
         if len(ids) <= _SHORT:
             text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
             return text

@@ -450,13 +450,22 @@ class TestLongPrompts:
             inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
             worker = p.worker_ref(0)
             assert worker is not None
-            # Far over max_prompt_tokens: refused once its tokens are counted, after a
-            # quarter of a second of tokenizing.
-            await worker.tell(Generate(rid="long", reply_to=inbox, text=document(300_000)))
+            # Just under max_prompt_bytes and far over max_prompt_tokens: refused once its
+            # tokens are counted, after about half a second of tokenizing.
+            text = document(780_000)
+            assert len(text.encode()) <= 1 << 20
+            await worker.tell(Generate(rid="long", reply_to=inbox, text=text))
             short = SamplingParams(max_new_tokens=4)
-            await worker.tell(Generate(rid="short", reply_to=inbox, text="hi", sampling=short))
             with anyio.fail_after(30):
-                await events.wait_until(lambda: len(ended(events)) == 2)
+                # The worker answers while it tokenizes, again and again: a tokenizer that
+                # held the GIL throughout would stop its event loop once it began.
+                for _ in range(20):
+                    assert (await worker.ask(GetWorkerStatistics())).tokenizing == 1
+                await worker.tell(Generate(rid="short", reply_to=inbox, text="hi", sampling=short))
+                await events.wait_until(lambda: events.finished("short"))
+                stats = await worker.ask(GetWorkerStatistics())
+                await events.wait_until(lambda: events.finished("long"))
+            assert stats.tokenizing == 1  # served while the long one was still tokenized
             assert ended(events) == ["short", "long"]
             (out,) = [
                 o

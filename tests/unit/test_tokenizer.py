@@ -13,6 +13,7 @@ from actors._tokenizer import (
     DEFAULT_TOKENIZER_PATH,
     EOS_TOKEN,
     PAD_TOKEN,
+    encode_ids,
     eos_token_id,
     load_tokenizer,
 )
@@ -69,6 +70,18 @@ class TestBundledTokenizer:
             i for i in range(tokenizer.get_vocab_size()) if "\ufffd" in tokenizer.decode([i])
         ]
         assert len(partial) > 100
+
+
+class TestEncodeIds:
+    @pytest.mark.parametrize("chars", [0, 1, 1024, 1025, 40_000])
+    @pytest.mark.parametrize("special", [False, True])
+    def test_short_and_long_texts_get_the_ids_one_encode_gives(
+        self, chars: int, special: bool
+    ) -> None:
+        tokenizer = load_tokenizer()
+        text = ("".join(SAMPLES) + DEFAULT_CORPUS_PATH.read_text())[:chars]
+        expected = tokenizer.encode(text, add_special_tokens=special).ids
+        assert encode_ids(tokenizer, text, add_special_tokens=special) == expected
 
 
 class TestLoadTokenizer:
