@@ -423,7 +423,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             await self._fail(caller, rid, 0, "a request needs text or input_ids")
             return
         elif len(text) <= INLINE_CHARS:
-            ids = self._encode(text)
+            ids = encode_ids(self.tokenizer, text)
         else:
             # Tokenized in a thread, by a task of its own; the rid is taken now, so that
             # what this mailbox takes next (its release, a duplicate) finds it.
@@ -446,7 +446,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         unless its caller let it go meanwhile. An error fails this request alone."""
         try:
             ids = await anyio.to_thread.run_sync(
-                self._encode, text, limiter=self._threads, abandon_on_cancel=True
+                encode_ids, self.tokenizer, text, limiter=self._threads, abandon_on_cancel=True
             )
             if self._untake(rid, caller):
                 await self._take(rid, caller, ids, sampling, stream, limits)
@@ -906,9 +906,6 @@ class TokenizerWorker(Actor[WorkerMessage]):
         )
 
     # -- helpers --------------------------------------------------------------------------
-
-    def _encode(self, text: str) -> list[int]:
-        return encode_ids(self.tokenizer, text)
 
     def _finished(self, request: _Request, reason: str, completion_tokens: int, now: float) -> None:
         """Count a request served to its end."""
