@@ -15,6 +15,11 @@ latencies are per request, submit to result. The reported value is the best roun
 highest throughput, the round with the lowest p50), since on a shared machine noise only
 ever makes a round slower.
 
+With one worker the driver also times a short request (``max_new_tokens`` 4) alone, then
+sent right behind a long prompt (``LONG_PROMPT_BYTES`` of the tokenizer's corpus, refused
+once its tokens are counted) told to the same worker: what one long prompt costs the
+requests that come after it, against the same request alone in the same run.
+
 The tokenizer's share is measured in the same driver once its pipeline is closed: the
 requests of the last round are tokenized (``encode``) and their outputs detokenized
 incrementally, one id per push as the detokenizer gets them at zero step time, with the
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -39,8 +45,9 @@ import msgspec
 from actors import Pipeline
 from actors._detokenize import IncrementalDetokenizer
 from actors._tokenizer import load_tokenizer
-from actors.messages import GetSchedulerStatistics
-from runtime import TokenyardError
+from actors.build_tokenizer import DEFAULT_CORPUS_PATH
+from actors.messages import Generate, GetSchedulerStatistics, RequestOutputs
+from runtime import Actor, TokenyardError, handler
 
 from ._proc import BenchmarkError, Latency, die_with_parent, latency_of, started
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult
@@ -73,6 +80,12 @@ PROMPTS = (
     "The quick brown fox jumps over the lazy dog. 🦊🐶",
 )
 MIN_NEW_TOKENS, MAX_NEW_TOKENS = 16, 32
+#: UTF-8 bytes of the long prompt a short request is sent behind: just under the default
+#: ``max_prompt_bytes``, about half a second of tokenizing with the bundled tokenizer.
+LONG_PROMPT_BYTES = 1_000_000
+#: Short requests timed alone, and as many behind a long prompt each (never more than a
+#: round's requests, so a smoke run stays short).
+BEHIND_SAMPLES = 5
 
 SHARE_METHOD = (
     "tokenizer share = (encode of every prompt + incremental decode of every output, one id "
@@ -105,6 +118,8 @@ class Report(msgspec.Struct, kw_only=True):
         prompt_tokens: Mean prompt length of the last round.
         completion_tokens: Mean completion length of the last round.
         startup_s: Seconds until every worker served.
+        short_alone_us: A short request's latency alone (one worker only), per sample.
+        short_behind_long_us: The same request's, sent right behind a long prompt.
     """
 
     workers: int
@@ -117,6 +132,8 @@ class Report(msgspec.Struct, kw_only=True):
     prompt_tokens: float
     completion_tokens: float
     startup_s: float
+    short_alone_us: list[float] = []
+    short_behind_long_us: list[float] = []
 
 
 # -- the driver: one pipeline, closed-loop load --------------------------------------------
@@ -186,6 +203,58 @@ async def load_round(
     return samples, results
 
 
+def long_prompt() -> str:
+    """The tokenizer's corpus over and over, cut to at most `LONG_PROMPT_BYTES`."""
+    corpus = DEFAULT_CORPUS_PATH.read_text()
+    text = (corpus * (LONG_PROMPT_BYTES // len(corpus) + 1))[:LONG_PROMPT_BYTES]
+    return text.encode()[:LONG_PROMPT_BYTES].decode(errors="ignore")
+
+
+class Ended:
+    """Set at a long prompt's last output (shared with the driver)."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+
+class LongAnswers(Actor[RequestOutputs]):
+    """Where the long prompts' answers go, in the driver's event loop."""
+
+    def __init__(self, ended: Ended) -> None:
+        self.ended = ended
+
+    @handler
+    def outputs(self, msg: RequestOutputs) -> None:
+        if any(o.finish_reason is not None for o in msg.outputs):
+            self.ended.event.set()
+
+
+async def behind_long(p: Pipeline, samples: int) -> tuple[list[float], list[float]]:
+    """A short request's latency alone, then sent right behind a long prompt to the same
+    (only) worker, ``samples`` of each, in microseconds."""
+    worker = p.worker_ref(0)
+    if worker is None:
+        raise BenchmarkError("the pipeline has no worker 0")
+    ended = Ended()
+    inbox = await p.system.spawn(LongAnswers, ended, process=False)
+    text = long_prompt()
+
+    async def short() -> float:
+        t0 = time.perf_counter_ns()
+        await p.generate(PROMPTS[0], max_new_tokens=4)
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    alone = [await short() for _ in range(samples)]
+    behind: list[float] = []
+    for i in range(samples):
+        ended.event = anyio.Event()
+        await worker.tell(Generate(rid=f"long-{i}", reply_to=inbox, text=text))
+        behind.append(await short())
+        with anyio.fail_after(60):
+            await ended.event.wait()  # the next sample starts with the worker idle
+    return alone, behind
+
+
 def time_tokenizer(
     prompts: Sequence[str], outputs: Sequence[GenerateResult], repeats: int
 ) -> tuple[float, float]:
@@ -226,7 +295,9 @@ def time_tokenizer(
     return encode_best, decode_best
 
 
-async def drive(workers: int, requests: int, concurrency: int, rounds: int) -> Report:
+async def drive(
+    workers: int, requests: int, concurrency: int, rounds: int, behind: int = BEHIND_SAMPLES
+) -> Report:
     """Open a pipeline of ``workers``, warm it up, time ``rounds`` rounds, then the tokenizer."""
     t0 = time.perf_counter()
     async with Pipeline(workers=workers, step_time=0.0) as p:
@@ -252,6 +323,7 @@ async def drive(workers: int, requests: int, concurrency: int, rounds: int) -> R
             latency.append(latency_of(samples))
             if cpu0 is not None and cpu1 is not None:
                 cpu_us.append((cpu1 - cpu0) / requests * 1e6)
+        alone, late = await behind_long(p, behind) if workers == 1 and behind else ([], [])
     start = warmup + (rounds - 1) * requests
     prompts = [prompt_of(i)[0] for i in range(start, start + requests)]
     encode_s, decode_s = time_tokenizer(prompts, results, repeats=10)
@@ -266,6 +338,8 @@ async def drive(workers: int, requests: int, concurrency: int, rounds: int) -> R
         prompt_tokens=sum(r.prompt_tokens for r in results) / len(results),
         completion_tokens=sum(r.completion_tokens for r in results) / len(results),
         startup_s=startup,
+        short_alone_us=alone,
+        short_behind_long_us=late,
     )
 
 
@@ -420,6 +494,7 @@ def figures_of(reports: Sequence[Report], concurrency: int) -> list[Figure]:
                 )
             )
     base = by_workers.get(1)
+    behind = _behind_figures(base) if base is not None else []
     if base is not None:
         base_fig = throughput[reports.index(base)]
         for fig in throughput:
@@ -427,7 +502,40 @@ def figures_of(reports: Sequence[Report], concurrency: int) -> list[Figure]:
                 fig.ratios.append(
                     Ratio(baseline=base_fig.key, label="1 worker", value=fig.value / base_fig.value)
                 )
-    return throughput + latency + tokenizer + costs + engine
+    return throughput + latency + behind + tokenizer + costs + engine
+
+
+def _behind_figures(report: Report) -> list[Figure]:
+    """A short request's latency alone and behind a long prompt (one worker's driver)."""
+    if not report.short_alone_us or not report.short_behind_long_us:
+        return []
+    alone, behind = (
+        Figure(
+            key=f"w1.short_{which}",
+            variant=f"short request, {what}",
+            payload="1 worker",
+            metric="p50",
+            value=round(statistics.median(samples) / 1000, 2),
+            unit="ms",
+            role=role,
+            rounds=[round(x / 1000, 2) for x in samples],
+            note=f"{len(samples)} requests, max_new_tokens 4",
+        )
+        for which, what, samples, role in (
+            ("alone", "alone", report.short_alone_us, BASELINE),
+            (
+                "behind_long",
+                f"sent behind a {LONG_PROMPT_BYTES // 1000:,} kB prompt",
+                report.short_behind_long_us,
+                SUBJECT,
+            ),
+        )
+    )
+    if alone.value:
+        behind.ratios.append(
+            Ratio(baseline=alone.key, label="alone", value=behind.value / alone.value)
+        )
+    return [alone, behind]
 
 
 CHARTS = [
@@ -492,6 +600,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         cmd = _command(
             "--driver", "--workers", str(k), "--requests", str(requests),
             "--concurrency", str(concurrency), "--rounds", str(rounds),
+            "--behind", str(min(BEHIND_SAMPLES, requests)),
         )  # fmt: skip
         reports.append(run_report(cmd, timeout))
         progress.advance()
@@ -505,6 +614,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         f" through {len(PROMPTS)} ASCII/CJK/emoji texts, max_new_tokens {MIN_NEW_TOKENS}"
         f"..{MAX_NEW_TOKENS}; stand-in engine at step_time=0, bundled tokenizer.",
         SHARE_METHOD,
+        f"Short request behind a long prompt (1 worker): {PROMPTS[0]!r}, max_new_tokens 4,"
+        f" timed alone, then sent right after a {LONG_PROMPT_BYTES:,}-byte prompt told to the"
+        " same worker (refused once tokenized); the next sample waits for that refusal.",
         f"Mean tokens per request: {last.prompt_tokens:.1f} prompt,"
         f" {last.completion_tokens:.1f} completion.",
     ]
@@ -562,13 +674,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=1_000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--behind", type=int, default=BEHIND_SAMPLES)
     opts, _ = parser.parse_known_args(argv)
     if not opts.driver:
         raise SystemExit(
             "a pipeline driver runs with --driver: the suite is python -m benchmarks pipeline"
         )
     die_with_parent()
-    report = anyio.run(drive, int(opts.workers), opts.requests, opts.concurrency, opts.rounds)
+    report = anyio.run(
+        drive, int(opts.workers), opts.requests, opts.concurrency, opts.rounds, opts.behind
+    )
     sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
     return 0
 

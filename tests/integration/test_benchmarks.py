@@ -229,8 +229,9 @@ EXPECTED: dict[str, dict[str, Any]] = {
         # --workers 2 runs the 1-worker baseline too.
         "params": {"requests": 1, "concurrency": 1, "worker_counts": "1,2", "rounds": 1},
         "figures": [f"w{k}.{m}" for k in (1, 2) for m in ("throughput", "p50", "p99")]
-        + [f"w{k}.tokenizer_share" for k in (1, 2)],
-        "ratios": [("w2.throughput", "w1.throughput")],
+        + [f"w{k}.tokenizer_share" for k in (1, 2)]
+        + ["w1.short_alone", "w1.short_behind_long"],
+        "ratios": [("w2.throughput", "w1.throughput"), ("w1.short_behind_long", "w1.short_alone")],
         "targets": [],
         "charts": ["pipeline-throughput", "pipeline-latency"],
     },
@@ -720,6 +721,20 @@ class TestSummarise:
         assert figs["w1.throughput"].ratios == []
         assert ratios_of(figs["w2.throughput"]) == {"w1.throughput": pytest.approx(1.5)}
         assert figs["w2.throughput"].value == 150.0  # the best round
+
+    def test_a_short_request_behind_a_long_prompt_is_read_against_it_alone(self) -> None:
+        latency = Latency(p50_us=1000.0, p99_us=2000.0, mean_us=1200.0, min_us=900.0, n=10)
+        report = pipeline.Report(
+            workers=1, throughput=[100.0], latency=[latency], cpu_us=[], batch=[],
+            encode_us=10.0, decode_us=20.0, prompt_tokens=8.0, completion_tokens=24.0,
+            startup_s=1.0, short_alone_us=[900.0, 1000.0, 3000.0],
+            short_behind_long_us=[500_000.0, 6000.0, 4000.0],
+        )  # fmt: skip
+        figs = {f.key: f for f in pipeline.figures_of([report], 4)}
+        assert figs["w1.short_alone"].role == BASELINE
+        assert figs["w1.short_alone"].value == 1.0  # the median, in ms
+        assert figs["w1.short_behind_long"].value == 6.0
+        assert ratios_of(figs["w1.short_behind_long"]) == {"w1.short_alone": pytest.approx(6.0)}
 
 
 class TestTheDispatchBaseline:
