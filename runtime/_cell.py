@@ -394,9 +394,14 @@ async def live(
         await on_ready()
         started = True
 
+    cancelled = anyio.get_cancelled_exc_class()
     try:
         stop = await cell.run(ready)
-    except Exception as err:  # noqa: BLE001 - the ending says what it died of
+    except cancelled:
+        raise
+    except BaseException as err:  # SystemExit too: the actor's death, not its host's
+        if isinstance(err, BaseExceptionGroup) and err.split(cancelled)[1] is None:
+            raise  # cancelled, in a group
         ending = Ending(started, error=err)
     else:
         ending = Ending(started, stop=stop)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import MailboxClosedError
@@ -58,6 +59,11 @@ class Sender(Protocol):
         """Whether the station's system has closed."""
         ...
 
+    @property
+    def thread(self) -> int:
+        """The thread whose event loop the station runs in (`threading.get_ident`)."""
+        ...
+
     def try_tell(self, ref: RefLike, msg: Message, trace: Sequence[str] = ()) -> Frames | None:
         """Send a tell if the mailbox has room now; else return its encoded frames."""
         ...
@@ -78,6 +84,7 @@ class Sender(Protocol):
 
 
 _current: contextvars.ContextVar[Sender] = contextvars.ContextVar("tokenyard_station")
+_thread = threading.get_ident
 _open: list[Sender] = []
 
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
@@ -142,15 +149,25 @@ def current_station() -> Sender:
     """The station that sends on behalf of the running code.
 
     Raises:
-        MailboxClosedError: No actor system is open in this process.
+        MailboxClosedError: No actor system is open in this process, or none in this thread
+            (a system's sockets are its event loop's alone).
     """
     station = _current.get(None)
-    if station is not None and not station.closed:
+    thread = _thread()
+    if station is not None and not station.closed and station.thread == thread:
         return station
-    if _open:
-        return _open[-1]
+    if not _open:
+        raise MailboxClosedError(
+            "no ActorSystem is open in this process: use `async with ActorSystem()`"
+        )
+    for station in reversed(_open):
+        if station.thread == thread:
+            return station
+    # Its sockets are its event loop's alone (zmq sockets are not thread-safe); a thread
+    # started from its loop (``to_thread``) has its context, so its station, but not its loop.
     raise MailboxClosedError(
-        "no ActorSystem is open in this process: use `async with ActorSystem()`"
+        "no ActorSystem is open in this thread: the open one runs in another thread's event "
+        "loop; send from that loop (asyncio.run_coroutine_threadsafe, anyio.from_thread)"
     )
 
 

@@ -11,6 +11,7 @@ included), is counted as rejected, logged at most once per few seconds, and skip
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import zmq
@@ -31,7 +32,7 @@ from ._protocol import (
     tells_decoder,
 )
 from ._throttle import Throttle
-from ._transport import NOBLOCK, ReadinessWaiter, recv_frame, recv_rest
+from ._transport import NOBLOCK, ReadinessWaiter, close_listener, recv_frame, recv_rest
 
 if TYPE_CHECKING:
     import logging
@@ -141,6 +142,7 @@ class Mailbox:
     ) -> None:
         self.sock = sock
         self.address = address
+        self._bound_by = os.getpid()
         self.actor_name = actor_name
         self._cookie = cookie
         self._allows = allows
@@ -316,6 +318,6 @@ class Mailbox:
         )
 
     def close(self) -> None:
-        """Close the socket (libzmq removes an ipc socket file when its listener closes)."""
+        """Close the socket, and remove its ipc socket file."""
         self._waiter.close()
-        self.sock.close(0)
+        close_listener(self.sock, self.address, self._bound_by)

@@ -400,6 +400,11 @@ async def start_process(
         except RemoteActorError as err:
             await proc.reap()
             raise SpawnError(f"actor {name!r} failed to start: {err}") from err
+        except BaseException:
+            # No report will come (this system is closing): it must not outlive it.
+            proc.kill()
+            await proc.reap()
+            raise
         assert isinstance(header, Header)
         assert header.kind is Kind.READY
         return proc, ready_decoder.decode(body)

@@ -11,7 +11,6 @@ protocol, so that this module imports nothing of `runtime._system`.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import itertools
 import logging
@@ -24,7 +23,7 @@ import msgspec
 
 from ._cell import Cell
 from ._children import Child, ChildTable, RemoteProcess
-from ._errors import SpawnError, TokenyardError
+from ._errors import SpawnError, TokenyardError, sole_error
 from ._exit import oom_kills
 from ._launcher import check_start
 from ._message import Message
@@ -168,33 +167,59 @@ class Spawner:
         incarnation: int,
         how: SpawnOptions,
     ) -> ActorRef[M]:
+        """Start an actor in this event loop and return its ref once ``on_start`` returned.
+
+        The actor runs in a task of the system, in a cancel scope of its own: a caller that
+        gives up on the spawn (cancelled, or past ``spawn_timeout``) cancels the actor and
+        nothing else.
+        """
         system = self.system
         cell = system.make_cell(actor, args, kwargs, name, incarnation)
         ref: ActorRef[M] = ActorRef(
             name, cell.mailbox.address, incarnation, system.station.reply_address
         )
         child = Child(ref, how, cell=cell, parent=_spawning_parent.get(""))
-        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        child.scope = anyio.CancelScope()
+        start = _Start()
         self.children.add(child)
-        system.start_task(self._run_in_process, child, ready)
+        system.start_task(self._run_in_process, child, start)
+        timeout = _resolved(how.spawn_timeout)
         try:
-            await ready
-        except BaseException:
-            self.children.live.pop(child.ref.address, None)
+            with anyio.fail_after(timeout):
+                await start.done.wait()
+        except BaseException as err:
+            start.abandoned = True
+            child.scope.cancel()
+            # Gone before the spawn fails, as a process is reaped first: the next turn of
+            # the loop ends it, unless its on_start holds out against the cancellation.
+            with (
+                anyio.CancelScope(shield=True),
+                anyio.move_on_after(_resolved(how.shutdown_timeout)),
+            ):
+                await child.exited.wait()
+            if isinstance(err, TimeoutError):
+                raise SpawnError(
+                    f"actor {name!r} was not ready within {timeout:g} s (its on_start had not "
+                    "returned); a slow on_start needs a larger spawn(spawn_timeout=...) or "
+                    "ActorSystem(spawn_timeout=...)"
+                ) from None
             raise
+        if start.error is not None:
+            raise start.error
         return ref
 
-    async def _run_in_process(self, child: Child, ready: asyncio.Future[None]) -> None:
-        cell = child.cell
+    async def _run_in_process(self, child: Child, start: _Start) -> None:
+        cell, scope = child.cell, child.scope
         assert cell is not None
+        assert scope is not None
         station = self.system.station
 
         async def on_ready() -> None:
-            ready.set_result(None)
+            start.done.set()
 
         ending: Ending | None = None
         try:
-            with anyio.CancelScope() as child.scope:
+            with scope:
                 ending = await self.system.live(cell, on_ready)
                 if ending.stop is not None:
                     with anyio.CancelScope(shield=True):
@@ -203,15 +228,23 @@ class Spawner:
                         except TokenyardError as err:
                             logger.debug("stop of %s not acknowledged: %s", child.ref.name, err)
         finally:
-            if not ready.done():
-                if ending is not None and ending.error is not None:
-                    ready.set_exception(
-                        SpawnError(f"actor {child.ref.name!r} failed in on_start: {ending.error!r}")
-                    )
-                else:
-                    ready.cancel()
-            elif ready.exception() is None:
-                self.children.died(child, _local_down(child, ending))
+            if not start.done.is_set():  # it never started: its spawn fails
+                error = None if ending is None or ending.error is None else sole_error(ending.error)
+                why = "was stopped before its on_start returned"
+                if error is not None:
+                    why = f"failed in on_start: {error!r}"
+                cause = Cause.CANCELLED if error is None else Cause.EXCEPTION
+                self.children.died(child, Down(ref=child.ref, cause=cause, reason=why))
+                start.error = SpawnError(f"actor {child.ref.name!r} {why}")
+                start.error.__cause__ = error
+                start.done.set()
+            else:
+                if not station.closed:
+                    # The replies it sent this process go first: an ask it answered gets
+                    # its answer, not the news of its death.
+                    with anyio.CancelScope(shield=True):
+                        await station.ping(station.reply_address, _REPLIES_READ_WITHIN)
+                self.children.died(child, _local_down(child, ending, start.abandoned))
 
     # -- in a process of its own ------------------------------------------------------------
 
@@ -309,20 +342,40 @@ class Spawner:
         return await self._in_own_process(request.target, how, transport, request.root)
 
 
+#: Seconds a dead in-process actor's replies to this process have to be read before its
+#: death is recorded (a round trip through this process's own reply inbox).
+_REPLIES_READ_WITHIN = 1.0
+
+
+class _Start:
+    """How an in-process spawn meets its actor's task: ``done`` once ``on_start``
+    returned or the actor ended first (``error`` then says why); ``abandoned`` once the
+    spawner gave up waiting."""
+
+    __slots__ = ("abandoned", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.error: SpawnError | None = None
+        self.abandoned = False
+
+
 def _resolved(seconds: float | None) -> float:
     """A timeout that `SpawnOptions.over` filled in from the system's defaults."""
     assert seconds is not None
     return seconds
 
 
-def _local_down(child: Child, ending: Ending | None) -> Down:
+def _local_down(child: Child, ending: Ending | None, abandoned: bool) -> Down:
     """The ``Down`` of an in-process actor that had started, from how it ended."""
     ref = child.ref
+    if ending is None and abandoned:  # started as its spawner gave up: nobody has its ref
+        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: its spawn was given up")
     if ending is None:  # cancelled by the stop's escalation
         return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: it did not stop in time")
     if ending.error is None:
         return Down(ref=ref, cause=Cause.NORMAL, reason="normal")
-    err = ending.error
+    err = sole_error(ending.error)
     logger.error("in-process actor %s crashed", ref.name, exc_info=err)
     return Down(
         ref=ref,

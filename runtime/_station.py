@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,7 @@ from ._transport import (
     Outbox,
     TransportOptions,
     bind_pull,
+    close_listener,
     events,
     recv_frame,
     recv_rest,
@@ -162,6 +164,9 @@ class Station:
         except ProtocolError:
             self._close_context()
             raise
+        self._bound_by = os.getpid()
+        #: The thread whose event loop it runs in (set by `open`).
+        self.thread = threading.get_ident()
         self._reply_fd = int(self.reply_sock.getsockopt(zmq.FD))
         self._pending: dict[int, _Pending] = {}
         #: What this process knows of deaths, and its children's last words.
@@ -213,6 +218,7 @@ class Station:
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current station."""
         self._loop = asyncio.get_running_loop()
+        self.thread = threading.get_ident()
         if self.zap is not None:
             self.zap.start(self._loop)
         self._loop.add_reader(self._reply_fd, self._on_replies)
@@ -712,7 +718,7 @@ class Station:
                 pending.future.exception()
         self._pending.clear()
         self.deaths.unwatch_all()
-        self.reply_sock.close(0)
+        close_listener(self.reply_sock, self.reply_address, self._bound_by)
         self._close_context(linger_ms)
         _context.leave(self, self._token)
         self._token = None

@@ -133,6 +133,18 @@ def ipc_path(address: str) -> str | None:
     return address[len("ipc://") :] if address.startswith("ipc://") else None
 
 
+def close_listener(sock: zmq.Socket[bytes], address: str, bound_by: int) -> None:
+    """Close a socket `bind_pull` bound at ``address`` and remove its ipc socket file,
+    which libzmq leaves behind (a system's directory would otherwise hold one per actor
+    that ever lived in it), unless this process is not ``bound_by`` (a fork of it: the
+    file is still its parent's)."""
+    sock.close(0)
+    path = ipc_path(address)
+    if path is not None and os.getpid() == bound_by:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 class ReadinessWaiter:
     """Lets any number of tasks wait until a zmq socket is readable or writable.
 

@@ -409,3 +409,19 @@ class TraceRecorder(Actor[Traced | Relay | GetTraces]):
     @handler
     def traces(self, msg: GetTraces) -> Traces:
         return Traces(seen=self.seen, asked=current_trace())
+
+
+class StartsThenWaits(Actor[Ping]):
+    """Reports its start to ``report_to`` from ``on_start``, which then never returns: a
+    spawn that stays under way for as long as the test wants."""
+
+    def __init__(self, report_to: ActorRef[Started]) -> None:
+        self.report_to = report_to
+
+    async def on_start(self) -> None:
+        await self.report_to.tell(Started(name=self.ref.name, incarnation=self.ref.incarnation))
+        await anyio.sleep_forever()  # sync-ok: an on_start that never returns is under test
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)

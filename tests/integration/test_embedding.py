@@ -1,0 +1,262 @@
+"""The runtime in a host's own event loop: what the host's tasks (cancelled, timed out, in
+another thread) and an in-process actor's own failures may do to the system, and what
+they may not: end the host's task, lose a reply, leave a process or a socket file behind."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import pytest
+
+from runtime import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    Cause,
+    MailboxClosedError,
+    Request,
+    SpawnError,
+    handler,
+)
+
+from ._actors import Echo, Journal, Ping, Pong, Recorder, Started, StartsThenWaits
+
+pytestmark = pytest.mark.anyio
+
+
+class Gate:
+    """What an in-process actor's ``on_start`` and the test share."""
+
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+        self.open = anyio.Event()
+        self.cancelled = False
+
+
+class HeldStart(Actor[Ping]):
+    """Its ``on_start`` waits at the gate (and notes a cancellation)."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    async def on_start(self) -> None:
+        self.gate.entered.set()
+        try:
+            await self.gate.open.wait()
+        except anyio.get_cancelled_exc_class():
+            self.gate.cancelled = True
+            raise
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
+class Quit(Request[Pong]):
+    """Raise this BaseException from the handler."""
+
+    kind: str
+
+
+class Quitter(Actor[Quit]):
+    @handler
+    def quit(self, msg: Quit) -> Pong:
+        if msg.kind == "exit":
+            raise SystemExit(3)
+        raise KeyboardInterrupt
+
+
+class ExitsInStart(Actor[Ping]):
+    async def on_start(self) -> None:
+        raise SystemExit(0)
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
+class Add(Request[Pong]):
+    n: int
+
+
+class Adder(Actor[Add]):
+    """Answers each ``Add`` after a turn of the loop (asks queue up behind it)."""
+
+    def __init__(self, handled: list[int]) -> None:
+        self.handled = handled
+
+    @handler
+    async def add(self, msg: Add) -> Pong:
+        await anyio.lowlevel.checkpoint()
+        self.handled.append(msg.n)
+        return Pong(n=msg.n)
+
+
+async def still_serves(system: ActorSystem) -> None:
+    echo = await system.spawn(Echo, process=False)
+    assert await echo.ask(Ping(n=7), timeout=10) == Pong(n=7)
+
+
+class TestAnInProcessSpawnGivenUp:
+    async def test_a_cancelled_spawn_cancels_its_actor_and_nothing_else(self) -> None:
+        gate = Gate()
+        async with ActorSystem() as system:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(
+                        functools.partial(system.spawn, HeldStart, gate, name="held", process=False)
+                    )
+                    await gate.entered.wait()
+                    scope.cancel()  # as a client that went away
+            assert scope.cancelled_caught
+            with anyio.fail_after(10):
+                await still_serves(system)
+            assert gate.cancelled
+            assert await system.lookup("held", missing_ok=True) is None
+
+    @pytest.mark.parametrize("turns", [0, 1, 2, 3, 5, 8])
+    async def test_a_spawn_cancelled_at_any_turn_leaves_the_host_running(self, turns: int) -> None:
+        async with ActorSystem() as system:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(
+                        functools.partial(system.spawn, Echo, name="early", process=False)
+                    )
+                    for _ in range(turns):
+                        await anyio.lowlevel.checkpoint()
+                    scope.cancel()
+            with anyio.fail_after(10):
+                await still_serves(system)
+
+    async def test_an_on_start_that_never_returns_fails_its_spawn_at_the_timeout(self) -> None:
+        gate = Gate()
+        async with ActorSystem() as system:
+            with anyio.fail_after(10), pytest.raises(SpawnError, match=r"within 0\.3 s"):
+                await system.spawn(HeldStart, gate, process=False, spawn_timeout=0.3)
+            assert gate.cancelled
+            with anyio.fail_after(10):
+                await still_serves(system)
+
+    async def test_a_system_closed_during_an_on_start_fails_the_spawn(self) -> None:
+        gate = Gate()
+        outcome: list[BaseException] = []
+
+        async def spawn(system: ActorSystem) -> None:
+            try:
+                await system.spawn(HeldStart, gate, process=False)
+            except SpawnError as err:
+                outcome.append(err)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg, ActorSystem(shutdown_timeout=1) as system:
+                tg.start_soon(spawn, system)
+                await gate.entered.wait()
+        (err,) = outcome
+        assert "stopped before its on_start returned" in str(err)
+
+
+class TestBaseExceptionsOfInProcessActors:
+    @pytest.mark.parametrize("kind", ["exit", "interrupt"])
+    async def test_one_from_a_handler_is_the_actors_death_not_the_hosts(self, kind: str) -> None:
+        async with ActorSystem() as system:
+            quitter = await system.spawn(Quitter, process=False)
+            watch = system.watch(quitter)
+            quitter.try_tell(Quit(kind=kind))
+            with anyio.fail_after(10):
+                down = await watch
+                await still_serves(system)
+            assert down.cause is Cause.EXCEPTION
+            name = "SystemExit" if kind == "exit" else "KeyboardInterrupt"
+            assert name in down.reason
+
+    async def test_one_from_on_start_fails_the_spawn(self) -> None:
+        async with ActorSystem() as system:
+            with anyio.fail_after(10), pytest.raises(SpawnError, match="SystemExit"):
+                await system.spawn(ExitsInStart, process=False)
+            with anyio.fail_after(10):
+                await still_serves(system)
+
+
+class TestRepliesBeforeADeath:
+    async def test_every_ask_an_in_process_actor_answered_before_its_stop_gets_its_answer(
+        self,
+    ) -> None:
+        handled: list[int] = []
+        replies: list[int] = []
+        async with ActorSystem(shutdown_timeout=10) as system:
+            adder = await system.spawn(Adder, handled, process=False)
+
+            async def ask(n: int) -> None:
+                replies.append((await adder.ask(Add(n=n), timeout=10)).n)
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for n in range(5):
+                        tg.start_soon(ask, n)
+                    await anyio.lowlevel.checkpoint()  # each task has sent its ask
+                    await system.stop(adder)
+        assert handled == [0, 1, 2, 3, 4]
+        assert sorted(replies) == handled
+
+
+class TestWhatAClosingSystemLeaves:
+    async def test_a_process_still_starting_when_the_system_closes_goes_with_it(self) -> None:
+        # The no_leaks fixture fails this test if the process outlives the system.
+        journal = Journal()
+        outcome: list[BaseException] = []
+
+        async def spawn(system: ActorSystem, recorder: ActorRef[Started]) -> None:
+            try:
+                await system.spawn(StartsThenWaits, recorder, name="late")
+            except MailboxClosedError as err:
+                outcome.append(err)
+
+        with anyio.fail_after(30):
+            # The spawn runs in a task of the host's, outside the system.
+            async with anyio.create_task_group() as tg, ActorSystem(shutdown_timeout=2) as system:
+                recorder = await system.spawn(Recorder, journal, process=False)
+                tg.start_soon(spawn, system, recorder)
+                await journal.wait_for(1)  # its on_start runs, and will not return
+        assert len(outcome) == 1
+
+    @pytest.mark.parametrize("process", [False, True])
+    async def test_an_actor_that_ended_leaves_no_socket_file(self, process: bool) -> None:
+        async with ActorSystem() as system:
+            files = set(os.listdir(system.ipc_dir))
+            with anyio.fail_after(60):
+                for _ in range(3 if process else 20):
+                    await system.stop(await system.spawn(Echo, process=process))
+            assert set(os.listdir(system.ipc_dir)) <= files
+
+
+class TestAnotherThreadsLoop:
+    async def test_a_ref_used_from_another_threads_loop_says_where_its_system_runs(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, process=False)
+            errors: list[BaseException] = []
+
+            def elsewhere() -> None:
+                async def use() -> None:
+                    for send in (echo.ask(Ping(n=1), timeout=5), echo.tell(Ping(n=1))):
+                        try:
+                            await send
+                        except MailboxClosedError as err:
+                            errors.append(err)
+                    try:
+                        echo.try_tell(Ping(n=1))
+                    except MailboxClosedError as err:
+                        errors.append(err)
+
+                anyio.run(use)
+
+            await anyio.to_thread.run_sync(elsewhere)
+            assert len(errors) == 3
+            assert all("another thread" in str(err) for err in errors)
+            with anyio.fail_after(10):
+                await still_serves(system)
