@@ -397,7 +397,7 @@ async def live(
     cancelled = anyio.get_cancelled_exc_class()
     try:
         stop = await cell.run(ready)
-    except cancelled:
+    except (cancelled, GeneratorExit):
         raise
     except BaseException as err:  # SystemExit too: the actor's death, not its host's
         if isinstance(err, BaseExceptionGroup) and err.split(cancelled)[1] is None:
