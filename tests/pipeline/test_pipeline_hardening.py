@@ -443,13 +443,19 @@ def ended(events: Events) -> list[str]:
     ]
 
 
+async def worker_and_inbox(p: Pipeline) -> tuple[Events, ActorRef[Any], ActorRef[Any]]:
+    """An inbox in this process recording what it gets, and the pipeline's worker 0."""
+    events = Events()
+    inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
+    worker = p.worker_ref(0)
+    assert worker is not None
+    return events, inbox, worker
+
+
 class TestLongPrompts:
     async def test_a_long_prompt_holds_up_no_request_that_comes_after_it(self) -> None:
         async with Pipeline(workers=1) as p:
-            events = Events()
-            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
-            worker = p.worker_ref(0)
-            assert worker is not None
+            events, inbox, worker = await worker_and_inbox(p)
             # Just under max_prompt_bytes and far over max_prompt_tokens: refused once its
             # tokens are counted, after about half a second of tokenizing.
             text = document(780_000)
@@ -486,10 +492,7 @@ class TestLongPrompts:
 
     async def test_a_long_prompt_let_go_while_it_is_tokenized_goes_no_further(self) -> None:
         async with Pipeline(workers=1, max_prompt_tokens=1_000_000) as p:
-            events = Events()
-            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
-            worker = p.worker_ref(0)
-            assert worker is not None
+            events, inbox, worker = await worker_and_inbox(p)
             one = SamplingParams(max_new_tokens=1)
             first, second = document(300_000), document(400_000)
             await worker.tell(Generate(rid="long", reply_to=inbox, text=first, sampling=one))
@@ -522,10 +525,7 @@ class TestLongPrompts:
 
     async def test_long_prompts_past_the_bound_wait_in_the_mailbox(self) -> None:
         async with Pipeline(workers=1) as p:
-            events = Events()
-            inbox: ActorRef[Any] = await p.system.spawn(EventInbox, events, process=False)
-            worker = p.worker_ref(0)
-            assert worker is not None
+            events, inbox, worker = await worker_and_inbox(p)
             n = 3 * MAX_TOKENIZING
             text = document(150_000)  # refused past max_prompt_tokens, once tokenized
             for i in range(n):
