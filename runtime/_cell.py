@@ -402,7 +402,11 @@ async def live(
     except BaseException as err:  # SystemExit too: the actor's death, not its host's
         if isinstance(err, BaseExceptionGroup) and err.split(cancelled)[1] is None:
             raise  # cancelled, in a group
-        ending = Ending(started, error=err)
+        sole = sole_error(err)
+        if isinstance(sole, SystemExit) and sole.code in (None, 0):
+            ending = Ending(started)  # it asked to end, as a process exiting with 0 does
+        else:
+            ending = Ending(started, error=err)
     else:
         ending = Ending(started, stop=stop)
     finally:

@@ -65,6 +65,9 @@ class Deaths:
         self._subscribers: dict[str, dict[str, None]] = {}
         #: Why a child process said it is exiting, by its spawn token.
         self._last_words: dict[int, str] = {}
+        #: Processes known dead or lost (their reply inboxes), and why: what they owned is
+        #: dead too, though it was not watched from here when they went.
+        self._dead_owners: dict[str, tuple[Cause, str]] = {}
 
     def check_alive(self, ref: RefLike) -> None:
         """Raise ``ActorDeadError`` if ``ref``'s incarnation is known to be dead."""
@@ -107,13 +110,29 @@ class Deaths:
             return
         self._listeners.setdefault(address, []).append(listener)
 
+    def forget(self, address: str, listener: Callable[[Down], None]) -> None:
+        """Undo `on_death` (a cancelled watch keeps nothing)."""
+        listeners = self._listeners.get(address)
+        if listeners is not None and listener in listeners:
+            listeners.remove(listener)
+            if not listeners:
+                del self._listeners[address]
+
     def subscribe(self, ref: RefLike) -> None:
-        """Ask the process owning ``ref`` to report its death here (once per address)."""
+        """Ask the process owning ``ref`` to report its death here (once per address); an
+        owner known dead cannot, and what it owned is dead already."""
         owner = ref.owner
-        if not owner or owner == self.reply_address or ref.address in self._watched:
+        address = ref.address
+        if not owner or owner == self.reply_address or address in self._watched:
             return
-        full: ActorRef[Any] = ActorRef(ref.name, ref.address, ref.incarnation, owner)
-        self._watched[ref.address] = full
+        if address in self.dead:
+            return
+        full: ActorRef[Any] = ActorRef(ref.name, address, ref.incarnation, owner)
+        gone = self._dead_owners.get(owner)
+        if gone is not None:
+            self.mark_dead(Down(ref=full, cause=gone[0], reason=gone[1]))
+            return
+        self._watched[address] = full
         self._notify(owner, Kind.WATCH, _encode(WatchBody(full, self.reply_address)), 0)
 
     def owner_died(
@@ -130,6 +149,9 @@ class Deaths:
         otherwise keep reconnecting to the dead path for as long as this process lives.
         """
         why = reason or f"its owner {name!r} died"
+        self._dead_owners[owner] = (cause, why)
+        if len(self._dead_owners) > _DEAD_KEPT:
+            del self._dead_owners[next(iter(self._dead_owners))]
         orphans = [ref for ref in self._watched.values() if ref.owner == owner]
         for orphan in orphans:
             self.mark_dead(Down(ref=orphan, cause=cause, reason=why))

@@ -332,13 +332,13 @@ class Station:
         self, ref: RefLike, msg: Message, timeout: float, trace: Sequence[str] = ()
     ) -> Any:
         """Send ``msg`` with a correlation id and wait for the matching reply."""
+        self.deaths.subscribe(ref)  # first: it learns the death of what a dead owner had
         self.deaths.check_alive(ref)
         if handling_address.get(None) == ref.address:
             raise TokenyardError(
                 f"actor {ref.name!r} asked itself from inside a handler: the reply could only "
                 "be handled after the handler returns; use tell, or call the method directly"
             )
-        self.deaths.subscribe(ref)
         corr, future = self.new_request(ref.address)
         try:
             frames = (self.header(Kind.ASK, corr, trace=trace), _encode(msg))

@@ -274,7 +274,14 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         self.started += 1
         self.system.watch(ref, notify=self.ref)
         _event("child_started", self.ref.name, spec.name, incarnation=ref.incarnation)
-        await self.on_child_started(spec.name, ref)
+        try:
+            await self.on_child_started(spec.name, ref)
+        except Exception as err:
+            # A start is whole or it is not: the child goes, and the start failed.
+            entry.ref = None
+            with contextlib.suppress(TokenyardError):
+                await self.system.stop(ref, spec.shutdown_timeout)
+            raise SpawnError(f"{spec.name!r}: on_child_started raised {err!r}") from err
 
     async def _stop_children(self, entries: list[_Entry]) -> None:
         for entry in reversed(entries):
@@ -338,10 +345,12 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             group = self.entries[index:]
         await self._stop_children([e for e in group if e is not entry])
         try:
-            # One incident, however many children it restarts (OTP).
+            # One incident, however many children it restarts (OTP). A temporary sibling
+            # stopped with the group is not started again: temporary is never.
             self._count_restart(entry.spec.name)
             for member in group:
-                await self._restart(member)
+                if member.spec.restart is not Restart.TEMPORARY:
+                    await self._restart(member)
         except RestartIntensityError as err:
             await self.give_up(err)
             return
@@ -372,7 +381,7 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
                 await _sleep(delay)
             try:
                 await self._start(entry)
-            except SpawnError as err:
+            except Exception as err:  # noqa: BLE001 - any failed start is retried (counted)
                 _event("restart_failed", self.ref.name, entry.spec.name, error=str(err))
                 continue
             self.restarted += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -542,7 +543,7 @@ class ActorSystem:
 
         station.deaths.on_death(ref.address, deliver)
         station.deaths.subscribe(ref)
-        return Watch(fut)
+        return Watch(fut, functools.partial(station.deaths.forget, ref.address, deliver))
 
     async def _tell_down(self, notify: ActorRef[Down], down: Down) -> None:
         try:

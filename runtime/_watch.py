@@ -14,15 +14,17 @@ if TYPE_CHECKING:
 class Watch(Awaitable["Down"]):
     """A registered interest in one incarnation's death; ``await`` it for the ``Down``."""
 
-    def __init__(self, future: asyncio.Future[Down]) -> None:
+    def __init__(self, future: asyncio.Future[Down], forget: Callable[[], None]) -> None:
         self._future = future
+        self._forget = forget
 
     def __await__(self) -> Generator[Any, None, Down]:
         return self._future.__await__()
 
     def cancel(self) -> None:
-        """Stop watching."""
+        """Stop watching (nothing of the watch is kept)."""
         self._future.cancel()
+        self._forget()
 
     def on_down(self, callback: Callable[[Down], object]) -> None:
         """Call ``callback`` with the ``Down`` when it comes (from the event loop; at once

@@ -67,12 +67,14 @@ class Quitter(Actor[Quit]):
     def quit(self, msg: Quit) -> Pong:
         if msg.kind == "exit":
             raise SystemExit(3)
+        if msg.kind == "exit0":
+            raise SystemExit(0)
         raise KeyboardInterrupt
 
 
 class ExitsInStart(Actor[Ping]):
     async def on_start(self) -> None:
-        raise SystemExit(0)
+        raise SystemExit(2)
 
     @handler
     def ping(self, msg: Ping) -> Pong:
@@ -172,6 +174,15 @@ class TestBaseExceptionsOfInProcessActors:
             assert down.cause is Cause.EXCEPTION
             name = "SystemExit" if kind == "exit" else "KeyboardInterrupt"
             assert name in down.reason
+
+    async def test_a_system_exit_with_status_0_is_a_normal_end(self) -> None:
+        async with ActorSystem() as system:
+            quitter = await system.spawn(Quitter, process=False)
+            watch = system.watch(quitter)
+            quitter.try_tell(Quit(kind="exit0"))
+            with anyio.fail_after(10):
+                down = await watch
+            assert down.cause is Cause.NORMAL
 
     async def test_one_from_on_start_fails_the_spawn(self) -> None:
         async with ActorSystem() as system:

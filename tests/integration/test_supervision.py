@@ -504,3 +504,120 @@ class TestDownReasons:
 
 def test_started_reports_are_messages() -> None:
     assert Started(name="a", incarnation=1).stopped is False
+
+
+class TestTemporaryChildren:
+    @pytest.mark.parametrize("strategy", [Strategy.ONE_FOR_ALL, Strategy.REST_FOR_ONE])
+    @pytest.mark.parametrize("ended_first", [False, True], ids=["running", "ended"])
+    async def test_a_siblings_death_never_starts_a_temporary_child_again(
+        self, strategy: Strategy, ended_first: bool
+    ) -> None:
+        specs = [
+            ChildSpec(Worker, name="perm", process=False),
+            ChildSpec(Worker, name="temp", restart=Restart.TEMPORARY, process=False),
+        ]
+        async with ActorSystem() as system:
+            sup = await system.spawn(Supervisor, specs, strategy, name="sup", process=False)
+            perm, temp = await system.lookup("perm"), await system.lookup("temp")
+            with anyio.fail_after(20):
+                if ended_first:
+                    ended = system.watch(temp)
+                    await temp.tell(Quit())
+                    await ended
+                gone = system.watch(temp)
+                await perm.tell(Crash())
+                await next_incarnation(system, sup, perm)
+                await gone  # stopped with its group, or before
+            children: Children = await sup.ask(WhichChildren())
+            assert children.refs["temp"] is None
+            stats: SupervisorStatistics = await sup.ask(GetSupervisorStatistics())
+            assert (stats.started, stats.restarted) == (3, 1)
+
+
+class FailOnce:
+    """Shared with a `HookFails` supervisor in this process: how many hook calls to fail."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.starts: list[ActorRef[Any]] = []
+
+
+class HookFails(Supervisor[Any]):
+    """Its ``on_child_started`` raises while ``fail.failures`` is above zero, as a hook
+    that publishes each start to an actor that has just died would."""
+
+    def __init__(self, fail: FailOnce, children: list[ChildSpec]) -> None:
+        super().__init__(children, max_restarts=5, backoff=0.0)
+        self.fail = fail
+
+    async def on_child_started(self, name: str, ref: ActorRef[Any]) -> None:
+        self.fail.starts.append(ref)
+        if self.fail.failures:
+            self.fail.failures -= 1
+            raise ActorDeadError("the registry is gone")
+
+
+class TestFailedRestarts:
+    async def test_a_restart_whose_start_raises_anything_is_tried_again(self) -> None:
+        fail = FailOnce()
+        async with ActorSystem() as system:
+            sup = await system.spawn(
+                HookFails, fail, [ChildSpec(Worker, name="w", process=False)], process=False
+            )
+            first = await system.lookup("w")
+            fail.failures = 1
+            await first.tell(Crash())
+            with anyio.fail_after(20):
+                now = await next_incarnation(system, sup, first)
+                # The attempt whose hook raised was stopped: one live incarnation.
+                failed = fail.starts[1]
+                await system.watch(failed)
+            assert fail.starts == [first, failed, now]
+            assert now.incarnation == 3
+            stats: SupervisorStatistics = await sup.ask(GetSupervisorStatistics())
+            assert (stats.died, stats.restarted) == (1, 1)
+
+    async def test_a_start_that_keeps_failing_fails_the_supervisor_past_the_intensity(
+        self,
+    ) -> None:
+        fail = FailOnce()
+        async with ActorSystem() as system:
+            sup = await system.spawn(
+                HookFails, fail, [ChildSpec(Worker, name="w", process=False)], process=False
+            )
+            first = await system.lookup("w")
+            fail.failures = 1_000
+            down = system.watch(sup)
+            await first.tell(Crash())
+            with anyio.fail_after(30):
+                assert "restarts in" in (await down).reason
+
+
+class TestWatchesAndOwners:
+    async def test_a_grandchild_whose_owner_died_is_dead_to_a_late_watcher(self) -> None:
+        async with ActorSystem() as system:
+            sup = await system.spawn(Supervisor, [ChildSpec(Worker, name="leaf")], name="sup")
+            leaf = await system.lookup("leaf")  # owned by the supervisor's process
+            sup_down = system.watch(sup)
+            pid = system.pid_of(sup)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(20):
+                await sup_down
+                down = await system.watch(leaf)
+            assert "its owner 'sup' died" in down.reason
+            with pytest.raises(ActorDeadError):
+                await leaf.ask(GetPid(), timeout=20)
+
+    async def test_a_cancelled_watch_keeps_nothing(self) -> None:
+        async with ActorSystem() as system:
+            worker = await system.spawn(Worker, process=False)
+            deaths = system.station.deaths
+            for _ in range(1_000):
+                system.watch(worker).cancel()
+            kept = system.watch(worker)
+            assert len(deaths._listeners[worker.address]) == 1
+            kept.cancel()
+            assert worker.address not in deaths._listeners
+            with anyio.fail_after(10):
+                await system.stop(worker)
