@@ -65,8 +65,8 @@ class Deaths:
         self._subscribers: dict[str, dict[str, None]] = {}
         #: Why a child process said it is exiting, by its spawn token.
         self._last_words: dict[int, str] = {}
-        #: Processes known dead or lost (their reply inboxes), and why: what they owned is
-        #: dead too, though it was not watched from here when they went.
+        #: Processes known dead (their reply inboxes), and why: what they owned is dead too,
+        #: though it was not watched from here when they died.
         self._dead_owners: dict[str, tuple[Cause, str]] = {}
 
     def check_alive(self, ref: RefLike) -> None:
@@ -149,9 +149,10 @@ class Deaths:
         otherwise keep reconnecting to the dead path for as long as this process lives.
         """
         why = reason or f"its owner {name!r} died"
-        self._dead_owners[owner] = (cause, why)
-        if len(self._dead_owners) > _DEAD_KEPT:
-            del self._dead_owners[next(iter(self._dead_owners))]
+        if cause is Cause.OWNER_DIED:  # a process lost from view may come back; a dead one not
+            self._dead_owners[owner] = (cause, why)
+            if len(self._dead_owners) > _DEAD_KEPT:
+                del self._dead_owners[next(iter(self._dead_owners))]
         orphans = [ref for ref in self._watched.values() if ref.owner == owner]
         for orphan in orphans:
             self.mark_dead(Down(ref=orphan, cause=cause, reason=why))
