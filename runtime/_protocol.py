@@ -54,7 +54,10 @@ class Kind(enum.IntEnum):
     DOWN = 9
     """A node's report of an actor's death (body: `Down`)."""
     LOOKUP = 10
-    """Which live incarnation has a name (body: `LookupQuery`; reply: `LookupReply`)."""
+    """Which live incarnation has a name (body: `LookupQuery`; reply: `LookupReply`). Sent to
+    a process's reply inbox, it is answered there (an ``ANSWER`` holding the `LookupReply`)
+    whatever its actors are busy with; sent to a mailbox (a child on another node, whose
+    process's inbox is not known), in the mailbox's order."""
     FLUSH = 11
     """Answered once everything sent before it on the same pipe was handled."""
     PING = 12
@@ -589,6 +592,7 @@ ready_decoder = msgspec.msgpack.Decoder(ReadyBody)
 watch_decoder = msgspec.msgpack.Decoder(WatchBody)
 down_decoder = msgspec.msgpack.Decoder(Down)
 lookup_decoder = msgspec.msgpack.Decoder(LookupQuery)
+lookup_reply_decoder = msgspec.msgpack.Decoder(LookupReply)
 body_encoder = msgspec.msgpack.Encoder()
 hello_decoder = msgspec.msgpack.Decoder(NodeHello)
 nodes_decoder = msgspec.msgpack.Decoder(NodeList)

@@ -189,6 +189,8 @@ class Station:
         #: Takes the frames of the node protocol (JOIN, SPAWN, KILL, NODES) when this
         #: process is the system's root or one of its nodes (`runtime._nodes`).
         self.on_node_frame: Callable[[Header, bytes], None] | None = None
+        #: Answers a LOOKUP on the reply inbox (its system sets it).
+        self.on_lookup: Callable[[Header, bytes], None] | None = None
         #: Frames the reply inbox refused (undecodable, no cookie, unexpected).
         self.rejected = 0
         self._rejections = Throttle(logger)
@@ -207,6 +209,7 @@ class Station:
             Kind.WATCH: self._on_watch,
             Kind.UNWATCH: self._on_unwatch,
             Kind.DOWN: self._on_down,
+            Kind.LOOKUP: self._on_lookup,
             **dict.fromkeys(NODE_KINDS, self._on_node_frame),
         }
 
@@ -649,6 +652,11 @@ class Station:
         if self.on_node_frame is None:
             raise ProtocolError(f"a {header.kind.name} frame to a process that is no node")
         self.on_node_frame(header, body)
+
+    def _on_lookup(self, header: Header, body: bytes) -> None:
+        if self.on_lookup is None:
+            raise ProtocolError("a LOOKUP frame to a process with no open system")
+        self.on_lookup(header, body)
 
     def _unexpected(self, header: Header, _: bytes) -> None:
         """A mailbox's kind: refused when it answers a pending request, else dropped."""

@@ -29,6 +29,7 @@ from ._nodes import NodeTable, list_nodes
 from ._protocol import (
     Down,
     ErrorBody,
+    Header,
     Kind,
     LookupQuery,
     LookupReply,
@@ -38,6 +39,8 @@ from ._protocol import (
     SpawnOptions,
     StartMethod,
     body_encoder,
+    lookup_decoder,
+    lookup_reply_decoder,
     new_cookie,
 )
 from ._ref import ActorRef
@@ -205,6 +208,8 @@ class ActorSystem:
         self._spawner: Spawner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._cells: dict[str, Cell] = {}
+        #: Lookups this process answers for its parent right now (`_answer_lookup`).
+        self._lookups = 0
         #: The write end of the guardian's pipe (-1: none).
         self._guardian = -1
         #: Files `save_credentials` wrote, each with its guardian's pipe.
@@ -334,6 +339,7 @@ class ActorSystem:
             self._remove_dir()
             raise
         self._station.open()
+        self._station.on_lookup = self._answer_lookup
         self._spawner = Spawner(self, self.launcher, self.defaults)
         if self._keys is not None and role.keeps_nodes:
             self.node_table = NodeTable(self._station)
@@ -640,20 +646,70 @@ class ActorSystem:
         for child in reversed(children):  # the newest incarnation of a name wins
             if child.ref.name == name:
                 return child.ref
-        for child in children:
-            if child.process is None and child.remote is None:
-                continue
-            try:
-                reply = await self.station.ask_control(
-                    child.ref, Kind.LOOKUP, timeout, LookupQuery(name=name)
-                )
-            except TokenyardError:
-                continue  # it died or is busy dying: its subtree has no live answer
-            if isinstance(reply, LookupReply) and reply.ref is not None:
-                return reply.ref
-        if missing_ok:
-            return None
+        asked = [c for c in children if c.process is not None or c.remote is not None]
+        answers: list[ActorRef[Any] | None] = [None] * len(asked)
+        answered = [False] * len(asked)
+
+        def settled() -> bool:
+            """Whether the answer is known: a ref from a child all before which answered
+            none, or every child answered."""
+            return all(answered) or any(
+                ref is not None and all(answered[:i]) for i, ref in enumerate(answers)
+            )
+
+        async def ask(i: int, child: Child, scope: anyio.CancelScope) -> None:
+            with contextlib.suppress(TokenyardError):  # dead or dying: no live answer there
+                answers[i] = await self._lookup_in(child, name, timeout)
+            answered[i] = True
+            if settled():
+                scope.cancel()
+
+        # Every child process at once, each answering from its reply inbox (not behind
+        # what its actors are busy with); the first in start order that knows wins.
+        with anyio.move_on_after(timeout) as scope:
+            async with anyio.create_task_group() as tg:
+                for i, child in enumerate(asked):
+                    tg.start_soon(ask, i, child, scope)
+        found = next((ref for ref in answers if ref is not None), None)
+        if found is not None or missing_ok:
+            return found
         raise ActorNotFoundError(f"no live actor named {name!r} under system {self.name!r}")
+
+    async def _lookup_in(self, child: Child, name: str, timeout: float) -> ActorRef[Any] | None:
+        """Ask a child process (its system) for the live actor named ``name`` under it."""
+        query = LookupQuery(name=name)
+        if child.station_address:
+            answer = await self.station.request(
+                child.station_address, Kind.LOOKUP, body_encoder.encode(query), timeout
+            )
+            return lookup_reply_decoder.decode(answer).ref
+        # On another node: its process's inbox is not known here, its mailbox is.
+        reply = await self.station.ask_control(child.ref, Kind.LOOKUP, timeout, query)
+        return reply.ref if isinstance(reply, LookupReply) else None
+
+    #: Lookups this process answers at once for its parent; past it, the next is refused.
+    _LOOKUPS_AT_ONCE = 64
+
+    def _answer_lookup(self, header: Header, body: bytes) -> None:
+        """A LOOKUP on this process's reply inbox: the live actor named in it, under this
+        system, answered from a task of its own (never behind an actor's handler)."""
+        if self._tg is None or self._lookups >= self._LOOKUPS_AT_ONCE:
+            self.station.answer_error(header, TokenyardError("too many lookups at once"))
+            return
+        try:
+            name = lookup_decoder.decode(body).name
+        except msgspec.DecodeError as err:
+            self.station.answer_error(header, err)
+            return
+        self._lookups += 1
+        self._tg.start_soon(self._lookup_for, header, name)
+
+    async def _lookup_for(self, header: Header, name: str) -> None:
+        try:
+            found = await self.lookup(name, missing_ok=True)
+        finally:
+            self._lookups -= 1
+        self.station.answer(header, body_encoder.encode(LookupReply(ref=found)))
 
     def child_pids(self) -> list[int]:
         """The process ids of this system's live child actor processes."""

@@ -411,17 +411,24 @@ class TraceRecorder(Actor[Traced | Relay | GetTraces]):
         return Traces(seen=self.seen, asked=current_trace())
 
 
-class StartsThenWaits(Actor[Ping]):
-    """Reports its start to ``report_to`` from ``on_start``, which then never returns: a
-    spawn that stays under way for as long as the test wants."""
+class StartsThenWaits(Actor[Ping | GetPid]):
+    """Reports its start to ``report_to`` from ``on_start``, which then never returns (from
+    incarnation ``holds_from`` on): a spawn, or a restart, that stays under way for as long
+    as the test wants."""
 
-    def __init__(self, report_to: ActorRef[Started]) -> None:
+    def __init__(self, report_to: ActorRef[Started], holds_from: int = 1) -> None:
         self.report_to = report_to
+        self.holds_from = holds_from
 
     async def on_start(self) -> None:
         await self.report_to.tell(Started(name=self.ref.name, incarnation=self.ref.incarnation))
-        await anyio.sleep_forever()  # sync-ok: an on_start that never returns is under test
+        if self.ref.incarnation >= self.holds_from:
+            await anyio.sleep_forever()  # sync-ok: an on_start that never returns is under test
 
     @handler
     def ping(self, msg: Ping) -> Pong:
         return Pong(n=msg.n)
+
+    @handler
+    def pid(self, msg: GetPid) -> Pid:
+        return Pid(pid=os.getpid())

@@ -41,6 +41,7 @@ from ._actors import (
     Recorder,
     Slow,
     Started,
+    StartsThenWaits,
     Stubborn,
     Tick,
     Worker,
@@ -621,3 +622,25 @@ class TestWatchesAndOwners:
             assert worker.address not in deaths._listeners
             with anyio.fail_after(10):
                 await system.stop(worker)
+
+
+class TestLookupsDuringRestarts:
+    async def test_a_live_child_is_found_while_its_supervisor_is_busy_restarting_another(
+        self,
+    ) -> None:
+        journal = Journal()
+        async with ActorSystem(shutdown_timeout=1) as system:
+            recorder = await system.spawn(Recorder, journal, process=False, name="rec")
+            specs = [
+                ChildSpec(Worker, name="db"),
+                # Its restart's on_start never returns: the supervisor's Down handler waits.
+                ChildSpec(StartsThenWaits, (recorder, 2), name="model", spawn_timeout=60),
+            ]
+            await system.spawn(Supervisor, specs, name="sup", shutdown_timeout=1)
+            db = await system.lookup("db")
+            with anyio.fail_after(20):
+                await journal.wait_for(1)
+                model = await system.lookup("model")
+                os.kill(await pid_of(model), signal.SIGKILL)
+                await journal.wait_for(2)  # the restart is under way, and stays so
+                assert await system.lookup("db", timeout=10) == db
