@@ -22,6 +22,7 @@ A spec is a msgspec struct: it travels to the scheduler's process as a spawn arg
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import socket
 from pathlib import Path
@@ -65,8 +66,10 @@ class StandIn(msgspec.Struct, frozen=True, kw_only=True, tag="stand-in"):
     eos_probability: float = 0.02
 
     def __post_init__(self) -> None:
-        if self.step_time < 0:
-            raise ValueError(f"step_time must be at least 0 seconds, got {self.step_time}")
+        if not (math.isfinite(self.step_time) and self.step_time >= 0):
+            raise ValueError(
+                f"step_time must be a finite number of seconds, at least 0, got {self.step_time}"
+            )
         if not 0 <= self.eos_probability <= 1:
             raise ValueError(f"eos_probability must be within [0, 1], got {self.eos_probability}")
 

@@ -14,6 +14,11 @@ __all__ = ("ServeConfig",)
 _MIB = 1 << 20
 
 
+#: The largest count a setting may hold: what msgpack carries to the workers (a signed 64-bit
+#: integer).
+_LARGEST = (1 << 63) - 1
+
+
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The HTTP layer's limits and names; every default is sized for a real host.
 
@@ -114,15 +119,18 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_connections": self.max_connections,
         }
         # One prompt token and one generated token is the smallest useful context.
-        if self.context_length is not None and self.context_length < 2:
+        if self.context_length is not None and not 2 <= self.context_length <= _LARGEST:
             raise ValueError(
-                f"ServeConfig.context_length={self.context_length}: it must be at least 2"
+                f"ServeConfig.context_length={self.context_length}: it must be at least 2 "
+                f"and at most {_LARGEST}"
             )
         if self.max_prompt_tokens is not None:
             positive["max_prompt_tokens"] = self.max_prompt_tokens
         for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"ServeConfig.{name}={value}: it must be at least 1")
+            if not 1 <= value <= _LARGEST:
+                raise ValueError(
+                    f"ServeConfig.{name}={value}: it must be at least 1 and at most {_LARGEST}"
+                )
         for name, seconds in {
             "header_timeout": self.header_timeout,
             "body_timeout": self.body_timeout,
@@ -141,8 +149,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_stop_token_ids": self.max_stop_token_ids,
             "max_waiting": self.max_waiting,
         }.items():
-            if value < 0:
-                raise ValueError(f"ServeConfig.{name}={value}: it must be at least 0")
+            if not 0 <= value <= _LARGEST:
+                raise ValueError(
+                    f"ServeConfig.{name}={value}: it must be at least 0 and at most {_LARGEST}"
+                )
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
                 f"ServeConfig.default_max_tokens={self.default_max_tokens} is above "
@@ -186,9 +196,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def _check_access(self) -> None:
-        if self.max_request_id_length < 1:
+        if not 1 <= self.max_request_id_length <= _LARGEST:
             raise ValueError(
                 f"ServeConfig.max_request_id_length={self.max_request_id_length}: it must be "
-                "at least 1"
+                f"at least 1 and at most {_LARGEST}"
             )
         check_origins(self.cors_origins)

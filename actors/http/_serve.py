@@ -25,7 +25,7 @@ import msgspec
 from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
-from actors.engines import LlamaCpp, Vllm
+from actors.engines import LlamaCpp, StandIn, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
 from runtime import ActorRef, TokenyardError, configure_logging, raise_fd_limit
@@ -33,6 +33,7 @@ from runtime import ActorRef, TokenyardError, configure_logging, raise_fd_limit
 from ._auth import API_KEY_ENV, ApiKey
 from ._config import ServeConfig
 from ._dispatch import Dispatcher, DispatchStatistics
+from ._pipeline_engine import DEFAULT_CONTEXT_LENGTH
 from ._worker import CUT_GRACE
 
 if TYPE_CHECKING:
@@ -563,9 +564,15 @@ def _check_engine(args: argparse.Namespace) -> str | None:
     ``args``; why the engine options cannot serve, or ``None``."""
     if args.engine != "vllm" and (args.engine_handshake is not None or args.vllm_args):
         return "--engine-handshake and vLLM arguments after -- are for --engine vllm"
+    if args.engine_start_tries < 1:
+        return "--engine-start-tries must be at least 1"
     if args.engine == "stand-in":
         if args.model is not None:
             return "--model is for --engine llamacpp or vllm (the stand-in has no model)"
+        try:
+            StandIn(step_time=args.step_time)
+        except ValueError as err:
+            return f"--step-time: {err}"
         return None
     if args.step_time:
         return f"--step-time is the stand-in's; --engine {args.engine} takes its own pace"
@@ -584,6 +591,26 @@ def _check_engine(args: argparse.Namespace) -> str | None:
     for name in ("n_parallel", "engine_context", "engine_threads"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
+    return None
+
+
+def _check_port(port: int) -> str | None:
+    """Why ``--port`` cannot be listened on, or ``None``."""
+    if not 0 <= port <= 65535:
+        return f"--port {port}: a TCP port is 0 (any free one) to 65535"
+    return None
+
+
+def _check_credentials(path: str | None) -> str | None:
+    """Why ``--credentials`` cannot be written, or ``None`` (checked before anything starts;
+    the file itself is written once the server is up)."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"--credentials {path}: a directory; name a file in it"
+    if not target.parent.is_dir():
+        return f"--credentials {path}: no directory {target.parent}"
     return None
 
 
@@ -698,12 +725,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1 or args.detokenizers < 1:
         sys.stderr.write("--workers and --detokenizers must be at least 1\n")
         return 2
-    problem = _check_engine(args) or tokenizer_option_error(args.tokenizer)
+    problem = (
+        _check_engine(args)
+        or tokenizer_option_error(args.tokenizer)
+        or _check_port(args.port)
+        or _check_credentials(args.credentials)
+    )
     if problem is not None:
         sys.stderr.write(problem + "\n")
         return 2
     try:
         config = _config(args)
+        if args.engine == "stand-in":  # its context is known now; another engine's at start
+            config.limits(DEFAULT_CONTEXT_LENGTH)
     except ValueError as err:
         sys.stderr.write(f"python -m actors serve: {err}\n")
         return 2

@@ -456,6 +456,17 @@ class TestTheAccessFlags:
             (["--api-key", "two words"], None, "visible ASCII"),
             (["--cors-origin", f"{APP}/"], None, "is not an origin"),
             (["--max-request-id-length", "0"], None, "max_request_id_length=0"),
+            (["--step-time", "nan"], None, "--step-time: step_time must be a finite number"),
+            (["--step-time", "inf"], None, "--step-time: step_time must be a finite number"),
+            (["--step-time", "-1"], None, "--step-time: step_time must be a finite number"),
+            (["--port", "70000"], None, "--port 70000: a TCP port is 0"),
+            (["--port", "-1"], None, "--port -1: a TCP port is 0"),
+            (["--engine-start-tries", "0"], None, "--engine-start-tries must be at least 1"),
+            (["--max-body-bytes", str(1 << 64)], None, "max_body_bytes=18446744073709551616"),
+            (["--max-waiting", str(1 << 63)], None, "at most 9223372036854775807"),
+            (["--max-prompt-tokens", "8192"], None, "leaves no room to generate"),
+            (["--credentials", "/"], None, "--credentials /: a directory"),
+            (["--credentials", "/no/such/dir/c.json"], None, "no directory /no/such/dir"),
         ],
     )
     def test_a_refused_setting_stops_the_command_before_it_starts_anything(
