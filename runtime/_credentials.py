@@ -8,7 +8,9 @@ cookie, its CURVE keys), so they are handed over as a file only its owner can re
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from typing import Any
 
 import msgspec
@@ -37,11 +39,27 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     keys: Keys | None = None
     collector: ActorRef[Any] | None = None
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the credentials to ``path``, readable by their owner only (mode 0600)."""
-        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(msgspec.json.encode(self))
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the credentials to ``path``, readable by their owner only (mode 0600).
+
+        They go to a new file beside it, which then takes ``path``'s name: whatever was at
+        ``path`` (a file of another mode, a symlink) is replaced, never written through.
+
+        Returns:
+            The file's identity (`file_identity`), to remove it only while it is this one.
+        """
+        path = os.fspath(path)
+        directory, name = os.path.split(os.path.abspath(path))
+        fd, fresh = tempfile.mkstemp(prefix=f".{name}.", dir=directory)  # O_EXCL, 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(msgspec.json.encode(self))
+            os.replace(fresh, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(fresh)
+            raise
+        return file_identity(path) or ""
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Credentials:
@@ -58,3 +76,13 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
             )
         with open(path, "rb") as f:
             return msgspec.json.decode(f.read(), type=cls)
+
+
+def file_identity(path: str) -> str | None:
+    """``path``'s device and inode as ``stat -c %d:%i`` prints them (``None``: nothing
+    there): what tells the file a system wrote from one written over it later."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return f"{info.st_dev}:{info.st_ino}"

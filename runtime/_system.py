@@ -19,7 +19,7 @@ import msgspec
 
 from ._auth import Keys, cookie_of
 from ._cell import Cell, Ending, live
-from ._credentials import Credentials
+from ._credentials import Credentials, file_identity
 from ._errors import ActorDeadError, ActorNotFoundError, TokenyardError, sole_error
 from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, check_start
 from ._mailbox import Mailbox, MailboxStatistics
@@ -212,8 +212,8 @@ class ActorSystem:
         self._lookups = 0
         #: The write end of the guardian's pipe (-1: none).
         self._guardian = -1
-        #: Files `save_credentials` wrote, each with its guardian's pipe.
-        self._saved: dict[str, int] = {}
+        #: Files `save_credentials` wrote, each with its guardian's pipe and its identity.
+        self._saved: dict[str, tuple[int, str]] = {}
         self.closing = False
 
     @classmethod
@@ -305,12 +305,12 @@ class ActorSystem:
             OSError: The file could not be written.
         """
         path = os.path.abspath(os.fspath(path))
-        self.credentials(collector).save(path)
-        guardian = _start_guardian(path, directory=False)
+        identity = self.credentials(collector).save(path)
+        guardian = _start_guardian(path, directory=False, identity=identity)
         old = self._saved.pop(path, None)
         if old is not None:
-            os.close(old)
-        self._saved[path] = guardian
+            os.close(old[0])
+        self._saved[path] = (guardian, identity)
 
     def _resolve_keys(self) -> Keys | None:
         if self.options.transport != "tcp" or not self.options.curve:
@@ -373,9 +373,10 @@ class ActorSystem:
             self._remove_dir()
 
     def _remove_dir(self) -> None:
-        for path, guardian in self._saved.items():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        for path, (guardian, identity) in self._saved.items():
+            if file_identity(path) == identity:  # not another system's, written over it
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             os.close(guardian)
         self._saved.clear()
         if not self.role.owns_dir:
@@ -855,12 +856,13 @@ async def run_actor_process(
     return 0
 
 
-def _start_guardian(path: str, *, directory: bool = True) -> int:
+def _start_guardian(path: str, *, directory: bool = True, identity: str = "") -> int:
     """Start a tiny process that removes ``path`` once this one is gone, however it goes.
 
     It waits for EOF on a pipe only this process holds the write end of, which the kernel
     closes when this process ends; then it removes the directory or file (already gone
-    after a clean exit). It is detached (the shell that starts it exits at once and is
+    after a clean exit); a file with an ``identity`` (`file_identity`) only if it is still
+    that file. It is detached (the shell that starts it exits at once and is
     reaped here), so it is nobody's child and in a process group of its own: a terminal's
     Ctrl-C does not end it early, and it never shows among this process's children.
 
@@ -876,9 +878,16 @@ def _start_guardian(path: str, *, directory: bool = True) -> int:
                 # The pipe arrives as stdin and moves to fd 3: a POSIX shell redirects only
                 # single-digit descriptors, and gives a background job /dev/null for stdin.
                 "exec 3<&0 </dev/null; "
-                f'(cat <&3 >/dev/null; rm -{"rf" if directory else "f"} -- "$1") &',
+                "(cat <&3 >/dev/null; "
+                + (
+                    'if [ "$(stat -c %d:%i -- "$1" 2>/dev/null)" = "$2" ]; then rm -f -- "$1"; fi'
+                    if identity
+                    else f'rm -{"rf" if directory else "f"} -- "$1"'
+                )
+                + ") &",
                 "guardian",
                 path,
+                identity,
             ],
             stdin=read,
             stdout=subprocess.DEVNULL,

@@ -350,6 +350,37 @@ class TestAskersCannotExhaustSockets:
             with pytest.raises(PermissionError, match="chmod 600"):
                 Credentials.load(path)
 
+    async def test_credentials_replace_what_was_there_and_never_write_through_a_link(
+        self, tmp_path: Path
+    ) -> None:
+        readable, target, link = tmp_path / "readable", tmp_path / "target", tmp_path / "link"
+        readable.write_text("old")
+        readable.chmod(0o644)
+        target.write_text("someone else's")
+        link.symlink_to(target)
+        async with ActorSystem() as system:
+            system.credentials().save(readable)
+            assert readable.stat().st_mode & 0o777 == 0o600
+            assert Credentials.load(readable).cookie == system.station.cookie
+            system.save_credentials(link)
+            assert not link.is_symlink()
+            assert Credentials.load(link).cookie == system.station.cookie
+            assert target.read_text() == "someone else's"
+        assert not link.exists()
+        assert target.read_text() == "someone else's"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["readable", "target"]
+
+    async def test_a_system_removes_only_the_credentials_file_it_wrote(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "shared.credentials"
+        async with ActorSystem(name="second") as second:
+            async with ActorSystem(name="first") as first:
+                first.save_credentials(path)
+                second.save_credentials(path)  # written over the first's
+            assert Credentials.load(path).cookie == second.station.cookie
+        assert not path.exists()
+
 
 class TestMemoryIsBoundedInBytes:
     async def test_a_flood_into_a_busy_mailbox_holds_no_more_than_its_bound(self) -> None:
