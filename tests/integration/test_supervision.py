@@ -558,14 +558,18 @@ class HookFails(Supervisor[Any]):
             raise ActorDeadError("the registry is gone")
 
 
+async def hook_fails(system: ActorSystem, fail: FailOnce) -> tuple[ActorRef[Any], ActorRef[Any]]:
+    """A `HookFails` supervisor of one worker, "w", in this process; and the worker."""
+    children = [ChildSpec(Worker, name="w", process=False)]
+    sup = await system.spawn(HookFails, fail, children, process=False)
+    return sup, await system.lookup("w")
+
+
 class TestFailedRestarts:
     async def test_a_restart_whose_start_raises_anything_is_tried_again(self) -> None:
         fail = FailOnce()
         async with ActorSystem() as system:
-            sup = await system.spawn(
-                HookFails, fail, [ChildSpec(Worker, name="w", process=False)], process=False
-            )
-            first = await system.lookup("w")
+            sup, first = await hook_fails(system, fail)
             fail.failures = 1
             await first.tell(Crash())
             with anyio.fail_after(20):
@@ -583,10 +587,7 @@ class TestFailedRestarts:
     ) -> None:
         fail = FailOnce()
         async with ActorSystem() as system:
-            sup = await system.spawn(
-                HookFails, fail, [ChildSpec(Worker, name="w", process=False)], process=False
-            )
-            first = await system.lookup("w")
+            sup, first = await hook_fails(system, fail)
             fail.failures = 1_000
             down = system.watch(sup)
             await first.tell(Crash())
