@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from ._errors import HTTPError
+from ._errors import HTTPError, new_request_id
 
 if TYPE_CHECKING:
     from anyio import CancelScope
@@ -60,7 +59,7 @@ def request_id(scope: Scope, limit: int) -> bytes:
     given = header(scope, b"x-request-id")
     if given is not None and len(given) <= limit and _VISIBLE.fullmatch(given):
         return given
-    return uuid.uuid4().hex.encode()
+    return new_request_id()
 
 
 def _check_content_type(scope: Scope) -> None:

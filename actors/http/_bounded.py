@@ -34,8 +34,9 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   kernel answers unread bytes with a reset); its idle timeout, or the drain's deadline,
   closes it if none comes.
 
-A refusal is an OpenAI-shaped JSON error with ``connection: close``, written by the
-protocol itself (no application task is started for a request that never completed its
+A refusal is an OpenAI-shaped JSON error with ``connection: close`` and an
+``X-Request-Id`` (the request's own when its headers were read, else a new one), written by
+the protocol itself (no application task is started for a request that never completed its
 head), then the connection is closed lingering, as the port's owner closes its refusals
 (`actors.http._refuse`).
 """
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ._asgi import request_id
 from ._errors import HTTPError
 from ._refuse import LINGER
 
@@ -111,6 +113,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_timeout = limits.header_timeout
         self._body_timeout = limits.body_timeout
         self._send_timeout = limits.send_timeout
+        self._max_request_id = limits.max_request_id_length
         self._draining = draining
         self._closed = closed
         #: The head being read, until its blank line has come.
@@ -357,7 +360,13 @@ class BoundedProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         code = "request_header_fields_too_large" if status == 431 else "request_timeout"
-        self.transport.write(HTTPError(status, message, code=code).response())
+        # The answer is the open request's (a body that stopped arriving): it carries that
+        # request's id, as the application's answers do; a head not read gets a new one.
+        rid = None
+        if cycle is not None and not cycle.response_complete:
+            scope: Any = cycle.scope  # uvicorn's TypedDict of the ASGI scope
+            rid = request_id(scope, self._max_request_id)
+        self.transport.write(HTTPError(status, message, code=code).response(rid))
         # Closed lingering: the answer, then our end shut; what the client still sends is
         # read and dropped until it closes (or LINGER passes), so that unread bytes do not
         # reset the connection before it has read the answer.

@@ -177,7 +177,7 @@ class Dispatcher:
         #: Accepted connections no worker could take yet, oldest first.
         self._waiting: collections.deque[socket.socket] = collections.deque()
         self._channels: dict[int, _Channel] = {}
-        self._refuser = Refuser(BUSY.response())
+        self._refuser = Refuser(BUSY)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         self._listening = True

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import http
 import re
+import uuid
 
 import msgspec
 
 from ._engine import EngineError, EngineUnavailableError
 from ._openai import ErrorDetail, ErrorResponse
 
-__all__ = ("HTTPError", "engine_failure", "from_validation_error")
+__all__ = ("HTTPError", "engine_failure", "from_validation_error", "new_request_id")
 
 _ENCODE = msgspec.json.Encoder().encode
 # msgspec ends a validation message with the path of the value it rejected.
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]*)`")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`")
+
+
+def new_request_id() -> bytes:
+    """A new ``X-Request-Id``: a uuid4's 32 hex digits."""
+    return uuid.uuid4().hex.encode()
 
 
 class HTTPError(Exception):
@@ -58,9 +64,14 @@ class HTTPError(Exception):
         detail = ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
         return _ENCODE(ErrorResponse(error=detail))
 
-    def response(self) -> bytes:
+    def response(self, request_id: bytes | None = None) -> bytes:
         """The whole HTTP/1.1 answer, closing the connection: for a refusal written where no
-        application runs (the port's owner, the connection's own parser)."""
+        application runs (the port's owner, the connection's own parser).
+
+        Args:
+            request_id: Its ``X-Request-Id`` (``None``: a new one), which every answer
+                carries, these included.
+        """
         body = self.body()
         try:
             reason = http.HTTPStatus(self.status).phrase
@@ -71,6 +82,7 @@ class HTTPError(Exception):
             b"content-type: application/json",
             b"content-length: " + str(len(body)).encode(),
             *(name + b": " + value for name, value in self.headers),
+            b"x-request-id: " + (request_id or new_request_id()),
             b"connection: close",
         ]
         return b"\r\n".join(lines) + b"\r\n\r\n" + body

@@ -1,13 +1,13 @@
 """``Refuser``: answers a connection 503 on the port owner's behalf, without a worker.
 
 When every worker is full and the owner's own queue of waiting connections is too, a new
-connection is answered at once (503, ``Retry-After``) rather than left in the listen
-backlog, where its client would wait unseen until it gave up. The answer is written and
-the sending side shut; what the client had sent, or still sends, is read and dropped until
-it closes or `LINGER` seconds pass, so that closing with unread bytes does not reset the
-connection before the client has read the answer (nginx's lingering close, for the same
-reason). At most ``limit`` connections linger; past that one is closed right after its
-answer.
+connection is answered at once (503, ``Retry-After`` and, as every answer, an
+``X-Request-Id``: a new one each time) rather than left in the listen backlog, where its
+client would wait unseen until it gave up. The answer is written and the sending side
+shut; what the client had sent, or still sends, is read and dropped until it closes or
+`LINGER` seconds pass, so that closing with unread bytes does not reset the connection
+before the client has read the answer (nginx's lingering close, for the same reason). At
+most ``limit`` connections linger; past that one is closed right after its answer.
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._errors import HTTPError
 
 __all__ = ("LINGER", "Refuser")
 
@@ -23,16 +27,15 @@ LINGER = 2.0
 
 
 class Refuser:
-    """Answers connections with one fixed response and closes them, lingering (see the
-    module).
+    """Answers connections with one refusal and closes them, lingering (see the module).
 
     Args:
-        response: The whole HTTP response.
+        error: The refusal, written to each connection with a new ``X-Request-Id``.
         limit: Most connections lingering at once.
     """
 
-    def __init__(self, response: bytes, *, limit: int = 256) -> None:
-        self.response = response
+    def __init__(self, error: HTTPError, *, limit: int = 256) -> None:
+        self.error = error
         self.limit = limit
         #: Connections answered.
         self.refused = 0
@@ -51,7 +54,7 @@ class Refuser:
         """
         self.refused += 1
         try:
-            conn.send(self.response)  # a small answer: a fresh socket's buffer takes it
+            conn.send(self.error.response())  # small: a fresh socket's buffer takes it
             conn.shutdown(socket.SHUT_WR)
         except OSError:
             conn.close()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -83,6 +84,21 @@ async def exchange(server: Server, request: bytes) -> tuple[int, dict[str, str],
         writer.close()
 
 
+def refusal(headers: dict[str, str], body: bytes, request_id: str | None = None) -> Any:
+    """The OpenAI error object of an answer the connection's protocol wrote itself, checked
+    to be one, with ``connection: close`` and an ``X-Request-Id`` (``request_id``, else a
+    new one)."""
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    if request_id is None:
+        assert re.fullmatch("[0-9a-f]{32}", headers["x-request-id"]), headers
+    else:
+        assert headers["x-request-id"] == request_id
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
 async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
     """What arrives until the server closes the connection (failing after ``seconds``)."""
     with anyio.fail_after(seconds):
@@ -125,8 +141,7 @@ class TestHeads:
             assert await reader.read() == b""  # and it closed the connection
         writer.close()
         assert status == 431
-        assert headers["connection"] == "close"
-        error = json.loads(body)["error"]
+        error = refusal(headers, body)
         assert error["code"] == "request_header_fields_too_large"
         # Refused at the limit (what the client sent past it sat unread in socket buffers).
         assert "65536 bytes" in error["message"]
@@ -142,11 +157,12 @@ class TestHeads:
         self, server: Server
     ) -> None:
         many = b"".join(b"x-h%d: 1\r\n" % i for i in range(CONFIG.max_headers + 1))
-        status, _, body = await exchange(server, b"GET /health HTTP/1.1\r\n" + many + b"\r\n")
+        request = b"GET /health HTTP/1.1\r\nx-request-id: not-read\r\n" + many + b"\r\n"
+        status, headers, body = await exchange(server, request)
         assert status == 431
-        assert (
-            f"more than {CONFIG.max_headers} header fields" in json.loads(body)["error"]["message"]
-        )
+        # Its headers were never read: a new id, not the one it sent.
+        error = refusal(headers, body)
+        assert f"more than {CONFIG.max_headers} header fields" in error["message"]
         fewer = b"".join(b"x-h%d: 1\r\n" % i for i in range(CONFIG.max_headers - 1))
         status, _, _ = await exchange(
             server, b"GET /health HTTP/1.1\r\nhost: x\r\n" + fewer + b"\r\n"
@@ -166,11 +182,11 @@ class TestHeads:
                 writer.write(bytes([byte]))
                 with anyio.move_on_after(0.1):  # sync-ok: a slowloris client's pace
                     await asyncio.shield(answer)
-            status, _, body = await answer
+            status, headers, body = await answer
         writer.close()
         elapsed = time.monotonic() - started
         assert status == 408
-        assert "did not arrive within 1 s" in json.loads(body)["error"]["message"]
+        assert "did not arrive within 1 s" in refusal(headers, body)["message"]
         assert CONFIG.header_timeout <= elapsed < CONFIG.header_timeout + 2
 
 
@@ -204,15 +220,15 @@ class TestIdleAndBodies:
         self, server: Server, promise: bytes
     ) -> None:
         reader, writer = await connect(server)
-        writer.write(HEAD + promise)
+        writer.write(HEAD + b"x-request-id: slow-body-1\r\n" + promise)
         started = time.monotonic()
         with anyio.fail_after(CONFIG.body_timeout + 5):
             status, headers, body = await read_answer(reader)
             assert await reader.read() == b""  # then it closes
         writer.close()
         assert status == 408
-        assert headers["connection"] == "close"
-        assert "stopped arriving" in json.loads(body)["error"]["message"]
+        # Its headers were read: the answer carries its id, as the app's answers do.
+        assert "stopped arriving" in refusal(headers, body, "slow-body-1")["message"]
         assert time.monotonic() - started >= CONFIG.body_timeout * 0.9
 
     async def test_a_body_arriving_slowly_but_steadily_is_read_whole(self, server: Server) -> None:

@@ -27,7 +27,7 @@ from actors.http import ServeConfig, open_server
 from actors.http._dispatch import MAX_UNTAKEN
 from actors.http._refuse import LINGER
 from tests.http._server import running_serve
-from tests.http.test_bounded import HEAD, connect, read_answer
+from tests.http.test_bounded import HEAD, connect, read_answer, refusal
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -243,14 +243,22 @@ class TestManyConnections:
         async with open_server(workers=2, port=0, config=config) as server:
             idle = [await connect(server) for _ in range(2 * 50 + 50)]
             await until(lambda: server.statistics().waiting == 50)
-            reader, writer = await connect(server)
-            with anyio.fail_after(LINGER):
-                status, headers, body = await read_answer(reader)
-            writer.close()
-            assert status == 503
-            assert headers["retry-after"] == "1"
-            assert b"max_connections" in body
-            assert server.statistics().refused == 1
+            answers = []
+            for _ in range(2):
+                reader, writer = await connect(server)
+                with anyio.fail_after(LINGER):
+                    answers.append(await read_answer(reader))
+                writer.close()
+            for status, headers, body in answers:
+                assert status == 503
+                assert headers["retry-after"] == "1"
+                error = refusal(headers, body)
+                assert error["type"] == "server_error"
+                assert error["code"] == "service_unavailable"
+                assert "max_connections" in error["message"]
+            # Each refusal has an id of its own.
+            assert answers[0][1]["x-request-id"] != answers[1][1]["x-request-id"]
+            assert server.statistics().refused == 2
             for _, w in idle:
                 w.close()
             # Once they close, clients are served again.
