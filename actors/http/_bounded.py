@@ -34,11 +34,11 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   kernel answers unread bytes with a reset); its idle timeout, or the drain's deadline,
   closes it if none comes.
 
-A refusal is an OpenAI-shaped JSON error with ``connection: close`` and an
-``X-Request-Id`` (the request's own when its headers were read, else a new one), written by
-the protocol itself (no application task is started for a request that never completed its
-head), then the connection is closed lingering, as the port's owner closes its refusals
-(`actors.http._refuse`).
+A refusal (those, or a 400 for a request the parser cannot read) is an OpenAI-shaped JSON
+error with ``connection: close`` and an ``X-Request-Id`` (the request's own when its
+headers were read, else a new one), written by the protocol itself (no application task is
+started for a request that never completed its head), then the connection is closed
+lingering, as the port's owner closes its refusals (`actors.http._refuse`).
 """
 
 from __future__ import annotations
@@ -169,7 +169,11 @@ class BoundedProtocol(HttpToolsProtocol):
             end = _end_of_head(head, scan)
             if end < 0 or end > self._max_head:
                 if end > self._max_head or len(head) > self._max_head:
-                    self._refuse(431, f"the request's head is longer than {self._max_head} bytes")
+                    self._refuse(
+                        431,
+                        f"the request's head is longer than {self._max_head} bytes",
+                        "request_header_fields_too_large",
+                    )
                 else:
                     self._watch()
                 return
@@ -189,9 +193,13 @@ class BoundedProtocol(HttpToolsProtocol):
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as err:
             if self._too_many:
-                self._refuse(431, f"the request has more than {self._max_headers} header fields")
+                self._refuse(
+                    431,
+                    f"the request has more than {self._max_headers} header fields",
+                    "request_header_fields_too_large",
+                )
             elif self._pipeline_full:
                 # The requests parsed are answered, the last one closing the connection;
                 # the parser has stopped, so what comes is read and dropped.
@@ -199,7 +207,11 @@ class BoundedProtocol(HttpToolsProtocol):
                 self.cycle.keep_alive = False
             else:
                 self.logger.warning("Invalid HTTP request received.")
-                self.send_400_response("Invalid HTTP request received.")
+                # The parser's reason is one of its own fixed phrases, never the client's
+                # bytes ("Invalid HTTP version", "Duplicate Content-Length").
+                self._refuse(
+                    400, f"the request is not valid HTTP/1.1: {err}", "invalid_http_request"
+                )
             return False
         return True
 
@@ -324,7 +336,11 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _head_expired(self) -> None:
         self._timer, self._watching = None, 0
-        self._refuse(408, f"the request's headers did not arrive within {self._header_timeout:g} s")
+        self._refuse(
+            408,
+            f"the request's headers did not arrive within {self._header_timeout:g} s",
+            "request_timeout",
+        )
 
     def _body_expired(self) -> None:
         self._timer, self._watching = None, 0
@@ -339,13 +355,16 @@ class BoundedProtocol(HttpToolsProtocol):
             self._arm(_BODY, self._body_timeout - (now - seen), self._body_expired)
             return
         self._refuse(
-            408, f"the request body stopped arriving: no byte for {self._body_timeout:g} s"
+            408,
+            f"the request body stopped arriving: no byte for {self._body_timeout:g} s",
+            "request_timeout",
         )
 
     # -- refusing -------------------------------------------------------------------------
 
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer ``status`` unless an answer began, and close the connection."""
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """Answer ``status`` (an OpenAI error: ``message``, ``code``) unless an answer
+        began, and close the connection."""
         self._cancel_timer()
         if self.transport.is_closing():
             return
@@ -359,9 +378,9 @@ class BoundedProtocol(HttpToolsProtocol):
         if answered:
             self.transport.close()
             return
-        code = "request_header_fields_too_large" if status == 431 else "request_timeout"
-        # The answer is the open request's (a body that stopped arriving): it carries that
-        # request's id, as the application's answers do; a head not read gets a new one.
+        # The answer is the open request's when one is (its body stopped arriving, or could
+        # not be parsed): it carries that request's id, as the application's answers do; a
+        # head not read gets a new one.
         rid = None
         if cycle is not None and not cycle.response_complete:
             scope: Any = cycle.scope  # uvicorn's TypedDict of the ASGI scope

@@ -190,6 +190,47 @@ class TestHeads:
         assert CONFIG.header_timeout <= elapsed < CONFIG.header_timeout + 2
 
 
+class TestRequestsThatAreNotHTTP:
+    @pytest.mark.parametrize(
+        ("request_bytes", "reason"),
+        [
+            (b"GET / HTTP/1.2\r\nhost: x\r\n\r\n", "Invalid HTTP version"),
+            (b"\x00 not http\r\n\r\n", "Invalid method"),
+            (
+                HEAD + b"content-length: 2\r\ncontent-length: 2\r\n\r\n{}",
+                "Duplicate Content-Length",
+            ),
+        ],
+        ids=["version", "method", "duplicate-content-length"],
+    )
+    async def test_a_request_the_parser_cannot_read_gets_400_as_an_openai_error(
+        self, server: Server, request_bytes: bytes, reason: str
+    ) -> None:
+        """Before, uvicorn's plain-text 400, with no X-Request-Id."""
+        reader, writer = await connect(server)
+        writer.write(request_bytes)
+        with anyio.fail_after(10):
+            status, headers, body = await read_answer(reader)
+            assert await reader.read() == b""  # then it closes
+        writer.close()
+        assert status == 400
+        error = refusal(headers, body)
+        assert error["type"] == "invalid_request_error"
+        assert error["code"] == "invalid_http_request"
+        assert error["message"].startswith("the request is not valid HTTP/1.1: " + reason)
+
+    async def test_a_body_the_parser_cannot_read_gets_400_with_the_requests_id(
+        self, server: Server
+    ) -> None:
+        bad_chunk = b"x-request-id: bad-chunk-1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"
+        status, headers, body = await exchange(server, HEAD + bad_chunk)
+        assert status == 400
+        error = refusal(headers, body, "bad-chunk-1")
+        assert (
+            error["message"] == "the request is not valid HTTP/1.1: Invalid character in chunk size"
+        )
+
+
 class TestIdleAndBodies:
     async def test_a_silent_connection_is_closed_at_the_idle_timeout(self, server: Server) -> None:
         reader, writer = await connect(server)
