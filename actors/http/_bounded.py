@@ -27,6 +27,9 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   kernel holds) and of which the client takes none for `ServeConfig.send_timeout` close
   the connection: a client that stops reading would otherwise hold its connection, and
   the answer's bytes, for ever (a close waits for them to go out, however long).
+- **Log lines.** A request the parser cannot read is logged (uvicorn's line), at most
+  once per `runtime.Throttle` interval per worker, with the count of those held back: a
+  client sending thousands of them would otherwise write a line for each.
 - **Draining.** Once its server drains, a connection idle between two requests closes,
   and every request answered from then on closes its connection after the answer. A
   connection that has brought no request yet (handed to the worker just now, its request
@@ -55,6 +58,8 @@ from ._refuse import LINGER
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
+
+    from runtime import Throttle
 
     from ._config import ServeConfig
 
@@ -96,6 +101,8 @@ class BoundedProtocol(HttpToolsProtocol):
         limits: The bounds.
         draining: Whether the server drains (read when a request's headers complete).
         closed: Called once when the connection is gone.
+        invalid_requests: Where a request the parser cannot read is logged: one throttle
+            for every connection of the worker.
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class BoundedProtocol(HttpToolsProtocol):
         limits: ServeConfig,
         draining: Callable[[], bool],
         closed: Callable[[], None],
+        invalid_requests: Throttle,
     ) -> None:
         super().__init__(config=config, server_state=server_state, app_state={})
         self._max_head = limits.max_header_bytes
@@ -116,6 +124,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._max_request_id = limits.max_request_id_length
         self._draining = draining
         self._closed = closed
+        self._invalid_requests = invalid_requests
         #: The head being read, until its blank line has come.
         self._head = bytearray()
         self._in_head = True
@@ -206,7 +215,7 @@ class BoundedProtocol(HttpToolsProtocol):
                 self._refused = True
                 self.cycle.keep_alive = False
             else:
-                self.logger.warning("Invalid HTTP request received.")
+                self._invalid_requests.warning("Invalid HTTP request received.")
                 # The parser's reason is one of its own fixed phrases, never the client's
                 # bytes ("Invalid HTTP version", "Duplicate Content-Length").
                 self._refuse(

@@ -23,6 +23,8 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
+from runtime import Throttle
+
 from ._bounded import BoundedProtocol
 from ._config import ServeConfig
 
@@ -109,6 +111,9 @@ class ConnectionServer:
         self.channel = socket.socket(fileno=channel)
         self.channel.setblocking(False)
         self._fd = channel
+        # uvicorn's line for a request that is not HTTP, in uvicorn's logger as before, but
+        # one throttle for all of this worker's connections: a client cannot flood the log.
+        self._invalid_requests = Throttle(logging.getLogger("uvicorn.error"))
         self.served = 0
         #: Connections open now.
         self.open = 0
@@ -179,6 +184,7 @@ class ConnectionServer:
             limits=self.limits,
             draining=self._is_draining,
             closed=self._closed_one,
+            invalid_requests=self._invalid_requests,
         )
 
     def _is_draining(self) -> bool:

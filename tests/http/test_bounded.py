@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import re
+import signal
 import socket
 import time
 from pathlib import Path
@@ -26,6 +28,8 @@ from uvicorn.server import ServerState
 
 from actors.http import ServeConfig, open_server
 from actors.http._bounded import MAX_PIPELINED, BoundedProtocol
+from runtime import Throttle
+from tests.http._server import running_serve
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -230,6 +234,22 @@ class TestRequestsThatAreNotHTTP:
             error["message"] == "the request is not valid HTTP/1.1: Invalid character in chunk size"
         )
 
+    def test_many_requests_the_parser_cannot_read_log_a_few_lines(self) -> None:
+        """Before, a WARNING line for each: a client could fill the server's disk."""
+        flood = 500
+        with running_serve(workers=1, stderr=True) as run:
+            for _ in range(flood):
+                with socket.create_connection(("127.0.0.1", run.port), timeout=10) as sock:
+                    sock.sendall(b"GET / HTTP/1.2\r\nhost: x\r\n\r\n")
+                    answer = b""
+                    while data := sock.recv(65536):
+                        answer += data
+                assert answer.startswith(b"HTTP/1.1 400 "), answer
+            run.proc.send_signal(signal.SIGTERM)
+            _, err = run.proc.communicate(timeout=30)
+        lines = [line for line in err.splitlines() if "Invalid HTTP request received." in line]
+        assert 1 <= len(lines) <= 3, err
+
 
 class TestIdleAndBodies:
     async def test_a_silent_connection_is_closed_at_the_idle_timeout(self, server: Server) -> None:
@@ -432,7 +452,12 @@ class TestTheParsersWork:
         state = ServerState()
         closed: list[bool] = []
         protocol = BoundedProtocol(
-            config, state, limits=CONFIG, draining=lambda: False, closed=lambda: closed.append(True)
+            config,
+            state,
+            limits=CONFIG,
+            draining=lambda: False,
+            closed=lambda: closed.append(True),
+            invalid_requests=Throttle(logging.getLogger("uvicorn.error")),
         )
         fed: list[int] = []
         protocol.parser = _CountedParser(protocol.parser, fed)  # type: ignore[assignment]
