@@ -27,7 +27,9 @@ before any byte of its answer, is sent again on a fresh one (the race every keep
 client has), so only real failures are failures.
 
 Run ``python -m actors load --url http://127.0.0.1:8000 --concurrency 8
---duration 10`` (``--help`` for the rest); ``--json PATH`` writes every record.
+--duration 10`` (``--help`` for the rest); ``--json PATH`` writes every record. Against a
+server that asks for an API key, each request carries ``Authorization: Bearer KEY``: the
+key of ``--api-key``, else of ``TOKENYARD_API_KEY``, the variable the server reads.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import re
 import resource
 import sys
@@ -46,6 +49,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import msgspec
+
+from ._auth import API_KEY_ENV
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -58,6 +63,8 @@ REFUSED_BACKOFF = 0.05
 _DONE = b"[DONE]"
 #: An HTTP header name (RFC 9110's token).
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: What an API key may be (as the server takes one): visible ASCII.
+_VISIBLE = re.compile(r"[\x21-\x7e]+")
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -123,6 +130,8 @@ class LoadSpec:
         keepalive: Reuse each client's connection (``False``: a new connection for every
             request, ``Connection: close``).
         headers: More request headers, as (name, value) pairs (a ``traceparent``, say).
+        api_key: Sent as ``Authorization: Bearer <key>`` with every request (``None``: no
+            key). Not shown in the spec's repr.
     """
 
     url: str
@@ -137,6 +146,7 @@ class LoadSpec:
     timeout: float = 60.0
     keepalive: bool = True
     headers: tuple[tuple[str, str], ...] = ()
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.api not in ("completions", "chat"):
@@ -153,6 +163,12 @@ class LoadSpec:
                     f"header {name!r}: {value!r}: a name is an HTTP token and a value "
                     "has no line break"
                 )
+        if self.api_key is not None and not _VISIBLE.fullmatch(self.api_key):
+            # The message does not show the key.
+            raise ValueError(
+                "the API key is empty or has a character other than visible ASCII: a "
+                "server could not match it"
+            )
 
 
 # -- the wire -------------------------------------------------------------------------------
@@ -214,6 +230,11 @@ def _requests(spec: LoadSpec, host: str) -> list[bytes]:
             b"content-type: application/json\r\naccept: text/event-stream\r\n"
             + (b"" if spec.keepalive else b"connection: close\r\n")
             + b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in spec.headers)
+            + (
+                b""
+                if spec.api_key is None
+                else f"authorization: Bearer {spec.api_key}\r\n".encode()
+            )
             + b"content-length: "
             + str(len(data)).encode()
             + b"\r\n\r\n"
@@ -517,7 +538,12 @@ def summarize(result: LoadResult) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line: run a load and print its summary as JSON."""
+    """The command line: run a load and print its summary as JSON.
+
+    Returns:
+        0 when every request streamed to its end, 1 when some failed, 2 for an argument
+        refused (one line on stderr says which).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m actors load", description=(__doc__ or "").splitlines()[0]
     )
@@ -530,24 +556,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model")
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     parser.add_argument("--json", help="write every record here")
-    args = parser.parse_args(argv)
-    requests = args.requests if args.requests or args.duration else 100
-    spec = LoadSpec(
-        url=args.url,
-        api=args.api,
-        concurrency=args.concurrency,
-        duration=args.duration,
-        requests=requests,
-        max_tokens=args.max_tokens,
-        model=args.model,
-        prompts=tuple(args.prompt or LoadSpec.prompts),
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="send `Authorization: Bearer KEY` with every request (default: "
+        f"${API_KEY_ENV}, which the server reads too, else no key); prefer the variable, "
+        "which `ps` does not show",
     )
+    args = parser.parse_args(argv)
+    try:
+        spec = _spec(args)
+    except ValueError as err:
+        sys.stderr.write(f"{parser.prog}: {err}\n")
+        return 2
     result = asyncio.run(run_load(spec))
     if args.json:
         with open(args.json, "wb") as out:
             out.write(msgspec.json.encode(result))
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(summarize(result)).decode()) + "\n")
     return 0 if result.records and all(r.ok for r in result.records) else 1
+
+
+def _spec(args: argparse.Namespace) -> LoadSpec:
+    """The load `main`'s arguments ask for.
+
+    Raises:
+        ValueError: An argument is refused; the message names it (never the key).
+    """
+    key = args.api_key
+    if key is None:
+        key = os.environ.get(API_KEY_ENV)
+        if key is not None and not key:
+            raise ValueError(
+                f"{API_KEY_ENV} is set but empty: unset it to send no key, or set the key"
+            )
+    return LoadSpec(
+        url=args.url,
+        api=args.api,
+        concurrency=args.concurrency,
+        duration=args.duration,
+        requests=args.requests if args.requests or args.duration else 100,
+        max_tokens=args.max_tokens,
+        model=args.model,
+        prompts=tuple(args.prompt or LoadSpec.prompts),
+        api_key=key,
+    )
 
 
 if __name__ == "__main__":

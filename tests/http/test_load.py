@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from actors.__main__ import main as actors_main
+from actors.http import ApiKey, ServeConfig
 from actors.http.load import LoadSpec, main, run_load, summarize
 
-from ._server import serve_pipeline
+from ._server import running_serve, serve_pipeline
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -204,3 +205,40 @@ class TestFailures:
             LoadSpec(url="http://x", duration=None, requests=None)
         with pytest.raises(ValueError, match="api="):
             LoadSpec(url="http://x", api="embeddings")
+
+
+KEY = "load-test-key-1"
+
+
+class TestAnApiKey:
+    async def test_a_keyed_server_serves_a_load_that_sends_its_key(self) -> None:
+        config = ServeConfig(api_key=ApiKey(KEY))
+        async with serve_pipeline(workers=1, config=config, step_time=0.001) as served:
+            spec = LoadSpec(url=served.url, concurrency=2, requests=6, max_tokens=4, api_key=KEY)
+            keyed = await run_load(spec)
+            unkeyed = await run_load(dataclasses.replace(spec, api_key=None))
+            wrong = await run_load(dataclasses.replace(spec, api_key=KEY + "x"))
+        assert summarize(keyed)["ok"] == 6
+        assert summarize(unkeyed)["errors"] == {"http_401": 6}
+        assert summarize(wrong)["errors"] == {"http_401": 6}
+        assert KEY not in repr(spec)
+
+    def test_the_command_line_sends_the_key_the_server_reads_from_the_environment(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("TOKENYARD_API_KEY", KEY)
+        with running_serve(workers=1, env={"TOKENYARD_API_KEY": KEY}) as run:
+            url = f"http://127.0.0.1:{run.port}"
+            load = ["--url", url, "--requests", "4", "--concurrency", "2", "--max-tokens", "4"]
+            assert actors_main(["load", *load]) == 0
+            assert '"ok": 4' in capsys.readouterr().out
+            # --api-key wins over the variable.
+            assert actors_main(["load", *load, "--api-key", KEY + "x"]) == 1
+            assert '"http_401": 4' in capsys.readouterr().out
+
+    def test_an_empty_key_variable_is_refused_not_taken_as_no_key(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        monkeypatch.setenv("TOKENYARD_API_KEY", "")
+        assert main(["--url", "http://127.0.0.1:1", "--requests", "1"]) == 2
+        assert "TOKENYARD_API_KEY is set but empty" in capsys.readouterr().err
