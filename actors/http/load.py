@@ -206,6 +206,26 @@ class _ClosedError(Exception):
         self.answered = answered
 
 
+def _server_address(url: str) -> tuple[str, int]:
+    """The host and port of ``url``, ``http://host:port`` (a path after it is ignored).
+
+    Raises:
+        ValueError: ``url`` is not of that form (another scheme, no host, no port or one
+            that is not a port number).
+    """
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise ValueError(
+            f"url {url!r}: give the server as http://host:port (plain HTTP; a path after "
+            "it is ignored)"
+        )
+    return parts.hostname, port
+
+
 def _requests(spec: LoadSpec, host: str) -> list[bytes]:
     """Each prompt's whole request, head and body, encoded once."""
     path = b"/v1/chat/completions" if spec.api == "chat" else b"/v1/completions"
@@ -410,9 +430,11 @@ async def run_load(
         spec: What to send, for how long.
         stop: Ends the load early once set (each client finishes its request first).
         on_record: Called with each request's record as it ends (a progress bar).
+
+    Raises:
+        ValueError: ``spec.url`` is not ``http://host:port``.
     """
-    parts = urlsplit(spec.url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    host, port = _server_address(spec.url)
     requests = _requests(spec, f"{host}:{port}")
     tally = _Tally()
     t0 = time.perf_counter()
@@ -463,10 +485,10 @@ async def stream_chat(url: str, prompt: str, max_tokens: int) -> AsyncIterator[s
 
     Raises:
         OSError: The server could not be reached, or closed the connection.
-        ValueError: It answered with an error (the text of its error object).
+        ValueError: It answered with an error (the text of its error object), or ``url``
+            is not ``http://host:port``.
     """
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    host, port = _server_address(url)
     spec = LoadSpec(url=url, api="chat", max_tokens=max_tokens, prompts=(prompt,), ignore_eos=False)
     (request,) = _requests(spec, f"{host}:{port}")
     reader, writer = await asyncio.open_connection(host, port)
@@ -547,11 +569,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m actors load", description=(__doc__ or "").splitlines()[0]
     )
-    parser.add_argument("--url", required=True, help="http://host:port of the server")
+    parser.add_argument(
+        "--url", required=True, help="http://host:port of the server (a path is ignored)"
+    )
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--duration", type=float, help="seconds to run")
-    parser.add_argument("--requests", type=int, help="requests to send")
+    parser.add_argument("--requests", type=int, help="requests to send (default 100)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--model")
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
@@ -583,6 +607,13 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
     Raises:
         ValueError: An argument is refused; the message names it (never the key).
     """
+    if args.requests is not None and args.requests < 1:
+        raise ValueError(f"--requests {args.requests}: it must be at least 1")
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency {args.concurrency}: it must be at least 1")
+    if args.duration is not None and not args.duration > 0:
+        raise ValueError(f"--duration {args.duration:g}: it must be more than 0 seconds")
+    _server_address(args.url)
     key = args.api_key
     if key is None:
         key = os.environ.get(API_KEY_ENV)
@@ -595,7 +626,7 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
         api=args.api,
         concurrency=args.concurrency,
         duration=args.duration,
-        requests=args.requests if args.requests or args.duration else 100,
+        requests=100 if args.requests is None and args.duration is None else args.requests,
         max_tokens=args.max_tokens,
         model=args.model,
         prompts=tuple(args.prompt or LoadSpec.prompts),

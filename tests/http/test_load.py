@@ -242,3 +242,61 @@ class TestAnApiKey:
         monkeypatch.setenv("TOKENYARD_API_KEY", "")
         assert main(["--url", "http://127.0.0.1:1", "--requests", "1"]) == 2
         assert "TOKENYARD_API_KEY is set but empty" in capsys.readouterr().err
+
+
+class TestRefusedArguments:
+    @pytest.mark.parametrize(
+        ("arguments", "named"),
+        [
+            (["--requests", "0"], "--requests 0: it must be at least 1"),
+            (["--requests", "-3"], "--requests -3: it must be at least 1"),
+            (["--concurrency", "0"], "--concurrency 0: it must be at least 1"),
+            (["--duration", "0"], "--duration 0: it must be more than 0 seconds"),
+            (["--duration", "nan"], "--duration nan: it must be more than 0 seconds"),
+            (["--url", "127.0.0.1:8000"], "url '127.0.0.1:8000': give the server as http://"),
+            (["--url", "https://127.0.0.1:8000"], "url 'https://127.0.0.1:8000'"),
+            (["--url", "http://127.0.0.1"], "url 'http://127.0.0.1'"),
+            (["--url", "http://127.0.0.1:abc"], "url 'http://127.0.0.1:abc'"),
+            (["--url", "http://127.0.0.1:99999"], "url 'http://127.0.0.1:99999'"),
+            (["--url", "http://:8000"], "url 'http://:8000'"),
+            (["--api-key", "two words"], "the API key is empty or has a character"),
+        ],
+        ids=[
+            "requests-0",
+            "requests-negative",
+            "concurrency-0",
+            "duration-0",
+            "duration-nan",
+            "no-scheme",
+            "https",
+            "no-port",
+            "port-not-a-number",
+            "port-out-of-range",
+            "no-host",
+            "key-with-a-space",
+        ],
+    )
+    def test_a_bad_value_exits_2_with_one_line_naming_it(
+        self,
+        arguments: list[str],
+        named: str,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """Before, --requests 0 sent 100 requests and --concurrency 0 or a bad port was a
+        traceback; a URL without http:// went to port 80 of another host."""
+        monkeypatch.delenv("TOKENYARD_API_KEY", raising=False)
+        argv = ["--url", "http://127.0.0.1:8000", *arguments]
+        assert actors_main(["load", *argv]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        (line,) = err.splitlines()
+        assert line.startswith("python -m actors load: ")
+        assert named in line
+
+    async def test_a_url_with_a_path_is_taken_and_a_url_without_a_port_is_not(self) -> None:
+        async with serve_pipeline(workers=1, step_time=0.001) as served:
+            spec = LoadSpec(url=served.url + "/v1", concurrency=1, requests=2, max_tokens=2)
+            assert summarize(await run_load(spec))["ok"] == 2
+        with pytest.raises(ValueError, match="give the server as http://host:port"):
+            await run_load(LoadSpec(url="http://127.0.0.1", concurrency=1, requests=1))
