@@ -77,6 +77,7 @@ class Child:
             that actor ends, this child is stopped.
         unresponsive: Set when it was killed for not answering: the ``Down``'s reason.
         lost: Set when its node ended it for its requester's silence (`runtime._nodes`).
+        escalated: Set when a stop past its ``shutdown_timeout`` cancelled it (in-process).
     """
 
     ref: ActorRef[Any]
@@ -91,6 +92,7 @@ class Child:
     parent: str = ""
     unresponsive: str = ""
     lost: str = ""
+    escalated: bool = False
     remote: RemoteProcess | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -196,6 +198,9 @@ class ChildTable:
 
     async def stop(self, child: Child, timeout: float) -> Down:
         """Stop ``child``: in-band stop request, bounded wait, SIGTERM, SIGKILL."""
+        if child.exited.is_set():  # dead already (an in-process one cancelled with its host)
+            assert child.down is not None
+            return child.down
         station = self.station
         deadline = time.monotonic() + timeout
         corr, acked = station.new_request(child.ref.address)
@@ -232,6 +237,7 @@ class ChildTable:
         elif child.remote is not None:
             child.remote.signal(signum)
         elif child.scope is not None:
+            child.escalated = True
             child.scope.cancel()
 
     async def stop_all(self, parent: str | None = None) -> None:

@@ -371,8 +371,12 @@ def _local_down(child: Child, ending: Ending | None, abandoned: bool) -> Down:
     ref = child.ref
     if ending is None and abandoned:  # started as its spawner gave up: nobody has its ref
         return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: its spawn was given up")
-    if ending is None:  # cancelled by the stop's escalation
+    if ending is None and child.unresponsive:  # killed (`ActorSystem.kill`)
+        return Down(ref=ref, cause=Cause.CANCELLED, reason=child.unresponsive)
+    if ending is None and child.escalated:  # cancelled by the stop's escalation
         return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: it did not stop in time")
+    if ending is None:  # cancelled with the task that opened its system
+        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled with its system's task")
     if ending.error is None:
         return Down(ref=ref, cause=Cause.NORMAL, reason="normal")
     err = sole_error(ending.error)

@@ -598,6 +598,7 @@ class ActorSystem:
         elif child.remote is not None:
             child.remote.signal(signal.SIGKILL, reason)  # its node makes it UNRESPONSIVE
         elif child.scope is not None:
+            child.unresponsive = reason
             child.scope.cancel()
         await self.spawner.children.await_exit(child)
         assert child.down is not None
