@@ -21,7 +21,7 @@ import os
 import signal
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import msgspec
@@ -33,6 +33,7 @@ from runtime import (
     ActorSystem,
     Down,
     GetMetrics,
+    Message,
     MetricsCollector,
     TokenyardError,
     handler,
@@ -64,8 +65,10 @@ from .messages import (
 from .pipeline_supervisor import PipelineConfig, PipelineSupervisor, WorkerChannels, worker_name
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Mapping
+    from collections.abc import AsyncGenerator, Mapping, Sequence
     from types import TracebackType
+
+    from runtime._context import Sender
 
 logger = logging.getLogger("tokenyard.pipeline")
 
@@ -131,6 +134,35 @@ class _Request:
     changed: _Signal = field(default_factory=_Signal)
 
 
+def _stops(stop: str | Sequence[str]) -> tuple[str, ...]:
+    """``stop`` as a tuple: one string is one stop, not one per character."""
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+#: An integer as the wire carries it (a signed 64-bit one).
+_WireInt = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+
+
+def _typed(
+    sampling: SamplingParams, text: str | list[int]
+) -> tuple[SamplingParams, str | list[int]]:
+    """``sampling`` and ``text`` checked to hold the types they name (a struct built in
+    Python checks none): a wrong one would make the worker refuse the message unanswered.
+
+    Raises:
+        InvalidRequestError: A value of the wrong type, or an integer the wire cannot carry.
+    """
+    try:
+        sampling = msgspec.convert(msgspec.structs.asdict(sampling), SamplingParams)
+        if sampling.seed is not None:
+            msgspec.convert(sampling.seed, _WireInt)
+        if not isinstance(text, str):
+            text = msgspec.convert(text, list[_WireInt])
+    except msgspec.ValidationError as err:
+        raise InvalidRequestError(f"a value of the wrong type or size: {err}") from None
+    return sampling, text
+
+
 class _CallerState:
     """Requests in flight and live workers, shared by the Pipeline and its inbox actor (both
     run in the caller's event loop, so no lock is needed)."""
@@ -143,6 +175,9 @@ class _CallerState:
         self.workers_changed = _Signal()
         self._rr = itertools.count()
         self.inbox: ActorRef[CallerMessage] | None = None
+        #: The pipeline's own system's sockets: what it sends goes through them, whichever
+        #: system is current where it is called (another Pipeline's, say).
+        self.station: Sender | None = None
         self.closed = False
         #: Set with the reason when the pipeline supervisor failed (`Pipeline.until_failed`).
         self.supervisor_failed = anyio.Event()
@@ -165,6 +200,8 @@ class _CallerState:
                 while True:
                     if self.closed:
                         raise PipelineClosedError("the pipeline is closed")
+                    if self.requests.get(req.request.rid) is not req:
+                        return  # let go meanwhile (its caller gave up): nobody waits for it
                     live = sorted(self.workers)
                     if not live:
                         await self.workers_changed.wait()
@@ -179,8 +216,8 @@ class _CallerState:
                     ref = self.workers.get(k)
                     if ref is not None:
                         with contextlib.suppress(TokenyardError):
-                            await ref.tell(req.request, timeout=1.0)
-                            req.origin = Origin(k, ref.incarnation)
+                            await self._tell(ref, req.request, 1.0)
+                            self._sent(req, Origin(k, ref.incarnation))
                             return
         except TimeoutError as err:
             raise PipelineBusyError(
@@ -190,8 +227,8 @@ class _CallerState:
 
     def _offer(self, req: _Request, k: int, ref: ActorRef[WorkerMessage]) -> bool:
         try:
-            if ref.try_tell(req.request):
-                req.origin = Origin(k, ref.incarnation)
+            if self._try_tell(ref, req.request):
+                self._sent(req, Origin(k, ref.incarnation))
                 return True
         except ActorDeadError:
             # Dead but not yet reported down: forget it (its WorkerUp brings it back).
@@ -231,7 +268,24 @@ class _CallerState:
         ref = self.workers.get(origin.worker) if origin is not None else None
         if origin is not None and ref is not None and ref.incarnation == origin.incarnation:
             with contextlib.suppress(TokenyardError):  # dead or full: its own end frees it
-                ref.try_tell(AbortRequest(rid=req.request.rid))
+                self._try_tell(ref, AbortRequest(rid=req.request.rid))
+
+    def _sent(self, req: _Request, origin: Origin) -> None:
+        """``req`` went to the worker at ``origin``; if its caller let it go while it was
+        sent (a wait for room), the worker is told to let it go too."""
+        req.origin = origin
+        if self.requests.get(req.request.rid) is not req:
+            self.release(req)
+
+    def _try_tell(self, ref: ActorRef[Any], msg: Message) -> bool:
+        assert self.station is not None
+        return self.station.try_tell(ref, msg) is None
+
+    async def _tell(self, ref: ActorRef[Any], msg: Message, timeout: float) -> None:
+        assert self.station is not None
+        frames = self.station.try_tell(ref, msg)
+        if frames is not None:
+            await self.station.tell_when_room(ref, frames, timeout)
 
     def close(self, error: BaseException) -> None:
         """Nothing will be served any more: every waiting request fails now."""
@@ -384,6 +438,7 @@ class Pipeline:
     async def __aenter__(self) -> Pipeline:
         await self.system.__aenter__()
         state = self._state
+        state.station = self.system.station
         try:
             inbox = await self.system.spawn(
                 PipelineInbox, state, name="pipeline-inbox", process=False
@@ -434,6 +489,7 @@ class Pipeline:
         state = self._state
         if state.closed or state.inbox is None:
             raise PipelineClosedError("the pipeline is not open: use `async with Pipeline()`")
+        sampling, text = _typed(sampling, text)
         limits = self.config.limits
         refusal = limits.refusal(
             text if isinstance(text, str) else None,
@@ -464,20 +520,20 @@ class Pipeline:
         text: str | list[int],
         *,
         max_new_tokens: int = 64,
-        stop: tuple[str, ...] | list[str] = (),
+        stop: str | Sequence[str] = (),
         **sampling: Any,
     ) -> GenerateResult:
         """Generate a completion of ``text`` (or of a list of token ids).
 
         Raises:
             InvalidRequestError: The request breaks a limit (``max_new_tokens``, the prompt's
-                size); nothing was sent.
+                size), or holds a value of the wrong type; nothing was sent.
             WorkerDiedError: Its worker died after output had reached this caller.
             RequestFailedError: The pipeline refused it (e.g. an empty prompt).
             PipelineBusyError: No worker took it in time.
             PipelineClosedError: The pipeline closed meanwhile.
         """
-        params = SamplingParams(max_new_tokens=max_new_tokens, stop=tuple(stop), **sampling)
+        params = SamplingParams(max_new_tokens=max_new_tokens, stop=_stops(stop), **sampling)
         req = self._new(text, False, params)
         try:
             await self._state.submit(req)
@@ -506,7 +562,7 @@ class Pipeline:
         text: str | list[int],
         *,
         max_new_tokens: int = 64,
-        stop: tuple[str, ...] | list[str] = (),
+        stop: str | Sequence[str] = (),
         **sampling: Any,
     ) -> AsyncGenerator[str, None]:
         """Yield the text of a completion piece by piece as it is decoded.
@@ -517,11 +573,15 @@ class Pipeline:
         engine stops generating for it.
 
         Raises:
-            InvalidRequestError: The request breaks a limit; nothing was sent.
+            InvalidRequestError: The request breaks a limit, or holds a value of the wrong
+                type; nothing was sent.
             WorkerDiedError: Its worker died after pieces had been yielded.
             SlowReaderError: The reader fell too far behind.
+            RequestFailedError: The pipeline refused it (e.g. an empty prompt).
+            PipelineBusyError: No worker took it in time.
+            PipelineClosedError: The pipeline closed meanwhile.
         """
-        params = SamplingParams(max_new_tokens=max_new_tokens, stop=tuple(stop), **sampling)
+        params = SamplingParams(max_new_tokens=max_new_tokens, stop=_stops(stop), **sampling)
         outputs = self.stream_outputs(text, params)
         async with contextlib.aclosing(outputs):
             async for out in outputs:
@@ -539,9 +599,13 @@ class Pipeline:
         carries the finish reason. The same bound on unread output holds as for `stream`.
 
         Raises:
-            InvalidRequestError: The request breaks a limit; nothing was sent.
+            InvalidRequestError: The request breaks a limit, or holds a value of the wrong
+                type; nothing was sent.
             WorkerDiedError: Its worker died after outputs had been yielded.
             SlowReaderError: The reader fell too far behind.
+            RequestFailedError: The pipeline refused it (e.g. an empty prompt).
+            PipelineBusyError: No worker took it in time.
+            PipelineClosedError: The pipeline closed meanwhile.
         """
         req = self._new(text, True, sampling)
         try:

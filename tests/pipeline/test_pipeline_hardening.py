@@ -3,12 +3,14 @@ readers, oversized requests, dead in-process members, log floods. Real processes
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from actors import (
@@ -45,7 +47,7 @@ from actors.messages import (
     SamplingParams,
     Topology,
 )
-from actors.pipeline import _CallerState, _Request
+from actors.pipeline import _CallerState, _Request, _stops
 from actors.pipeline_supervisor import PipelineConfig
 from actors.router import Router
 from actors.tokenizer_worker import MAX_PENDING_CONTROL, MAX_TOKENIZING, TokenizerWorker
@@ -305,6 +307,7 @@ class TestNothingVanishes:
                 await system.spawn(Sink, blocked, process=False) for _ in range(2)
             ]
             state = _CallerState(config)
+            state.station = system.station
             events = Events()
             inbox: ActorRef[Any] = await system.spawn(EventInbox, events, process=False)
             state.inbox = inbox
@@ -314,7 +317,8 @@ class TestNothingVanishes:
             async def flood() -> None:
                 for i in range(1000):
                     msg = Generate(rid=f"r{i}", reply_to=inbox, text="x")
-                    await state.submit(_Request(f"r{i}", msg, False))
+                    req = state.requests[msg.rid] = _Request(msg.rid, msg, False)
+                    await state.submit(req)
 
             try:
                 with pytest.raises(PipelineBusyError, match="overloaded"):
@@ -695,3 +699,75 @@ class TestLogsCannotBeFlooded:
                 await worker.tell(CheckLoad(reply_to=caller))
             stats = await worker.ask(GetWorkerStatistics())
             assert stats.control_pending == MAX_PENDING_CONTROL
+
+
+class TestWhatACallerMayGetWrong:
+    async def test_a_value_of_the_wrong_type_is_refused_at_once(self) -> None:
+        wrong: list[dict[str, Any]] = [
+            {"temperature": "0.5"},
+            {"seed": 1.5},
+            {"seed": 1 << 70},
+            {"max_new_tokens": 4.0},
+            {"max_new_tokens": True},
+            {"ignore_eos": 1},
+            {"stop": [1]},
+            {"stop_token_ids": (2.0,)},
+        ]
+        async with Pipeline(workers=1) as p:
+            for sampling in wrong:
+                with anyio.fail_after(10), pytest.raises(InvalidRequestError, match="wrong type"):
+                    await p.generate("hi", **sampling)
+            for ids in ([1.0, 2.0], ["a"], [1 << 64]):
+                with anyio.fail_after(10), pytest.raises(InvalidRequestError, match="wrong type"):
+                    await p.generate(ids)  # type: ignore[arg-type]
+            assert (await p.generate("hi", max_new_tokens=2, seed=3)).completion_tokens >= 1
+
+    def test_one_stop_string_is_one_stop(self) -> None:
+        assert _stops("ab") == ("ab",)
+        assert _stops(["ab", "c"]) == ("ab", "c")
+
+    async def test_two_pipelines_in_one_process_each_serve_their_own_callers(self) -> None:
+        async with Pipeline(workers=1) as a, Pipeline(workers=1) as b:
+            with anyio.fail_after(20):
+                assert (await a.generate("hi", max_new_tokens=2)).completion_tokens >= 1
+                assert (await b.generate("hi", max_new_tokens=2)).completion_tokens >= 1
+
+    async def test_a_request_given_up_while_it_waits_to_be_resubmitted_is_never_sent(
+        self,
+    ) -> None:
+        async with Pipeline(workers=1, step_time=0.02) as p:
+            worker = p.worker_ref(0)
+            assert worker is not None
+            with anyio.CancelScope() as callers:
+                async with anyio.create_task_group() as tg:
+                    for i in range(5):
+                        tg.start_soon(functools.partial(p.generate, f"p{i}", max_new_tokens=5000))
+                    with anyio.fail_after(20):
+                        while (await worker.ask(GetWorkerStatistics())).requests < 5:
+                            pass  # each ask is itself the wait
+                        os.kill(pid_of(p, worker), signal.SIGKILL)
+                        while p.resubmitted < 5:  # each waits for the worker's successor
+                            await anyio.lowlevel.checkpoint()  # which takes a restart to come
+                    callers.cancel()  # every caller gives up
+            with anyio.fail_after(30):
+                # Sent after any resubmission would have been (each woke before it).
+                await p.generate("hi", max_new_tokens=1)
+            successor = p.worker_ref(0)
+            assert successor is not None
+            assert successor != worker
+            stats = await successor.ask(GetWorkerStatistics())
+            assert (stats.received, stats.requests) == (1, 0)
+
+
+class TestAPipelineInACancelledScope:
+    async def test_it_closes_without_waiting_on_members_that_died_with_the_scope(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with anyio.CancelScope() as scope:
+            async with Pipeline(workers=1) as p:
+                with anyio.fail_after(20):
+                    await p.generate("hi", max_new_tokens=2)
+                scope.cancel()
+                await anyio.lowlevel.checkpoint()
+        assert scope.cancelled_caught
+        assert not [r for r in caplog.records if "did not stop in time" in r.getMessage()]
