@@ -68,8 +68,6 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Mapping, Sequence
     from types import TracebackType
 
-    from runtime._context import Sender
-
 logger = logging.getLogger("tokenyard.pipeline")
 
 
@@ -175,9 +173,9 @@ class _CallerState:
         self.workers_changed = _Signal()
         self._rr = itertools.count()
         self.inbox: ActorRef[CallerMessage] | None = None
-        #: The pipeline's own system's sockets: what it sends goes through them, whichever
+        #: The pipeline's own system: what it sends goes through its sockets, whichever
         #: system is current where it is called (another Pipeline's, say).
-        self.station: Sender | None = None
+        self.system: ActorSystem | None = None
         self.closed = False
         #: Set with the reason when the pipeline supervisor failed (`Pipeline.until_failed`).
         self.supervisor_failed = anyio.Event()
@@ -278,14 +276,15 @@ class _CallerState:
             self.release(req)
 
     def _try_tell(self, ref: ActorRef[Any], msg: Message) -> bool:
-        assert self.station is not None
-        return self.station.try_tell(ref, msg) is None
+        assert self.system is not None
+        return self.system.station.try_tell(ref, msg) is None
 
     async def _tell(self, ref: ActorRef[Any], msg: Message, timeout: float) -> None:
-        assert self.station is not None
-        frames = self.station.try_tell(ref, msg)
+        assert self.system is not None
+        station = self.system.station
+        frames = station.try_tell(ref, msg)
         if frames is not None:
-            await self.station.tell_when_room(ref, frames, timeout)
+            await station.tell_when_room(ref, frames, timeout)
 
     def close(self, error: BaseException) -> None:
         """Nothing will be served any more: every waiting request fails now."""
@@ -438,7 +437,7 @@ class Pipeline:
     async def __aenter__(self) -> Pipeline:
         await self.system.__aenter__()
         state = self._state
-        state.station = self.system.station
+        state.system = self.system
         try:
             inbox = await self.system.spawn(
                 PipelineInbox, state, name="pipeline-inbox", process=False

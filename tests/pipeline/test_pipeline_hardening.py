@@ -307,7 +307,7 @@ class TestNothingVanishes:
                 await system.spawn(Sink, blocked, process=False) for _ in range(2)
             ]
             state = _CallerState(config)
-            state.station = system.station
+            state.system = system
             events = Events()
             inbox: ActorRef[Any] = await system.spawn(EventInbox, events, process=False)
             state.inbox = inbox
