@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from ._errors import HTTPError
 if TYPE_CHECKING:
     from ._asgi import Scope
 
-__all__ = ("API_KEY_ENV", "ApiKey", "BearerCheck")
+__all__ = ("API_KEY_ENV", "ApiKey", "BearerCheck", "key_given")
 
 API_KEY_ENV = "TOKENYARD_API_KEY"
 """The environment variable ``python -m actors serve`` reads its key from without
@@ -30,6 +31,21 @@ API_KEY_ENV = "TOKENYARD_API_KEY"
 # What a client can send in a header and have compared byte for byte: visible ASCII.
 _VISIBLE = re.compile(r"[\x21-\x7e]+")
 _BEARER = b"bearer"
+
+
+def key_given(flag: str | None, without: str) -> str | None:
+    """The API key of a command: its ``--api-key`` flag, else `API_KEY_ENV` (``None``:
+    neither is set).
+
+    Raises:
+        ValueError: The variable is set but empty (``without``: what unsetting it does).
+    """
+    if flag is not None:
+        return flag
+    key = os.environ.get(API_KEY_ENV)
+    if key is not None and not key:
+        raise ValueError(f"{API_KEY_ENV} is set but empty: unset it to {without}, or set a key")
+    return key
 
 
 class ApiKey(msgspec.Struct, frozen=True):

@@ -30,7 +30,7 @@ from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
 from runtime import ActorRef, TokenyardError, configure_logging, raise_fd_limit
 
-from ._auth import API_KEY_ENV, ApiKey
+from ._auth import API_KEY_ENV, ApiKey, key_given
 from ._config import ServeConfig
 from ._dispatch import Dispatcher, DispatchStatistics
 from ._pipeline_engine import DEFAULT_CONTEXT_LENGTH
@@ -407,13 +407,7 @@ def _access_config(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ValueError: A setting is refused (an empty key, say); the message names it.
     """
-    key = args.api_key
-    if key is None:
-        key = os.environ.get(API_KEY_ENV)
-        if key is not None and not key:
-            raise ValueError(
-                f"{API_KEY_ENV} is set but empty: unset it to serve without a key, or set a key"
-            )
+    key = key_given(args.api_key, "serve without a key")
     return {
         "api_key": None if key is None else ApiKey(key),
         "cors_origins": tuple(args.cors_origin),

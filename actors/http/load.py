@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
 import re
 import resource
 import sys
@@ -50,7 +49,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ._auth import API_KEY_ENV
+from ._auth import API_KEY_ENV, key_given
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -614,13 +613,7 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
     if args.duration is not None and not args.duration > 0:
         raise ValueError(f"--duration {args.duration:g}: it must be more than 0 seconds")
     _server_address(args.url)
-    key = args.api_key
-    if key is None:
-        key = os.environ.get(API_KEY_ENV)
-        if key is not None and not key:
-            raise ValueError(
-                f"{API_KEY_ENV} is set but empty: unset it to send no key, or set the key"
-            )
+    key = key_given(args.api_key, "send no key")
     return LoadSpec(
         url=args.url,
         api=args.api,
