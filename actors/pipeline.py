@@ -435,9 +435,17 @@ class Pipeline:
         self._collector: ActorRef[GetMetrics] | None = None
 
     async def __aenter__(self) -> Pipeline:
-        await self.system.__aenter__()
+        """Start the pipeline's processes and wait until every worker serves.
+
+        Raises:
+            PipelineClosedError: It was opened before: a Pipeline serves once (its state,
+                closed, stays closed); make a new one.
+        """
         state = self._state
+        if state.system is not None:
+            raise PipelineClosedError("this Pipeline was opened before; make a new one")
         state.system = self.system
+        await self.system.__aenter__()
         try:
             inbox = await self.system.spawn(
                 PipelineInbox, state, name="pipeline-inbox", process=False

@@ -722,6 +722,15 @@ class TestWhatACallerMayGetWrong:
                     await p.generate(ids)  # type: ignore[arg-type]
             assert (await p.generate("hi", max_new_tokens=2, seed=3)).completion_tokens >= 1
 
+    async def test_a_pipeline_opens_once(self) -> None:
+        p = Pipeline(workers=1)
+        async with p:
+            with anyio.fail_after(20):
+                await p.generate("hi", max_new_tokens=1)
+        with pytest.raises(PipelineClosedError, match="opened before"):
+            async with p:
+                pass  # pragma: no cover - never entered
+
     def test_one_stop_string_is_one_stop(self) -> None:
         assert _stops("ab") == ("ab",)
         assert _stops(["ab", "c"]) == ("ab", "c")
