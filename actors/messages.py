@@ -27,6 +27,10 @@ import msgspec
 
 from runtime import ActorRef, Batch, Down, Message, Request, SupervisorMessage
 
+LARGEST_INT = (1 << 63) - 1
+"""The largest integer a message carries (msgpack's signed 64-bit integers): a seed, an
+id, or a limit past it cannot be sent."""
+
 
 class Member(enum.Enum):
     """A role in the pipeline: who served a request, who died, who is stuck."""

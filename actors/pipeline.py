@@ -50,6 +50,7 @@ from ._errors import (
     resubmittable,
 )
 from .messages import (
+    LARGEST_INT,
     AbortRequest,
     CallerMessage,
     Generate,
@@ -138,7 +139,7 @@ def _stops(stop: str | Sequence[str]) -> tuple[str, ...]:
 
 
 #: An integer as the wire carries it (a signed 64-bit one).
-_WireInt = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+_WireInt = Annotated[int, msgspec.Meta(ge=-LARGEST_INT - 1, le=LARGEST_INT)]
 
 
 def _typed(

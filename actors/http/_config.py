@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from actors._limits import RequestLimits
+from actors.messages import LARGEST_INT
 
 from ._auth import ApiKey
 from ._cors import check_origins
@@ -12,11 +13,6 @@ from ._cors import check_origins
 __all__ = ("ServeConfig",)
 
 _MIB = 1 << 20
-
-
-#: The largest count a setting may hold: what msgpack carries to the workers (a signed 64-bit
-#: integer).
-_LARGEST = (1 << 63) - 1
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,17 +115,17 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_connections": self.max_connections,
         }
         # One prompt token and one generated token is the smallest useful context.
-        if self.context_length is not None and not 2 <= self.context_length <= _LARGEST:
+        if self.context_length is not None and not 2 <= self.context_length <= LARGEST_INT:
             raise ValueError(
                 f"ServeConfig.context_length={self.context_length}: it must be at least 2 "
-                f"and at most {_LARGEST}"
+                f"and at most {LARGEST_INT}"
             )
         if self.max_prompt_tokens is not None:
             positive["max_prompt_tokens"] = self.max_prompt_tokens
         for name, value in positive.items():
-            if not 1 <= value <= _LARGEST:
+            if not 1 <= value <= LARGEST_INT:
                 raise ValueError(
-                    f"ServeConfig.{name}={value}: it must be at least 1 and at most {_LARGEST}"
+                    f"ServeConfig.{name}={value}: it must be at least 1 and at most {LARGEST_INT}"
                 )
         for name, seconds in {
             "header_timeout": self.header_timeout,
@@ -149,9 +145,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_stop_token_ids": self.max_stop_token_ids,
             "max_waiting": self.max_waiting,
         }.items():
-            if not 0 <= value <= _LARGEST:
+            if not 0 <= value <= LARGEST_INT:
                 raise ValueError(
-                    f"ServeConfig.{name}={value}: it must be at least 0 and at most {_LARGEST}"
+                    f"ServeConfig.{name}={value}: it must be at least 0 and at most {LARGEST_INT}"
                 )
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
@@ -196,9 +192,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def _check_access(self) -> None:
-        if not 1 <= self.max_request_id_length <= _LARGEST:
+        if not 1 <= self.max_request_id_length <= LARGEST_INT:
             raise ValueError(
                 f"ServeConfig.max_request_id_length={self.max_request_id_length}: it must be "
-                f"at least 1 and at most {_LARGEST}"
+                f"at least 1 and at most {LARGEST_INT}"
             )
         check_origins(self.cors_origins)

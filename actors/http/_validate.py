@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 
 from actors._tokenizer import INLINE_CHARS, TOKENIZER_THREADS
-from actors.messages import SamplingParams
+from actors.messages import LARGEST_INT, SamplingParams
 
 from ._chat import ChatTemplateError
 from ._errors import HTTPError
@@ -39,7 +39,7 @@ __all__ = ("INLINE_CHARS", "INLINE_IDS", "TOKENIZER_THREADS", "Prepared", "Valid
 INLINE_IDS = 4096
 """Token ids up to this many are decoded on the event loop; more in a thread."""
 
-MAX_SEED = (1 << 63) - 1
+MAX_SEED = LARGEST_INT
 """Largest seed accepted (seeds are 64-bit signed integers, negative ones refused)."""
 # OpenAI's temperature range.
 _TEMPERATURE = (0.0, 2.0)
