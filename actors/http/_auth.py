@@ -22,7 +22,7 @@ from ._errors import HTTPError
 if TYPE_CHECKING:
     from ._asgi import Scope
 
-__all__ = ("API_KEY_ENV", "ApiKey", "BearerCheck", "key_given")
+__all__ = ("API_KEY_ENV", "ApiKey", "BearerCheck", "key_given", "usable_key")
 
 API_KEY_ENV = "TOKENYARD_API_KEY"
 """The environment variable ``python -m actors serve`` reads its key from without
@@ -31,6 +31,12 @@ API_KEY_ENV = "TOKENYARD_API_KEY"
 # What a client can send in a header and have compared byte for byte: visible ASCII.
 _VISIBLE = re.compile(r"[\x21-\x7e]+")
 _BEARER = b"bearer"
+
+
+def usable_key(key: str) -> bool:
+    """Whether ``key`` can be sent in a header and matched byte for byte: one or more
+    visible ASCII characters."""
+    return _VISIBLE.fullmatch(key) is not None
 
 
 def key_given(flag: str | None, without: str) -> str | None:
@@ -69,7 +75,7 @@ class ApiKey(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         if not self.value:
             raise ValueError("the API key is empty: give a key, or none to serve without one")
-        if not _VISIBLE.fullmatch(self.value):
+        if not usable_key(self.value):
             raise ValueError(
                 "the API key has a character other than visible ASCII (a space, a control "
                 "character or a non-ASCII one): clients send it in a header, where it could "

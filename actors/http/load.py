@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from ._auth import API_KEY_ENV, key_given
+from ._auth import API_KEY_ENV, key_given, usable_key
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -62,8 +62,6 @@ REFUSED_BACKOFF = 0.05
 _DONE = b"[DONE]"
 #: An HTTP header name (RFC 9110's token).
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-#: What an API key may be (as the server takes one): visible ASCII.
-_VISIBLE = re.compile(r"[\x21-\x7e]+")
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -162,7 +160,7 @@ class LoadSpec:
                     f"header {name!r}: {value!r}: a name is an HTTP token and a value "
                     "has no line break"
                 )
-        if self.api_key is not None and not _VISIBLE.fullmatch(self.api_key):
+        if self.api_key is not None and not usable_key(self.api_key):
             # The message does not show the key.
             raise ValueError(
                 "the API key is empty or has a character other than visible ASCII: a "
