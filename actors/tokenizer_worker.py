@@ -711,7 +711,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
 
     def _release(self, rid: str) -> None:
         if self._tokenizing.pop(rid, None) is not None:
-            self.released += 1  # `_admit` drops it once tokenized
+            self.released += 1  # `_tokenize` drops it once tokenized
             return
         request = self.requests.pop(rid, None)
         if request is None:
@@ -887,7 +887,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
     async def drain(self, msg: Drain) -> Draining:
         """Nothing to drain: a worker that serves no HTTP answers for its requests to its
         callers, who decide when to stop (an HTTP worker overrides this)."""
-        return Draining(connections=0, requests=len(self.requests) + len(self._tokenizing))
+        return Draining(connections=0, requests=self._held())
 
     @handler
     def statistics(self, msg: GetWorkerStatistics) -> WorkerStatistics:
@@ -898,7 +898,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
             finished=self.finished,
             failed=self.failed,
             released=self.released,
-            requests=len(self.requests) + len(self._tokenizing),
+            requests=self._held(),
             control_pending=len(self.control),
             engine_strays=self.engine_strays,
             engine_rejected=0 if self.direct is None else self.direct.rejected_frames,
@@ -906,6 +906,10 @@ class TokenizerWorker(Actor[WorkerMessage]):
         )
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _held(self) -> int:
+        """Requests held now: in the table, or their prompt being tokenized."""
+        return len(self.requests) + len(self._tokenizing)
 
     def _finished(self, request: _Request, reason: str, completion_tokens: int, now: float) -> None:
         """Count a request served to its end."""
