@@ -67,7 +67,7 @@ class Deaths:
         self._last_words: dict[int, str] = {}
         #: Processes known dead (their reply inboxes), and why: what they owned is dead too,
         #: though it was not watched from here when they died.
-        self._dead_owners: dict[str, tuple[Cause, str]] = {}
+        self._dead_owners: dict[str, str] = {}
 
     def check_alive(self, ref: RefLike) -> None:
         """Raise ``ActorDeadError`` if ``ref``'s incarnation is known to be dead."""
@@ -123,14 +123,17 @@ class Deaths:
         owner known dead cannot, and what it owned is dead already."""
         owner = ref.owner
         address = ref.address
-        if not owner or owner == self.reply_address or address in self._watched:
-            return
-        if address in self.dead:
+        if (
+            not owner
+            or owner == self.reply_address
+            or address in self._watched
+            or address in self.dead
+        ):
             return
         full: ActorRef[Any] = ActorRef(ref.name, address, ref.incarnation, owner)
-        gone = self._dead_owners.get(owner)
-        if gone is not None:
-            self.mark_dead(Down(ref=full, cause=gone[0], reason=gone[1]))
+        why = self._dead_owners.get(owner)
+        if why is not None:
+            self.mark_dead(Down(ref=full, cause=Cause.OWNER_DIED, reason=why))
             return
         self._watched[address] = full
         self._notify(owner, Kind.WATCH, _encode(WatchBody(full, self.reply_address)), 0)
@@ -150,7 +153,7 @@ class Deaths:
         """
         why = reason or f"its owner {name!r} died"
         if cause is Cause.OWNER_DIED:  # a process lost from view may come back; a dead one not
-            self._dead_owners[owner] = (cause, why)
+            self._dead_owners[owner] = why
             if len(self._dead_owners) > _DEAD_KEPT:
                 del self._dead_owners[next(iter(self._dead_owners))]
         orphans = [ref for ref in self._watched.values() if ref.owner == owner]

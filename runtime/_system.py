@@ -653,11 +653,14 @@ class ActorSystem:
         answered = [False] * len(asked)
 
         def settled() -> bool:
-            """Whether the answer is known: a ref from a child all before which answered
-            none, or every child answered."""
-            return all(answered) or any(
-                ref is not None and all(answered[:i]) for i, ref in enumerate(answers)
-            )
+            """Whether the answer is known: every child before the first that named a ref
+            has answered (or every child has, naming none)."""
+            for done, ref in zip(answered, answers, strict=True):
+                if not done:
+                    return False
+                if ref is not None:
+                    return True
+            return True
 
         async def ask(i: int, child: Child, scope: anyio.CancelScope) -> None:
             with contextlib.suppress(TokenyardError):  # dead or dying: no live answer there
