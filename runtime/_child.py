@@ -30,7 +30,7 @@ from setproctitle import setproctitle
 
 from ._logging import configure_logging
 from ._spawn import SpawnSpec, read_spec, resolve_class
-from ._transport import raise_fd_limit
+from ._transport import raise_fd_limit, remove_sockets_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,6 +66,8 @@ def _clean_up_now() -> None:
     for pid in _children():
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+        if _spec is not None:  # nobody reaps them now, to remove their files
+            remove_sockets_of(_spec.ipc_dir, pid)
     for path in _bound:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -74,7 +76,8 @@ def _clean_up_now() -> None:
 
 
 def _die_by_signal(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (an escalated stop, or the parent died): clean up our files and go."""
+    """SIGTERM (an escalated stop, or the parent died) or SIGINT: clean up our files and
+    go, by that signal."""
     _clean_up()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
@@ -158,6 +161,11 @@ def main() -> None:
         os.environ.update(spec.env)
         with contextlib.suppress(OSError):
             os.chdir(spec.cwd)
+    # An interrupt is a stop from outside too (`kill -INT`): the same prompt end as a
+    # SIGTERM's, reported as that signal. Left to Python, it would raise KeyboardInterrupt
+    # in the loop, and the graceful close that follows waits for the actor's children to
+    # stop, each for as long as its own shutdown timeout.
+    signal.signal(signal.SIGINT, _die_by_signal)
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)

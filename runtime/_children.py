@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import anyio
 from ._errors import TokenyardError
 from ._exit import reason_for_status
 from ._protocol import Cause, Down, Kind, RemoteKill, body_encoder
+from ._transport import ipc_path, remove_sockets_of
 
 if TYPE_CHECKING:
     from ._cell import Cell
@@ -136,6 +138,9 @@ class ChildTable:
             await child.exited.wait()
             return
         code = await child.process.wait()
+        path = ipc_path(child.ref.address)
+        if path is not None:  # what a process killed by a signal could not remove
+            remove_sockets_of(os.path.dirname(path), child.process.pid)
         if child.exited.is_set():
             return
         child.process.close()

@@ -79,6 +79,7 @@ from ._transport import (
     events,
     recv_frame,
     recv_rest,
+    socket_stem,
 )
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ class Station:
     def new_stem(self, prefix: str) -> str:
         """A socket file name never used before in the system directory (a name used
         again could meet a peer still reconnecting to its previous owner)."""
-        return f"{prefix}{os.getpid()}-{self._nonce}-{next(self._stems)}"
+        return socket_stem(prefix, os.getpid(), self._nonce, next(self._stems))
 
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current station."""

@@ -145,6 +145,29 @@ def close_listener(sock: zmq.Socket[bytes], address: str, bound_by: int) -> None
             os.unlink(path)
 
 
+def socket_stem(prefix: str, pid: int, nonce: str, n: int) -> str:
+    """The name of an ipc socket file in a system's directory: a one-letter ``prefix``,
+    then the binding process's pid, its station's ``nonce`` and a count, so that
+    `remove_sockets_of` finds every file a process bound."""
+    return f"{prefix}{pid}-{nonce}-{n}"
+
+
+def remove_sockets_of(directory: str, pid: int) -> None:
+    """Remove every ipc socket file the dead process ``pid`` bound in ``directory`` (its
+    system's; ``""``: none, tcp only): a process that ends by a signal cannot remove its
+    own, and the directory would otherwise keep them until it is removed itself. The kernel
+    gives a reaped pid to a new process only once the pids have wrapped around, so no live
+    process's files have its name."""
+    if not directory:
+        return
+    mark = f"{pid}-"
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name[1:].startswith(mark):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 class ReadinessWaiter:
     """Lets any number of tasks wait until a zmq socket is readable or writable.
 

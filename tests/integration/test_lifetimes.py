@@ -110,6 +110,50 @@ class TestEscalation:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(grandchild.pid, signal.SIGKILL)
 
+    async def test_an_interrupted_actor_process_is_reported_killed_by_sigint(self) -> None:
+        async with ActorSystem() as system:
+            parent = await system.spawn(StubbornParent, name="interrupted", shutdown_timeout=0.5)
+            grandchild: StubbornSpawned = await parent.ask(SpawnStubborn())
+            pid = system.pid_of(parent)
+            assert pid is not None
+            watch = system.watch(parent)
+            os.kill(pid, signal.SIGINT)  # as `kill -INT`, or a terminal's Ctrl-C would
+            with anyio.fail_after(10):
+                down = await watch
+            try:
+                # Its own child goes with it, however that ignores SIGTERM.
+                assert wait_gone(grandchild.pid, 5.0), "the grandchild outlived its parent"
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(grandchild.pid, signal.SIGKILL)
+            assert (down.cause, down.signal, down.exitcode) == (
+                Cause.SIGNAL,
+                signal.SIGINT,
+                -signal.SIGINT,
+            )
+            assert down.reason == "killed by SIGINT"
+            # Neither left a socket file: the system's directory holds the root's alone.
+            assert only_of(system.ipc_dir, os.getpid())
+
+    async def test_a_process_killed_outright_leaves_no_socket_file(self) -> None:
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="killed")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            assert not only_of(system.ipc_dir, os.getpid())  # its mailbox and reply inbox
+            watch = system.watch(echo)
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(10):
+                down = await watch
+            assert down.signal == signal.SIGKILL
+            assert only_of(system.ipc_dir, os.getpid())
+
+
+def only_of(directory: str, pid: int) -> bool:
+    """Whether every socket file in a system's ``directory`` is one ``pid`` bound (their
+    names: a letter, the pid, a dash, ...)."""
+    return all(name[1:].startswith(f"{pid}-") for name in os.listdir(directory))
+
 
 class SpawnStubborn(Request["StubbornSpawned"]):
     pass
