@@ -140,10 +140,11 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             tokenizer file must be at the same path on every host.
         engine: What generates behind the scheduler (`actors.engines`); ``None``: the
             stand-in, with ``step_time``.
-        engine_start_tries: Scheduler deaths in a row, each before its engine was ever
-            ready (a launched vLLM engine that exits at start: a wrong argument, a model
-            that does not load), after which the pipeline gives up and fails with the last
-            reason instead of starting the engine again and again.
+        engine_start_tries: Scheduler deaths or failed restarts in a row, each before its
+            engine was ever ready (a launched vLLM engine that exits at start: a wrong
+            argument, a model that does not load; a llama.cpp model that no longer loads
+            when the scheduler restarts), after which the pipeline gives up and fails with
+            the last reason instead of starting the engine again and again.
     """
 
     workers: int = 4
@@ -535,17 +536,8 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
                 )
                 await self._tell(scheduler, abort)
         elif SHARED[name] is Member.SCHEDULER:
-            if not self.engine_ready:
-                self.failed_engine_starts += 1
-                tries = self.config.engine_start_tries
-                if self.failed_engine_starts >= tries:
-                    await self.give_up(
-                        EngineStartError(
-                            f"the engine was never ready in {tries} starts in a row; "
-                            f"the last ended with: {down.reason}"
-                        )
-                    )
-                    return
+            if not self.engine_ready and await self._engine_start_failed(down.reason):
+                return
             self.engine_ready = False
             for n in self.detokenizer_ids:
                 detokenizer = self.child(n)
@@ -559,6 +551,27 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         # scheduler keeps what it had for the router until the router confirms it, and the
         # workers ask their unanswered control requests again, both once the Topology that
         # on_child_started publishes names the successor, which by then holds every route.
+
+    async def on_restart_failed(self, name: str, error: Exception) -> None:
+        # A scheduler whose start fails (its engine does not load: llama.cpp's model is
+        # loaded in its on_start) is an engine start that failed, as a death before ready is.
+        if name == Member.SCHEDULER.value:
+            await self._engine_start_failed(str(error))
+
+    async def _engine_start_failed(self, reason: str) -> bool:
+        """Count one start of the engine that failed; past `engine_start_tries` in a row,
+        give up (and say so: ``True``)."""
+        self.failed_engine_starts += 1
+        tries = self.config.engine_start_tries
+        if self.failed_engine_starts < tries:
+            return False
+        await self.give_up(
+            EngineStartError(
+                f"the engine was never ready in {tries} starts in a row; "
+                f"the last ended with: {reason}"
+            )
+        )
+        return True
 
     async def _tell(self, ref: ActorRef[Any], msg: Any) -> None:
         try:

@@ -304,6 +304,11 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
     async def on_child_died(self, name: str, down: Down) -> None:
         """Called when a child died, before any restart (override to clean up after it)."""
 
+    async def on_restart_failed(self, name: str, error: Exception) -> None:
+        """Called when an attempt to restart a child failed (its ``on_start`` raised, its
+        process could not start, ...), before the next attempt; override to count such
+        failures and `give_up` when another attempt cannot help."""
+
     def child(self, name: str) -> ActorRef[Any] | None:
         """The live incarnation of the child ``name`` (None while it is down)."""
         for entry in self.entries:
@@ -351,6 +356,8 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             for member in group:
                 if member.spec.restart is not Restart.TEMPORARY:
                     await self._restart(member)
+                    if self._stopping_now():
+                        return  # on_restart_failed gave up
         except RestartIntensityError as err:
             await self.give_up(err)
             return
@@ -383,6 +390,9 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
                 await self._start(entry)
             except Exception as err:  # noqa: BLE001 - any failed start is retried (counted)
                 _event("restart_failed", self.ref.name, entry.spec.name, error=str(err))
+                await self.on_restart_failed(entry.spec.name, err)
+                if self._stopping_now():
+                    return  # the hook gave up (`give_up`)
                 continue
             self.restarted += 1
             return

@@ -318,8 +318,8 @@ def _parser() -> argparse.ArgumentParser:
         default=3,
         metavar="N",
         help="give up (exit 1) when the engine was never ready in N starts in a row, each "
-        "ending in the scheduler's death (a launched engine that exits at start: a wrong "
-        "vllm serve argument, a model that does not load) (default 3)",
+        "ending in the scheduler's death or its failed restart (a launched engine that exits "
+        "at start: a wrong vllm serve argument, a model that does not load) (default 3)",
     )
     defaults = LlamaCpp(model="")
     engine.add_argument(

@@ -541,6 +541,8 @@ class FailOnce:
     def __init__(self) -> None:
         self.failures = 0
         self.starts: list[ActorRef[Any]] = []
+        #: What ``on_restart_failed`` was called with.
+        self.failed: list[tuple[str, str]] = []
 
 
 class HookFails(Supervisor[Any]):
@@ -558,10 +560,23 @@ class HookFails(Supervisor[Any]):
             raise ActorDeadError("the registry is gone")
 
 
-async def hook_fails(system: ActorSystem, fail: FailOnce) -> tuple[ActorRef[Any], ActorRef[Any]]:
-    """A `HookFails` supervisor of one worker, "w", in this process; and the worker."""
+class GivesUp(HookFails):
+    """A `HookFails` that gives up at its second failed restart, as a supervisor does whose
+    child cannot start again (an engine whose model no longer loads)."""
+
+    async def on_restart_failed(self, name: str, error: Exception) -> None:
+        self.fail.failed.append((name, str(error)))
+        if len(self.fail.failed) == 2:
+            await self.give_up(RuntimeError(f"{name} failed to restart twice: {error}"))
+
+
+async def hook_fails(
+    system: ActorSystem, fail: FailOnce, kind: type[HookFails] = HookFails
+) -> tuple[ActorRef[Any], ActorRef[Any]]:
+    """A `HookFails` supervisor (or ``kind``) of one worker, "w", in this process; and the
+    worker."""
     children = [ChildSpec(Worker, name="w", process=False)]
-    sup = await system.spawn(HookFails, fail, children, process=False)
+    sup = await system.spawn(kind, fail, children, process=False)
     return sup, await system.lookup("w")
 
 
@@ -593,6 +608,22 @@ class TestFailedRestarts:
             await first.tell(Crash())
             with anyio.fail_after(30):
                 assert "restarts in" in (await down).reason
+
+    async def test_a_supervisor_told_of_failed_restarts_can_give_up_before_the_intensity(
+        self,
+    ) -> None:
+        fail = FailOnce()
+        async with ActorSystem() as system:
+            sup, first = await hook_fails(system, fail, GivesUp)
+            fail.failures = 1_000
+            down = system.watch(sup)
+            await first.tell(Crash())
+            with anyio.fail_after(30):
+                reason = (await down).reason
+            assert "w failed to restart twice" in reason
+            assert "the registry is gone" in reason
+            assert [name for name, _ in fail.failed] == ["w", "w"]
+            assert len(fail.starts) == 3  # the first start and the two failed attempts
 
 
 class TestWatchesAndOwners:

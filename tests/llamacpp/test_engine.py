@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -217,6 +218,26 @@ class TestDeaths:
             assert back.incarnation == victim.incarnation + 1
             done = await p.generate(PROMPTS[0], max_new_tokens=8, ignore_eos=True)
             assert len(done.output_ids) == 8
+
+    async def test_a_model_that_no_longer_loads_fails_the_pipeline_after_its_tries(
+        self, model_dir: Path, tmp_path: Path
+    ) -> None:
+        shutil.copytree(model_dir, tmp_path / "model")
+        engine = spec(tmp_path / "model")
+        async with Pipeline(
+            workers=1, tokenizer=model_dir, engine=engine, engine_start_tries=2
+        ) as p:
+            victim = await p.system.lookup(Member.SCHEDULER.value)
+            pid = p.system.pid_of(victim)
+            assert pid is not None
+            # The file is replaced while it serves (a botched copy): the loaded engine runs
+            # on, and each restart of the scheduler fails in its on_start.
+            (tmp_path / "model" / MODEL_FILE).write_bytes(b"GGUF" + bytes(64))
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(60):
+                failure = await p.until_failed()
+        assert "the engine was never ready in 2 starts in a row" in failure
+        assert "could not load" in failure
 
 
 async def scheduler_stats(pipeline: Pipeline) -> SchedulerStatistics:
