@@ -30,8 +30,11 @@ with special tokens rendered (``CommonParams.special``, so no token writes nothi
 
 Only ids are handed back, so a regenerated token replaces one nobody saw. A greedy request
 gives the ids llama.cpp itself would; a sampled one is a sample from the same distribution,
-deterministic for a seed, but it differs from llama.cpp's own once a request falls back (the
-seed of each resumed request is derived from the request's seed and its position).
+deterministic for a seed when it runs alone (batched with others, llama.cpp's own numbers
+may differ, as its bare server's do), but it differs from llama.cpp's own once a request
+falls back (the seed of each resumed request is derived from the request's seed and its
+position). A temperature under 1e-5 is greedy: llama.cpp divides float32 logits by it, and a
+smaller one overflows them.
 
 Cost, on the test model (2 shared CPUs, one thread, 60 greedy requests of 128 tokens):
 0.27-0.29 ms a token through `LlamaCppServer`, against 0.26 for the bare stream with
@@ -163,6 +166,19 @@ class LlamaCppServer:
                 f"llama.cpp could not load {path}: {err} (run with verbosity=1 to see why)"
             ) from err
         self._address = str(self._server.listening_address)
+        # llama.cpp caps each slot at the model's trained context (n_ctx_train) whatever
+        # n_ctx asks for: a longer context_length would be promised to callers (and to the
+        # HTTP layer) and refused or cut short by llama.cpp request by request.
+        slot_context = min(
+            int(slot.get("n_ctx", context_length)) for slot in self._http("GET", "/slots")
+        )
+        if slot_context < context_length:
+            self._server = None
+            raise LlamaCppError(
+                f"{path} holds at most {slot_context} tokens per generation (its trained "
+                f"context), fewer than context_length={context_length}: lower it "
+                f"(serve --engine-context {slot_context})"
+            )
         try:
             pieces = token_pieces(path)
         except (ValueError, OSError, KeyError):
@@ -343,8 +359,11 @@ class LlamaCppServer:
             had ended), else 0 (and ``run.reason`` is set unless the run was aborted).
         """
         body = run.body()
+        room = self._context_length - len(run.generation.prompt_ids) - len(run.ids)
         body |= {
-            "max_tokens": run.remaining,
+            # llama.cpp's slot may hold more than context_length (it rounds n_ctx up), and
+            # it takes max_tokens as a 32-bit int: never ask past the context.
+            "max_tokens": min(run.remaining, room),
             "stream": True,
             "logprobs": 1,
             "timings_per_token": True,

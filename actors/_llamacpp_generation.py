@@ -26,6 +26,12 @@ an engine error."""
 #: llama.cpp's "draw a random seed" value, never sent as a derived seed.
 _RANDOM_SEED = 0xFFFFFFFF
 
+#: Temperatures below this are greedy. llama.cpp divides the logits by the temperature in
+#: float32: a temperature in float32's subnormal range (about 1e-45 to 1.2e-38) overflows
+#: them to infinity and the "sample" is one fixed token, not the greedy one (vLLM treats
+#: temperatures under 1e-5 as greedy for the same reason).
+_GREEDY_BELOW = 1e-5
+
 
 class LlamaCppError(RuntimeError):
     """llama.cpp refused or failed a request, or the server could not start."""
@@ -162,7 +168,9 @@ class Run:
         """The sampling part of a request, for its current position."""
         body: dict[str, Any] = {
             "prompt": self.generation.prompt_ids + self.ids,
-            "temperature": self.sampling.temperature,
+            "temperature": (
+                self.sampling.temperature if self.sampling.temperature >= _GREEDY_BELOW else 0.0
+            ),
             "top_k": 0,
             "top_p": 1.0,
             "min_p": 0.0,

@@ -92,9 +92,12 @@ class LlamaCpp(msgspec.Struct, frozen=True, kw_only=True, tag="llamacpp"):
     threads: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_parallel", "context_length", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LlamaCpp.{name}={getattr(self, name)}: it must be at least 1")
+        # A context holds a prompt token and a generated one at the least.
+        for name, least in (("n_parallel", 1), ("context_length", 2), ("threads", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(
+                    f"LlamaCpp.{name}={getattr(self, name)}: it must be at least {least}"
+                )
 
 
 class EngineClient(msgspec.Struct, frozen=True):

@@ -582,9 +582,23 @@ def _check_engine(args: argparse.Namespace) -> str | None:
     if not path.is_file():
         return f"bad --model: {path} does not exist (python -m actors make-model DIR writes one)"
     args.model = str(path)
-    for name in ("n_parallel", "engine_context", "engine_threads"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be at least 1"
+    try:
+        with path.open("rb") as gguf:
+            magic = gguf.read(4)
+    except OSError as err:
+        return f"bad --model: {path} cannot be read ({err})"
+    if magic != b"GGUF":
+        return f"bad --model: {path} is not a GGUF file (it does not start with GGUF)"
+    # A context holds a prompt token and a generated one at the least.
+    for name, least in (("n_parallel", 1), ("engine_context", 2), ("engine_threads", 1)):
+        if getattr(args, name) < least:
+            return f"--{name.replace('_', '-')} must be at least {least}"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cpus and args.engine_threads > cpus:
+        return (
+            f"--engine-threads {args.engine_threads} is more than the {cpus} CPUs this process "
+            "may run on: llama.cpp's threads would wait on each other (give at most that)"
+        )
     return None
 
 

@@ -484,6 +484,31 @@ class TestTheAccessFlags:
         assert serve_main(argv) == 2
         assert message in capsys.readouterr().err
 
+    @pytest.mark.parametrize(
+        ("content", "argv", "message"),
+        [
+            (b"PK\x03\x04 a zip", [], "is not a GGUF file"),
+            (b"", [], "is not a GGUF file"),
+            (b"GGUF", ["--engine-context", "1"], "--engine-context must be at least 2"),
+            (b"GGUF", ["--engine-threads", "100000"], "more than the"),
+        ],
+    )
+    def test_a_refused_llama_cpp_setting_stops_the_command_before_it_starts_anything(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        content: bytes,
+        argv: list[str],
+        message: str,
+    ) -> None:
+        model = tmp_path / "model.gguf"
+        model.write_bytes(content)
+        command = ["--engine", "llamacpp", "--model", str(model), *argv]
+        assert serve_main(command) == 2
+        err = capsys.readouterr().err
+        assert message in err
+        assert len(err.splitlines()) == 1
+
 
 class TestTheLimitFlags:
     def test_every_limit_of_serve_config_is_a_flag_with_its_default_in_the_help(self) -> None:

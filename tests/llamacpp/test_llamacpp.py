@@ -124,6 +124,17 @@ class TestEveryId:
         assert draws[0] == draws[1]
         assert draws[0] != draws[2]
 
+    @pytest.mark.parametrize("temperature", [1e-40, 1e-6])
+    def test_a_temperature_near_zero_is_greedy(
+        self, server: LlamaCppServer, hf: Any, temperature: float
+    ) -> None:
+        # 1e-40 is below float32's normal range: llama.cpp dividing its float32 logits by
+        # it overflows them, and drew one fixed token over and over.
+        prompt = prompts(hf, 1)[0]
+        greedy = native(server, prompt, 32, ignore_eos=True)["tokens"]
+        sampling = Sampling(max_new_tokens=32, ignore_eos=True, temperature=temperature, seed=3)
+        assert generate(server, prompt, sampling).ids == greedy
+
     def test_concurrent_generations_get_the_ids_each_would_alone(
         self, server: LlamaCppServer, hf: Any
     ) -> None:
@@ -178,6 +189,14 @@ class TestFinishing:
         got = generate(server, prompt, Sampling(max_new_tokens=50, ignore_eos=True))
         assert got.end.reason == "length"
         assert len(prompt) + len(got.ids) == CONTEXT
+
+    def test_a_context_llama_cpp_rounds_up_still_ends_at_its_length(self, model: Path) -> None:
+        # llama.cpp gives each slot a multiple of 256 tokens: 256 for 100.
+        with LlamaCppServer(model, n_parallel=1, context_length=100) as small:
+            prompt = [100 + i for i in range(97)]
+            got = generate(small, prompt, Sampling(max_new_tokens=10, ignore_eos=True))
+        assert got.end.reason == "length"
+        assert len(got.ids) == 3
 
     @pytest.mark.parametrize(
         ("prompt", "match"),
@@ -301,3 +320,9 @@ class TestLifetime:
         bad.write_bytes(b"GGUF" + bytes(64))
         with pytest.raises(LlamaCppError, match="could not load"):
             LlamaCppServer(bad)
+
+    def test_a_context_past_the_models_own_is_refused(self, model: Path) -> None:
+        # The test model is trained for 2,048 tokens: llama.cpp would give each slot that
+        # many, whatever was asked, and fail longer requests one by one.
+        with pytest.raises(LlamaCppError, match=r"at most 2048 tokens .* context_length=4096"):
+            LlamaCppServer(model, n_parallel=1, context_length=4096)
