@@ -28,7 +28,7 @@ from actors._tokenizer import tokenizer_option_error
 from actors.engines import LlamaCpp, StandIn, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
-from runtime import ActorRef, TokenyardError, configure_logging, raise_fd_limit
+from runtime import ActorRef, SpawnError, TokenyardError, configure_logging, raise_fd_limit
 
 from ._auth import API_KEY_ENV, ApiKey, key_given
 from ._config import ServeConfig
@@ -656,6 +656,11 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                 raise
             sys.stderr.write(_cannot_serve(args.host, args.port, err) + "\n")
             return 1
+        except SpawnError as err:
+            if started:
+                raise
+            sys.stderr.write(f"the pipeline did not start: {_first_failure(err)}\n")
+            return 1
 
 
 async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:
@@ -695,6 +700,15 @@ async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:
             )
             tg.start_soon(server.drain, 0.0)
     return 0 if drained and drained[0] else 1
+
+
+def _first_failure(err: SpawnError) -> str:
+    """The first line of the spawn failure that the others follow from (a member's, under
+    the pipeline supervisor's): what went wrong, without the tracebacks of every level
+    (the member's own log has its traceback)."""
+    while isinstance(err.__cause__, SpawnError):
+        err = err.__cause__
+    return str(err).partition("\n")[0]
 
 
 def _cannot_serve(host: str, port: int, err: OSError) -> str:

@@ -12,6 +12,8 @@ import itertools
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -24,6 +26,7 @@ from actors._gguf import MODEL_FILE
 from actors._llamacpp import LlamaCppServer
 from actors.http import open_server
 from actors.messages import GetSchedulerStatistics, Member, SchedulerStatistics
+from tests.http._server import ROOT
 
 from .conftest import CONTEXT
 from .test_llamacpp import native
@@ -238,6 +241,21 @@ class TestDeaths:
                 failure = await p.until_failed()
         assert "the engine was never ready in 2 starts in a row" in failure
         assert "could not load" in failure
+
+    def test_a_model_that_does_not_load_stops_serve_with_the_reason_in_one_line(
+        self, model_dir: Path, tmp_path: Path
+    ) -> None:
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(b"GGUF" + bytes(64))  # passes the flag check, fails the load
+        command = [sys.executable, "-m", "actors", "serve", "--workers", "1", "--port", "0"]
+        command += ["--engine", "llamacpp", "--model", str(broken), "--tokenizer", str(model_dir)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 1, done.stderr[-3000:]
+        last = done.stderr.splitlines()[-1]
+        assert last.startswith("the pipeline did not start: actor 'scheduler' failed to start")
+        assert "could not load" in last
+        # The scheduler's own log has its traceback; serve does not repeat it, level by level.
+        assert "The above exception was the direct cause" not in done.stderr
 
 
 async def scheduler_stats(pipeline: Pipeline) -> SchedulerStatistics:
