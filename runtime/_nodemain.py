@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
+from ._auth import Keys
 from ._launcher import DEFAULT_START
 from ._logging import configure_logging
 from ._nodes import NodeService
 from ._system import ActorSystem
+from ._transport import raise_fd_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,6 +55,21 @@ def node_main(argv: list[str]) -> int:
     )
     parser.add_argument("--stdin-eof", action="store_true", help="stop when standard input ends")
     args = parser.parse_args(argv)
+    # A node joins a system whose key exists: it never makes one (a mistyped directory
+    # would otherwise get a fresh key, and the node would wait for ever, in silence).
+    key_file = os.path.join(args.keys, "system.key")
+    if not os.path.isfile(key_file):
+        parser.error(f"--keys {args.keys}: no system.key there (copy the system's own, mode 0600)")
+    try:
+        Keys.load(args.keys)
+    except (OSError, ValueError, msgspec.DecodeError) as err:
+        parser.error(f"--keys {args.keys}: {err}")
+    if args.host in ("0.0.0.0", "::", "[::]", "*"):  # noqa: S104 - refused, not bound
+        parser.error(
+            f"--host {args.host}: the node tells the system this address to reach it by; "
+            "give this host's address on the network the system shares"
+        )
+    raise_fd_limit()  # every connection to its inbox, a stranger's included, is a descriptor
     configure_logging(logging.INFO, f"node {args.name}")
     try:
         anyio.run(_serve_node, args)

@@ -11,10 +11,12 @@ protocol, so that this module imports nothing of `runtime._system`.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import itertools
 import logging
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -28,7 +30,16 @@ from ._exit import oom_kills
 from ._launcher import check_start
 from ._message import Message
 from ._nodes import NodeSystem, find_node, spawn_on
-from ._protocol import Cause, Down, RemoteSpawn, SpawnTarget, body_encoder
+from ._protocol import (
+    Cause,
+    Down,
+    Kind,
+    RemoteKill,
+    RemoteSpawn,
+    RemoteSpawned,
+    SpawnTarget,
+    body_encoder,
+)
 from ._ref import ActorRef
 from ._spawn import (
     SpawnSpec,
@@ -319,8 +330,35 @@ class Spawner:
         )
         answer_within = _resolved(how.spawn_timeout) + system.options.heartbeat
         info = await find_node(system, place, answer_within)
-        spawned = await spawn_on(system, info, request, answer_within)
         station = system.station
+        # The request outlives a caller that gives up (a cancelled spawn, a supervisor
+        # stopped mid-restart): an actor the node starts for nobody is killed once its
+        # address is known; left alone, this process's heartbeat with the node would hold
+        # its lease, and the actor would live for ever.
+        outcome: asyncio.Future[RemoteSpawned] = asyncio.get_running_loop().create_future()
+
+        async def ask_node() -> None:
+            try:
+                answer = await spawn_on(system, info, request, answer_within)
+            except Exception as err:  # noqa: BLE001 - the caller's to raise
+                if not outcome.done():
+                    outcome.set_exception(err)
+                return
+            except BaseException:  # the system's task group, cancelled: it closes
+                if not outcome.done():
+                    outcome.set_exception(SpawnError(f"{target.name!r}: the system closed"))
+                raise
+            if outcome.done():  # given up
+                kill = RemoteKill(answer.address, int(signal.SIGKILL), "its spawn was given up")
+                station.notify(info.address, Kind.KILL, body_encoder.encode(kill))
+            else:
+                outcome.set_result(answer)
+
+        system.start_task(ask_node)
+        try:
+            spawned = await outcome
+        finally:
+            outcome.cancel()  # a no-op once it has its answer
         ref: ActorRef[Any] = ActorRef(
             target.name, spawned.address, target.incarnation, info.address
         )

@@ -411,6 +411,23 @@ class TraceRecorder(Actor[Traced | Relay | GetTraces]):
         return Traces(seen=self.seen, asked=current_trace())
 
 
+class StartsSlowly(Actor[Ping]):
+    """Tells ``report_to`` its pid (as a `Count`) when its ``on_start`` begins, which then
+    takes ``seconds``: a spawn under way for that long, whose process is known."""
+
+    def __init__(self, report_to: ActorRef[Count], seconds: float) -> None:
+        self.report_to = report_to
+        self.seconds = seconds
+
+    async def on_start(self) -> None:
+        await self.report_to.tell(Count(n=os.getpid(), name=self.ref.name))
+        await anyio.sleep(self.seconds)  # sync-ok: a start that takes this long is under test
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
 class StartsThenWaits(Actor[Ping | GetPid]):
     """Reports its start to ``report_to`` from ``on_start``, which then never returns (from
     incarnation ``holds_from`` on): a spawn, or a restart, that stays under way for as long

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from runtime import (
@@ -24,6 +25,7 @@ from runtime import (
     SpawnError,
     Supervisor,
 )
+from runtime._auth import Keys
 from runtime._protocol import Kind, NodeHello, body_encoder, nodes_decoder
 from tests.integration._actors import (
     Collector,
@@ -35,11 +37,12 @@ from tests.integration._actors import (
     Ping,
     Pong,
     Slow,
+    StartsSlowly,
     TellTo,
     Tick,
     Worker,
 )
-from tests.multihost._support import replacement, running
+from tests.multihost._support import exits_within, replacement, running
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -146,6 +149,26 @@ class TestAnActorOnAnotherHost:
         async with two_hosts(hosts, tmp_path) as (system, _station):
             with pytest.raises(SpawnError, match="no node named 'nowhere'"):
                 await system.spawn(Echo, node="nowhere")
+
+    async def test_a_remote_spawn_given_up_leaves_no_actor_on_the_node(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        async with two_hosts(hosts, tmp_path) as (system, _node):
+            gathered = Gathered()
+            collector = await system.spawn(Collector, gathered, process=False)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: system.spawn(StartsSlowly, collector, 2.0, node="b", name="slow")
+                )
+                with anyio.fail_after(30):
+                    await gathered.wait_for(n_counts=1)
+                tg.cancel_scope.cancel()  # the caller gives up while its on_start runs
+            pid = gathered.counts[0].n
+            # Its answer comes once on_start ends, to a spawn given up: the actor is killed,
+            # not kept alive for ever by this process's heartbeat with the node.
+            # (In a thread: the root's loop answers the node's heartbeat meanwhile.)
+            gone = await anyio.to_thread.run_sync(exits_within, pid, 2.0 + 4 * HEARTBEAT)
+            assert gone, "the actor outlived its spawn"
 
 
 class TestDeathAcrossHosts:
@@ -273,3 +296,28 @@ class TestTheNodeCommand:
         )
         assert nothing.returncode == 2
         assert "python -m runtime node" in nothing.stderr
+
+    def test_keys_it_cannot_use_and_a_wildcard_host_exit_2_in_one_line(
+        self, tmp_path: Path
+    ) -> None:
+        def node(keys: Path, host: str = "127.0.0.1") -> subprocess.CompletedProcess[str]:
+            command = [sys.executable, "-m", "runtime", "node", "--system", "tcp://127.0.0.1:9"]
+            command += ["--keys", str(keys), "--name", "b", "--host", host]
+            return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        missing = node(empty)  # a mistyped directory: no key is made there
+        assert missing.returncode == 2
+        assert "no system.key there" in missing.stderr
+        assert os.listdir(empty) == []
+        keys = tmp_path / "keys"
+        Keys.load(keys)  # the system's own key, as a root makes it
+        for host in ("0.0.0.0", "::"):  # what the node must refuse
+            wildcard = node(keys, host)
+            assert wildcard.returncode == 2
+            assert "the node tells the system this address" in wildcard.stderr
+        os.chmod(keys / "system.key", 0o644)
+        readable = node(keys)
+        assert readable.returncode == 2
+        assert "Traceback" not in readable.stderr
