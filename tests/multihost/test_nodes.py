@@ -4,11 +4,13 @@ CURVE with the system's keys; kills, a killed node, a cut link and its return.""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,7 +48,6 @@ from tests.multihost._support import exits_within, replacement, running
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-    from pathlib import Path
 
     from .conftest import Hosts, NodeProcess
 
@@ -149,6 +150,20 @@ class TestAnActorOnAnotherHost:
         async with two_hosts(hosts, tmp_path) as (system, _station):
             with pytest.raises(SpawnError, match="no node named 'nowhere'"):
                 await system.spawn(Echo, node="nowhere")
+
+    async def test_a_node_raises_its_open_file_limit_to_the_hard_one(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert hard > 512, f"the hard RLIMIT_NOFILE is {hard}: nothing to raise"
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))  # what the node inherits
+        try:
+            async with two_hosts(hosts, tmp_path) as (_system, node):
+                limits = Path(f"/proc/{node.pid}/limits").read_text()
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        line = next(row for row in limits.splitlines() if row.startswith("Max open files"))
+        assert line.split()[3:5] == [str(hard), str(hard)]
 
     async def test_a_remote_spawn_given_up_leaves_no_actor_on_the_node(
         self, hosts: Hosts, tmp_path: Path
