@@ -84,9 +84,16 @@ class Heartbeat:
         call ``on_lost(address)`` once if it counts as lost (`_beat`)."""
         self._links.setdefault(address, []).append(on_lost)
 
-    def unlink(self, address: str) -> None:
-        """Forget `link`'s callbacks for ``address``."""
-        self._links.pop(address, None)
+    def unlink(self, address: str, on_lost: Callable[[str], None] | None = None) -> None:
+        """Forget `link`'s callbacks for ``address`` (only ``on_lost``, when given)."""
+        if on_lost is None:
+            self._links.pop(address, None)
+            return
+        callbacks = self._links.get(address)
+        if callbacks is not None and on_lost in callbacks:
+            callbacks.remove(on_lost)
+            if not callbacks:
+                del self._links[address]
 
     def pinged(self, header: Header, _: bytes) -> None:
         """Answer a PING at once, from the event loop: its answer is the proof of life."""

@@ -127,8 +127,23 @@ async def spawn_on(
     Raises:
         SpawnError: The node refused, failed to start it, or did not answer in time.
     """
+    station = system.station
+    lost = asyncio.Event()
+    on_lost = _setter(lost)
+    # A heartbeat with the node while it answers: a node lost meanwhile fails the spawn
+    # within the heartbeat's bound, not at the end of the spawn's whole timeout.
+    station.heartbeat.link(info.address, on_lost)
+    body: bytes | None = None
     try:
-        body = await system.station.request(info.address, Kind.SPAWN, _encode(request), timeout)
+        async with anyio.create_task_group() as tg:
+
+            async def fail_when_lost() -> None:
+                await lost.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(fail_when_lost)
+            body = await station.request(info.address, Kind.SPAWN, _encode(request), timeout)
+            tg.cancel_scope.cancel()
     except AskTimeoutError as err:
         raise SpawnError(
             f"node {info.name!r} did not start {request.target.name!r}: {err}"
@@ -137,6 +152,13 @@ async def spawn_on(
         raise SpawnError(
             f"node {info.name!r} could not start {request.target.name!r}: {err}"
         ) from err
+    finally:
+        station.heartbeat.unlink(info.address, on_lost)
+    if body is None:  # the node was lost first
+        raise SpawnError(
+            f"node {info.name!r} did not start {request.target.name!r}: it was lost "
+            "(no answer to the heartbeat)"
+        )
     return spawned_decoder.decode(body)
 
 

@@ -185,6 +185,37 @@ class TestAnActorOnAnotherHost:
             gone = await anyio.to_thread.run_sync(exits_within, pid, 2.0 + 4 * HEARTBEAT)
             assert gone, "the actor outlived its spawn"
 
+    async def test_a_spawn_on_a_node_lost_meanwhile_fails_within_the_heartbeats_bound(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        async with two_hosts(hosts, tmp_path) as (system, _node):
+            gathered = Gathered()
+            collector = await system.spawn(Collector, gathered, process=False)
+            failed: list[BaseException] = []
+            ended = anyio.Event()
+
+            async def spawn() -> None:
+                try:
+                    await system.spawn(StartsSlowly, collector, 60.0, node="b", name="slow")
+                except SpawnError as err:
+                    failed.append(err)
+                ended.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(spawn)
+                with anyio.fail_after(30):
+                    await gathered.wait_for(n_counts=1)  # its on_start runs on the node
+                cut = time.monotonic()
+                hosts.cut()
+                try:
+                    # Not the spawn's whole timeout (30 s, and a heartbeat).
+                    with anyio.fail_after(10):
+                        await ended.wait()
+                finally:
+                    hosts.restore()
+            assert time.monotonic() - cut <= 2 * LOSS_SEEN_WITHIN
+            assert "was lost" in str(failed[0])
+
 
 class TestDeathAcrossHosts:
     async def test_a_killed_remote_actor_is_down_with_its_signal_and_restarted_there(
