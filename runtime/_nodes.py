@@ -257,6 +257,8 @@ class NodeService:
         self.on_joined: Callable[[], None] | None = None
         self._leases: dict[str, _Lease] = {}
         self._lock = threading.Lock()
+        #: Wakes the watchdog (with `_lock`): a new lease, or the end.
+        self._leased = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._root_pinged = 0.0
@@ -298,7 +300,9 @@ class NodeService:
                 station.heartbeat.unlink(self.root)
                 logger.warning("node %s lost the root: joining again", self.name)
         finally:
-            self._stopping.set()
+            with self._lock:
+                self._stopping.set()
+                self._leased.notify()
             station.on_node_frame = None
             station.heartbeat.on_ping = None
 
@@ -337,6 +341,7 @@ class NodeService:
                 lease = self._leases[requester] = _Lease(
                     options.heartbeat * LEASE_SHARE, time.monotonic()
                 )
+                self._leased.notify()  # its bound may be the shortest now
             lease.children[child.ref.address] = child
         station.deaths.on_death(child.ref.address, lambda down: self._ended(requester, down))
         station.answer(header, _encode(RemoteSpawned(child.ref.address, child.process.pid)))
@@ -357,11 +362,18 @@ class NodeService:
             lease.heard = time.monotonic()
 
     def _watch_leases(self) -> None:
-        """The watchdog thread: end every actor whose requester went silent."""
-        tick = self.system.options.heartbeat / 20
-        while not self._stopping.wait(tick):
-            now = time.monotonic()
+        """The watchdog thread: end every actor whose requester went silent. It looks every
+        twentieth of the shortest lease, or of this node's heartbeat: a requester whose
+        heartbeat is shorter than the node's counts its actors lost sooner, and they must
+        have ended by then."""
+        own = self.system.options.heartbeat
+        while True:
             with self._lock:
+                tick = min([own, *(lease.bound for lease in self._leases.values())]) / 20
+                self._leased.wait(tick)
+                if self._stopping.is_set():
+                    return
+                now = time.monotonic()
                 expired = [
                     (requester, lease)
                     for requester, lease in self._leases.items()

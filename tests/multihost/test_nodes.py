@@ -62,9 +62,10 @@ pytestmark = pytest.mark.timeout(90)
 
 @asynccontextmanager
 async def two_hosts(
-    hosts: Hosts, tmp_path: Path, **options: Any
+    hosts: Hosts, tmp_path: Path, node_heartbeat: float = HEARTBEAT, **options: Any
 ) -> AsyncIterator[tuple[ActorSystem, NodeProcess]]:
-    """A root on host A and node "b" on host B, joined."""
+    """A root on host A and node "b" on host B (whose own heartbeat is ``node_heartbeat``),
+    joined."""
     keys = tmp_path / "keys"
     node: NodeProcess | None = None
     try:
@@ -72,7 +73,9 @@ async def two_hosts(
             name="root", transport="tcp", tcp_host=hosts.a, keys=keys, heartbeat=HEARTBEAT,
             **options,
         ) as system:  # fmt: skip
-            node = await hosts.start_node(system.address, keys, "b", "--heartbeat", str(HEARTBEAT))
+            node = await hosts.start_node(
+                system.address, keys, "b", "--heartbeat", str(node_heartbeat)
+            )
             yield system, node
     finally:
         if node is not None:
@@ -295,6 +298,25 @@ class TestDeathAcrossHosts:
                 await first.ask(GetPid(), timeout=5)
             again = await system.spawn(Echo, 2, node="b", name="again")
             assert await again.ask(Ping(n=4)) == Pong(n=8)
+
+    async def test_a_node_whose_heartbeat_is_longer_still_ends_the_actor_first(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        # The node checks its leases often enough for the root's heartbeat (1 s), not for
+        # its own (200 s: a twentieth of it is 10 s, when the root counts the worker lost
+        # within 2).
+        async with two_hosts(hosts, tmp_path, node_heartbeat=200.0) as (system, _node):
+            worker = await system.spawn(Worker, node="b", name="w")  # the root its requester
+            pid = await pid_of(worker)
+            watch = system.watch(worker)
+            hosts.cut()
+            try:
+                with anyio.fail_after(10):
+                    down = await watch
+                assert not running(pid), "the root counts it dead while it still runs"
+            finally:
+                hosts.restore()
+            assert down.cause is Cause.NOCONNECTION, down
 
 
 class TestTheRootsTable:
