@@ -51,6 +51,7 @@ from ._protocol import (
     spawn_decoder,
     spawned_decoder,
 )
+from ._throttle import Throttle
 from ._transport import TransportOptions
 
 if TYPE_CHECKING:
@@ -229,6 +230,9 @@ class NodeTable:
 
 # -- the node's side --------------------------------------------------------------------------
 
+#: Seconds between two log lines of a node that has not joined, at the least.
+_UNJOINED_EVERY = 30.0
+
 
 @dataclass
 class _Lease:
@@ -276,14 +280,29 @@ class NodeService:
             NodeHello(self.name, station.reply_address, system.options.tcp_host, os.getpid())
         )
         beat = system.options.heartbeat
+        # Why it has not joined, said at once and then once in a while: a node that cannot
+        # join is otherwise silent, and one that keeps being refused would flood its log.
+        unjoined = Throttle(logger, every=max(4 * beat, _UNJOINED_EVERY))
         try:
             while True:
                 try:
                     await station.request(self.root, Kind.JOIN, hello, beat)
                 except AskTimeoutError:
-                    continue  # the root is unreachable: ask again (the wait was the pacing)
+                    # Ask again (the wait was the pacing). A wrong address, a cut network
+                    # and another system's key all look like this from here.
+                    unjoined.warning(
+                        "node %s: no answer from the root at %s: is it running, reachable "
+                        "from here, and is this the system's own system.key? Asking again",
+                        self.name,
+                        self.root,
+                    )
+                    continue
                 except RemoteActorError as err:
-                    logger.warning("node %s: the root refused it: %s", self.name, err)
+                    unjoined.warning(
+                        "node %s: the root refused it: %s; asking again",
+                        self.name,
+                        err.remote_message,
+                    )
                     await anyio.sleep(beat / 4)  # sync-ok: the pace of asking again
                     continue
                 lost = asyncio.Event()

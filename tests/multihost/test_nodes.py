@@ -11,7 +11,7 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -80,6 +80,12 @@ async def two_hosts(
     finally:
         if node is not None:
             node.stop()
+
+
+def first_line_with(stream: IO[str] | None, text: str) -> str:
+    """The first line of ``stream`` holding ``text`` (``""``: it ended without one)."""
+    assert stream is not None
+    return next((line for line in stream if text in line), "")
 
 
 def on_host(ref: ActorRef[Any], host: str) -> bool:
@@ -364,6 +370,34 @@ class TestTheNodeCommand:
         )
         assert nothing.returncode == 2
         assert "python -m runtime node" in nothing.stderr
+
+    async def test_a_node_that_cannot_join_says_why(self, tmp_path: Path) -> None:
+        async with ActorSystem(
+            name="root", transport="tcp", tcp_host="127.0.0.1", keys=tmp_path / "keys",
+            heartbeat=0.5,
+        ) as system:  # fmt: skip
+            other = tmp_path / "other"
+            Keys.load(other)  # another system's key: its handshakes fail, unanswered
+            command = [sys.executable, "-m", "runtime", "node", "--system", system.address]
+            command += ["--keys", str(other), "--name", "b", "--host", "127.0.0.1"]
+            node = await anyio.to_thread.run_sync(
+                lambda: subprocess.Popen(
+                    [*command, "--heartbeat", "0.5"], stderr=subprocess.PIPE, text=True
+                )
+            )
+            try:
+                with anyio.fail_after(20):
+                    line = await anyio.to_thread.run_sync(
+                        first_line_with, node.stderr, "no answer from the root",
+                        abandon_on_cancel=True,
+                    )  # fmt: skip
+            finally:
+                node.kill()
+                node.wait()
+                if node.stderr is not None:
+                    node.stderr.close()
+        assert system.address in line
+        assert "system.key" in line
 
     def test_keys_it_cannot_use_and_a_wildcard_host_exit_2_in_one_line(
         self, tmp_path: Path
