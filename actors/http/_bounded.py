@@ -144,6 +144,13 @@ class BoundedProtocol(HttpToolsProtocol):
         self._send_timer: asyncio.TimerHandle | None = None
         #: How many waited when it was armed.
         self._send_left = 0
+        #: Every request whose answer is not complete, oldest (the one being answered)
+        #: first: uvicorn's ``self.cycle`` is the newest, a pipelined one included.
+        self._open: list[Any] = []
+        #: Bytes of the open request fed to the parser since its body last moved (a chunk
+        #: extension or a trailer field the parser gathers): bounded as a head is.
+        self._stalled_bytes = 0
+        self._body_moved = False
 
     # -- the connection -------------------------------------------------------------------
 
@@ -157,8 +164,19 @@ class BoundedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         self._stop_watching_sends()
+        # uvicorn tells only its newest cycle: the one being answered, when a request is
+        # pipelined behind it, would never hear the disconnect (its generation running on
+        # for nobody, each write logged).
+        self._disconnect_all()
         super().connection_lost(exc)
         self._closed()
+
+    def _disconnect_all(self) -> None:
+        for cycle in self._open:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self._open.clear()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -190,8 +208,26 @@ class BoundedProtocol(HttpToolsProtocol):
             head.clear()
         elif self._body_seen is not None:
             self._body_seen = self.loop.time()
-        if self._feed(data):
-            self._watch()
+        in_body = not self._in_head
+        self._body_moved = False
+        if not self._feed(data):
+            return
+        if in_body and not self._body_moved:
+            # Bytes that brought no body: a chunk's extension, or the trailer fields after
+            # the last chunk, which the parser gathers (a value by copying, as in a head)
+            # and which neither max_body_bytes nor max_header_bytes counted.
+            self._stalled_bytes += len(data)
+            if self._stalled_bytes > self._max_head:
+                self._refuse(
+                    431,
+                    f"the request's chunk extensions or trailer fields are longer than "
+                    f"{self._max_head} bytes",
+                    "request_header_fields_too_large",
+                )
+                return
+        else:
+            self._stalled_bytes = 0
+        self._watch()
 
     def _feed(self, data: bytes) -> bool:
         """Parse ``data``; ``False`` when the connection was refused for it."""
@@ -259,16 +295,25 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_since = None
         super().on_headers_complete()
+        if self.cycle is not None:
+            self._open.append(self.cycle)
         if self._draining() and self.cycle is not None:
             self.cycle.keep_alive = False
         self._body_seen = self.loop.time()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_moved = True
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
+        self._body_moved = True
+        self._stalled_bytes = 0
         self._in_head = True
         self._body_seen = None
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        self._open = [c for c in self._open if not c.response_complete]
         super().on_response_complete()
         if self.transport.is_closing():  # closed after its answer: that may wait
             self._watch_sends()
@@ -345,6 +390,12 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _head_expired(self) -> None:
         self._timer, self._watching = None, 0
+        if any(not c.response_complete for c in self._open):
+            # A request pipelined behind one still being answered: the client may well
+            # wait for that answer before it sends the rest; its head is timed from then.
+            self._head_since = self.loop.time()
+            self._arm(_HEAD, self._header_timeout, self._head_expired)
+            return
         self._refuse(
             408,
             f"the request's headers did not arrive within {self._header_timeout:g} s",
@@ -377,14 +428,18 @@ class BoundedProtocol(HttpToolsProtocol):
         self._cancel_timer()
         if self.transport.is_closing():
             return
-        cycle = self.cycle
+        # The oldest request not answered yet: the one being answered, or the one whose
+        # head or body is refused (uvicorn's ``self.cycle`` is the newest).
+        cycle = self._open[0] if self._open else self.cycle
         answered = cycle is not None and cycle.response_started and not cycle.response_complete
         if cycle is not None and not cycle.response_complete:
-            # The application's request is over: it hears a disconnect, and what it
+            # The application's requests are over: they hear a disconnect, and what they
             # might still send goes nowhere.
             cycle.disconnected = True
             cycle.message_event.set()
+        self._disconnect_all()
         if answered:
+            # An answer has begun: the refusal cannot be written into its middle.
             self.transport.close()
             return
         # The answer is the open request's when one is (its body stopped arriving, or could

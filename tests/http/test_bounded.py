@@ -28,6 +28,7 @@ from uvicorn.server import ServerState
 
 from actors.http import ServeConfig, open_server
 from actors.http._bounded import MAX_PIPELINED, BoundedProtocol
+from actors.messages import GetSchedulerStatistics, Member, SchedulerStatistics
 from runtime import Throttle
 from tests.http._server import running_serve
 
@@ -434,6 +435,108 @@ class TestPipelinedRequests:
         writer.close()
         assert sent < 12 << 20  # the server closed the connection first
         assert worker_rss(server) - before < 50 << 20
+
+
+STREAM = json.dumps(
+    {"prompt": "Hello there", "max_tokens": 300, "stream": True, "ignore_eos": True}
+).encode()
+#: A streamed completion of 300 tokens: 3 s at `streaming`'s step time.
+STREAMED = HEAD + b"content-length: %d\r\n\r\n" % len(STREAM) + STREAM
+
+
+@pytest.fixture(scope="module")
+async def streaming() -> AsyncIterator[Server]:
+    """One worker whose engine takes 10 ms a token: an answer streams for seconds."""
+    async with open_server(workers=1, port=0, config=CONFIG, step_time=0.01) as server:
+        yield server
+
+
+async def scheduler_running(server: Server) -> int:
+    ref = await server.pipeline.system.lookup(Member.SCHEDULER.value)
+    stats = await ref.ask(GetSchedulerStatistics(), timeout=10)
+    assert isinstance(stats, SchedulerStatistics)
+    return stats.running + stats.waiting
+
+
+class TestAStreamWithARequestPipelinedBehindIt:
+    """uvicorn tells only its newest request (a pipelined one) of what happens to the
+    connection; the one being answered is the oldest."""
+
+    async def test_a_client_that_leaves_ends_the_answer_being_streamed(
+        self, streaming: Server
+    ) -> None:
+        reader, writer = await connect(streaming)
+        writer.write(STREAMED + HEALTH)
+        with anyio.fail_after(10):
+            await reader.readuntil(b"data: ")  # it streams
+        assert await scheduler_running(streaming) == 1
+        writer.close()
+        # Before, the engine generated its 300 tokens for nobody, each write logged.
+        for _ in range(100):  # 2 s: the scheduler's counters, polled from outside
+            if not await scheduler_running(streaming):
+                break
+            await anyio.sleep(0.02)  # sync-ok: polling the scheduler's counters
+        else:
+            pytest.fail("the engine still generates for a client that left 2 s ago")
+
+    async def test_a_refused_pipelined_request_never_writes_into_the_stream(
+        self, streaming: Server
+    ) -> None:
+        bad = HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n"  # not a chunk size
+        reader, writer = await connect(streaming)
+        writer.write(STREAMED)
+        with anyio.fail_after(10):
+            first = await reader.readuntil(b"data: ")
+            writer.write(bad)
+            rest = await closed_within(reader, 10)
+        writer.close()
+        # The stream is cut (the connection cannot be read past the bad request), but no
+        # second answer appears inside the first one's chunked body.
+        assert first.startswith(b"HTTP/1.1 200 ")
+        assert b"HTTP/1.1" not in rest
+
+    async def test_a_head_pipelined_behind_a_long_stream_is_timed_once_it_is_answered(
+        self, streaming: Server
+    ) -> None:
+        reader, writer = await connect(streaming)
+        writer.write(STREAMED)
+        with anyio.fail_after(20):
+            started = await reader.readuntil(b"data: ")  # it streams
+            writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\nx-pad: ")  # and no more
+            rest = await closed_within(reader, 20)
+        writer.close()
+        # The stream outlives the header timeout (1 s) whole (before, the connection was
+        # cut then, mid-stream); the half head is timed from its turn, and the connection
+        # ends at the header or idle timeout.
+        stream, done, after = (started + rest).partition(b"data: [DONE]")
+        assert stream.startswith(b"HTTP/1.1 200 ")
+        assert done
+        assert b"HTTP/1.1" not in after or b"HTTP/1.1 408 " in after
+
+
+class TestChunkedBodies:
+    @pytest.mark.parametrize("where", ["trailer", "extension"])
+    async def test_a_trailer_or_chunk_extension_without_end_is_refused_431(
+        self, server: Server, where: str
+    ) -> None:
+        body = b'{"prompt": "hi", "max_tokens": 2}'
+        if where == "trailer":  # after the last chunk, a field whose value never ends
+            opening = b"%x\r\n%s\r\n0\r\nx-trailer: " % (len(body), body)
+        else:  # a chunk size followed by an extension that never ends
+            opening = b"%x;ext=" % len(body)
+        reader, writer = await connect(server)
+        writer.write(HEAD + b"transfer-encoding: chunked\r\n\r\n" + opening)
+        with anyio.fail_after(10), contextlib.suppress(ConnectionError):
+            for _ in range(16):  # 1 MiB, sixteen times the head's bound (64 KiB)
+                writer.write(b"a" * (64 << 10))
+                await writer.drain()
+        with anyio.fail_after(10):
+            status, headers, answer = await read_answer(reader)
+        writer.close()
+        # Refused as a head that long is, not parsed on for ever (the parser kept a
+        # trailer's value whole: a worker grew by 170 MB a minute).
+        assert status == 431
+        assert refusal(headers, answer)["code"] == "request_header_fields_too_large"
 
 
 class TestTheParsersWork:
