@@ -48,6 +48,11 @@ _DEFAULT_TEMPERATURE = 1.0
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
+#: Characters of a client's model name that an error quotes back (the name may be as long
+#: as a body is: the answer stays small).
+_ECHOED = 256
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A validated generation request.
@@ -179,9 +184,10 @@ class Validator:
     def check_model(self, model: str | None) -> None:
         """A request may name the served model, or none."""
         if model is not None and model != self.model:
+            named = model if len(model) <= _ECHOED else model[:_ECHOED] + "..."
             raise HTTPError(
                 404,
-                f"the model {model!r} does not exist: this server serves {self.model!r}",
+                f"the model {named!r} does not exist: this server serves {self.model!r}",
                 param="model",
                 code="model_not_found",
             )

@@ -243,6 +243,9 @@ class TestWithTheOpenAIClient:
         with pytest.raises(openai.NotFoundError) as missing:
             await client.chat.completions.create(model="gpt-4", messages=CHAT)
         assert missing.value.code == "model_not_found"
+        with pytest.raises(openai.NotFoundError) as long_name:
+            await client.chat.completions.create(model="m" * 60_000, messages=CHAT)
+        assert len(long_name.value.message) < 1_000  # the name quoted in part
         with pytest.raises(openai.BadRequestError) as tools:
             await client.chat.completions.create(
                 model=BUNDLED_MODEL_ID,
