@@ -111,6 +111,15 @@ def bind_pull(
     sock.setsockopt(zmq.RCVHWM, options.rcvhwm)
     sock.setsockopt(zmq.MAXMSGSIZE, options.max_message_size)
     sock.setsockopt(zmq.LINGER, 0)
+    if options.transport == "tcp":
+        # A peer whose host vanished sends no FIN: ZeroMQ's own heartbeat (answered by the
+        # peer's I/O thread, whatever its event loop does) ends such a connection after
+        # three unanswered, and a handshake gets two heartbeats, not libzmq's 30 s, so
+        # strangers that connect and stall hold their descriptors that much less.
+        beat = max(round(options.heartbeat * 1000), 1)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, beat)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * beat)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, 2 * beat)
     try:
         make_server(sock, keys)
         if options.transport == "ipc":

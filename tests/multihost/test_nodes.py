@@ -324,6 +324,36 @@ class TestDeathAcrossHosts:
                 hosts.restore()
             assert down.cause is Cause.NOCONNECTION, down
 
+    async def test_connections_from_a_host_that_vanished_are_closed(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        async with two_hosts(hosts, tmp_path) as (system, node):
+            echo = await system.spawn(Echo, 1, node="b", name="echo")
+            assert await echo.ask(Ping(n=1)) == Pong(n=1)  # b's processes connected here
+            assert established_from(hosts.b)
+            hosts.cut()
+            try:
+                node.kill()  # b's processes end; no FIN or RST crosses the cut to here
+                # ZeroMQ's heartbeat ends them (3 heartbeats unanswered); before, they
+                # stayed established for good, a descriptor each.
+                for _ in range(100):  # 10 s: the kernel's table, read from outside
+                    if not established_from(hosts.b):
+                        break
+                    await anyio.sleep(0.1)  # sync-ok: polling the kernel's connection table
+                else:
+                    pytest.fail(f"still established from {hosts.b}: {established_from(hosts.b)}")
+            finally:
+                hosts.restore()
+
+
+def established_from(host: str) -> list[str]:
+    """The tcp connections of this host established with ``host`` (``ss``'s lines)."""
+    lines = subprocess.run(
+        ["ss", "-Htn", "state", "established", "dst", host],
+        capture_output=True, text=True, check=True, timeout=10,
+    ).stdout  # fmt: skip
+    return lines.splitlines()
+
 
 class TestTheRootsTable:
     """JOIN and NODES as the root answers them (its own reply inbox asked, on one host)."""
