@@ -398,7 +398,9 @@ async def main_job(args: argparse.Namespace, console: Console) -> int:
 
 USAGE = """python -m actors [options]          the main job (what `make run` runs)
        python -m actors serve [options]    the OpenAI-compatible server
-       python -m actors make-model DIR     the tiny llama.cpp test model"""
+       python -m actors load --url URL     a streaming load against a server
+       python -m actors make-model DIR     the tiny llama.cpp test model
+       python -m actors make-hf-model DIR  the tiny vLLM test model"""
 
 COMMANDS = """\
 commands:
@@ -409,9 +411,15 @@ commands:
                           (python -m actors --help: its options, below)
   python -m actors serve  serve the OpenAI-compatible API on one port until Ctrl-C
                           (python -m actors serve --help: its options)
+  python -m actors load --url URL
+                          closed-loop streaming clients against a server, and what they
+                          measured (python -m actors load --help)
   python -m actors make-model DIR
                           write a random-weight llama.cpp model and its tokenizer into DIR
-                          (the llamacpp extra; python -m actors make-model --help)"""
+                          (the llamacpp extra; python -m actors make-model --help)
+  python -m actors make-hf-model DIR
+                          write a weightless Hugging Face model directory vLLM loads with
+                          --load-format dummy (python -m actors make-hf-model --help)"""
 
 
 def build_parser() -> argparse.ArgumentParser:

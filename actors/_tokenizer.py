@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenizers import Tokenizer
+try:
+    from tokenizers import Tokenizer
+except ImportError as err:  # the `pipeline` (or `serve`) extra
+    raise ImportError(
+        f"the pipeline needs Hugging Face tokenizers ({err}); install it with: "
+        "pip install 'tokenyard[pipeline]' (in a checkout: pip install -e '.[pipeline]')"
+    ) from err
 
 if TYPE_CHECKING:
     import os

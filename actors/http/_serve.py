@@ -645,8 +645,8 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                     pipeline.system.save_credentials(args.credentials, collector=pipeline.collector)
                 keyed = ", API key required" if config.api_key is not None else ""
                 sys.stdout.write(
-                    f"serving {server.url} with {args.workers} workers and "
-                    f"{args.detokenizers} detokenizer(s){keyed}; Ctrl-C or SIGTERM drains "
+                    f"serving {server.url} with {_count(args.workers, 'worker')} and "
+                    f"{_count(args.detokenizers, 'detokenizer')}{keyed}; Ctrl-C or SIGTERM drains "
                     "and stops\n"
                 )
                 sys.stdout.flush()
@@ -700,6 +700,11 @@ async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:
             )
             tg.start_soon(server.drain, 0.0)
     return 0 if drained and drained[0] else 1
+
+
+def _count(n: int, what: str) -> str:
+    """``"1 worker"``, ``"2 workers"``."""
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _first_failure(err: SpawnError) -> str:

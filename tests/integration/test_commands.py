@@ -45,6 +45,20 @@ class TestActorsHelp:
         assert "pip install 'tokenyard[bench]'" in done.stderr
         assert "python -m actors serve, the server, needs only the serve extra" in done.stderr
 
+    def test_without_tokenizers_the_pipeline_names_the_extra_to_install(self) -> None:
+        # What `pip install -e .` gives: the runtime alone.
+        done = run("-c", "import sys; sys.modules['tokenizers'] = None; import actors")
+        assert done.returncode == 1
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("ImportError: the pipeline needs Hugging Face tokenizers")
+        assert "pip install -e '.[pipeline]'" in last
+
+    def test_the_usage_names_every_command(self) -> None:
+        done = run("-m", "actors", "--help")
+        assert done.returncode == 0
+        for command in ("serve", "load --url URL", "make-model DIR", "make-hf-model DIR"):
+            assert f"python -m actors {command}" in done.stdout
+
     def test_make_models_own_help_names_what_it_writes(self) -> None:
         done = run("-m", "actors", "make-model", "--help")
         assert done.returncode == 0, done.stderr
