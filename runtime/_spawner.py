@@ -242,8 +242,9 @@ class Spawner:
             if not start.done.is_set():  # it never started: its spawn fails
                 error = None if ending is None or ending.error is None else sole_error(ending.error)
                 why = "was stopped before its on_start returned"
-                if error is not None:
-                    why = f"failed in on_start: {error!r}"
+                if error is not None:  # its first line: a remote traceback stays in its cause
+                    first = str(error).partition("\n")[0]
+                    why = f"failed in on_start: {type(error).__name__}: {first}"
                 cause = Cause.CANCELLED if error is None else Cause.EXCEPTION
                 self.children.died(child, Down(ref=child.ref, cause=cause, reason=why))
                 start.error = SpawnError(f"actor {child.ref.name!r} {why}")

@@ -254,8 +254,10 @@ class TestDeaths:
         last = done.stderr.splitlines()[-1]
         assert last.startswith("the pipeline did not start: actor 'scheduler' failed to start")
         assert "could not load" in last
-        # The scheduler's own log has its traceback; serve does not repeat it, level by level.
+        # The scheduler's own log has its traceback; serve does not repeat it, level by level,
+        # nor as the escaped text of a repr in the supervisor's death.
         assert "The above exception was the direct cause" not in done.stderr
+        assert "\\n--- remote traceback ---" not in done.stderr
 
 
 async def scheduler_stats(pipeline: Pipeline) -> SchedulerStatistics:
