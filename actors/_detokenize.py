@@ -6,7 +6,9 @@ Two layers, each with its own invariant:
    already-committed prefix, ``ids[surr:read]``; the new text is the difference. A piece
    that ends in U+FFFD may be an incomplete multi-byte character, so that last character
    is held back (and the offsets stay put) until a later token completes it or the request
-   finishes. Joined, the committed pieces equal the tokenizer's one-shot decode.
+   finishes (a run of them, with a byte-fallback decoder, which gives one per byte token;
+   the window also waits after ids that decode to nothing, to keep the left context a
+   decoder needs). Joined, the committed pieces equal the tokenizer's one-shot decode.
 2. **Stop strings.** Committed text is searched for stop strings, across push boundaries;
    text that might be the start of a stop string is held back until it is known not to
    be one, so the stream can be cut before the stop string without retracting anything.
@@ -14,7 +16,6 @@ Two layers, each with its own invariant:
 
 from __future__ import annotations
 
-import re
 from codecs import utf_8_decode
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -32,6 +33,12 @@ __all__ = (
 )
 
 _REPLACEMENT = "\ufffd"
+#: Pushes of ids in a row that a window keeps uncommitted, at most, waiting for a character
+#: to complete (at most three byte tokens more, a skipped special token or two between
+#: them) or for text after tokens that decode to nothing: then what they decode to is
+#: committed as it is (a stream of invalid bytes, say), so that the window, and each
+#: push's decode, stays a few pushes long.
+_MAX_WAITS = 32
 
 OriginT = TypeVar("OriginT", bound=Hashable)
 
@@ -64,10 +71,13 @@ class IncrementalDetokenizer:
     """Turns one request's output token ids into text pieces that are safe to stream.
 
     The pieces returned by `push`, joined, equal
-    ``tokenizer.decode(all_ids, skip_special_tokens=...)`` whatever the chunking; with stop
-    strings they equal that text cut before the earliest stop string (kept through it
-    with ``no_stop_trim``). The earliest stop string is the one that is complete first,
-    i.e. whose first occurrence ends first; on a tie the longer one wins.
+    ``tokenizer.decode(all_ids, skip_special_tokens=...)`` whatever the chunking (with a
+    byte-fallback tokenizer, whenever its byte tokens make valid UTF-8: its decoder turns
+    a whole run of byte tokens into U+FFFD when any of them is invalid, which text already
+    streamed cannot follow); with stop strings they equal that text cut before the
+    earliest stop string (kept through it with ``no_stop_trim``). The earliest stop string
+    is the one that is complete first, i.e. whose first occurrence ends first; on a tie the
+    longer one wins.
 
     With a byte-level BPE tokenizer (``actors._byte_table``), a push looks each new id's
     bytes up in a table built once per tokenizer and decodes them with an incremental
@@ -115,14 +125,17 @@ class IncrementalDetokenizer:
         # A stop string straddling pushes starts at most len-1 characters before the new
         # text, so that much trailing context is enough to find it.
         self._context_len = max(longest - 1, 0)
-        prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
-        # The longest suffix that is a proper prefix of a stop string starts at the
-        # leftmost position where one of them matches through to the end.
-        self._held_suffix = (
-            re.compile("(?:" + "|".join(map(re.escape, sorted(prefixes))) + r")\Z")
-            if prefixes
-            else None
-        )
+        # The proper prefixes of the stop strings, by their last character, longest first:
+        # the held suffix is the longest of those ending as the text does, and only those
+        # are compared. (A regular expression of every prefix grew with the square of a
+        # stop string's length: 16 stops of 256 characters took a second to compile.)
+        ends: dict[str, list[tuple[int, str]]] = {}
+        for stop_string in self._stops:
+            for k in range(1, len(stop_string)):
+                ends.setdefault(stop_string[k - 1], []).append((k, stop_string))
+        for candidates in ends.values():
+            candidates.sort(key=lambda candidate: -candidate[0])
+        self._prefix_ends = ends
 
         # Layer 1: ids[surr:] is kept as _window; _window[:_prefix_len] is ids[surr:read].
         self._window: list[int] = []
@@ -131,6 +144,8 @@ class IncrementalDetokenizer:
         # Characters of the uncommitted tail's text already passed on (all but a possibly
         # incomplete last character).
         self._tail_emitted = 0
+        # Pushes in a row that left their ids uncommitted (`_MAX_WAITS`).
+        self._waited = 0
 
         # Layer 2: the last _context_len characters of committed text, of which the last
         # _held characters (a possible stop-string start) have not been returned yet.
@@ -228,22 +243,33 @@ class IncrementalDetokenizer:
             )
         full = self._tokenizer.decode(window, skip_special_tokens=self._skip_special_tokens)
         tail = full[len(self._prefix_text) :]
-        if tail.endswith(_REPLACEMENT) and not finished:
+        held = self._waited < _MAX_WAITS and not finished
+        if held and tail.endswith(_REPLACEMENT):
             # Possibly the first bytes of a character whose last bytes are still to come.
-            # Lossy UTF-8 decoding makes an incomplete ending a single U+FFFD and leaves
-            # everything before it final, so only that one character waits.
-            ready = len(tail) - 1
+            # Lossy UTF-8 decoding makes an incomplete ending one U+FFFD, a byte-fallback
+            # decoder one per byte token (Llama's, Mistral's): the trailing run waits.
+            ready = len(tail.rstrip(_REPLACEMENT))
             piece = tail[self._tail_emitted : ready]
             self._tail_emitted = max(self._tail_emitted, ready)
+            self._waited += bool(new_ids)
             return piece
+        if held and not tail:
+            # Ids that decode to nothing (a skipped special token) or none at all: the
+            # window keeps its prefix, the left context of the text to come (a decoder
+            # drops the space that starts a text, and WordPiece glues a "##" piece to
+            # what is before it).
+            self._waited += bool(new_ids)
+            return ""
         piece = tail[self._tail_emitted :]
         # Commit: the window slides so the ids just decoded become the next prefix (the
         # decoder sees a little left context, which decoders that strip a leading space
-        # need), and everything older is dropped.
+        # need), and everything older is dropped. After `_MAX_WAITS` pushes that waited
+        # it slides whatever their text, so that a push's cost stays bounded.
         del window[: self._prefix_len]
         self._prefix_len = len(window)
         self._prefix_text = None
         self._tail_emitted = 0
+        self._waited = 0
         return piece
 
     def _filter_stops(self, text: str, finished: bool) -> str:
@@ -284,10 +310,12 @@ class IncrementalDetokenizer:
 
     def _held_suffix_len(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of a stop."""
-        if self._held_suffix is None:
+        if not buf:
             return 0
-        found = self._held_suffix.search(buf, max(len(buf) - self._context_len, 0))
-        return 0 if found is None else len(buf) - found.start()
+        for k, stop in self._prefix_ends.get(buf[-1], ()):
+            if k <= len(buf) and buf.endswith(stop[:k]):
+                return k
+        return 0
 
 
 class DetokenizerStates(Generic[OriginT]):
