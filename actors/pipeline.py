@@ -149,7 +149,8 @@ def _typed(
     Python checks none): a wrong one would make the worker refuse the message unanswered.
 
     Raises:
-        InvalidRequestError: A value of the wrong type, or an integer the wire cannot carry.
+        InvalidRequestError: A value of the wrong type, an integer the wire cannot carry, or
+            text with a lone surrogate.
     """
     try:
         sampling = msgspec.convert(msgspec.structs.asdict(sampling), SamplingParams)
@@ -157,8 +158,13 @@ def _typed(
             msgspec.convert(sampling.seed, _WireInt)
         if not isinstance(text, str):
             text = msgspec.convert(text, list[_WireInt])
+        # A lone surrogate is no Unicode that UTF-8, and so msgpack, can carry.
+        for piece in (*sampling.stop, *((text,) if isinstance(text, str) else ())):
+            piece.encode()
     except msgspec.ValidationError as err:
         raise InvalidRequestError(f"a value of the wrong type or size: {err}") from None
+    except UnicodeEncodeError as err:
+        raise InvalidRequestError(f"text that is not valid Unicode: {err}") from None
     return sampling, text
 
 

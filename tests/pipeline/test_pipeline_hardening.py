@@ -720,6 +720,9 @@ class TestWhatACallerMayGetWrong:
             for ids in ([1.0, 2.0], ["a"], [1 << 64]):
                 with anyio.fail_after(10), pytest.raises(InvalidRequestError, match="wrong type"):
                     await p.generate(ids)  # type: ignore[arg-type]
+            for text, stop in (("hi \ud800", ()), ("hi", ["\udfff"])):  # lone surrogates
+                with anyio.fail_after(10), pytest.raises(InvalidRequestError, match="Unicode"):
+                    await p.generate(text, stop=stop)
             assert (await p.generate("hi", max_new_tokens=2, seed=3)).completion_tokens >= 1
 
     async def test_a_pipeline_opens_once(self) -> None:
