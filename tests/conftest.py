@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import select
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +14,20 @@ import pytest
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+
+
+def exits_within(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` has exited within ``timeout`` seconds (a zombie counts), waited on its
+    pidfd (an event, not a timer loop), without reaping it. A pid already reaped has exited
+    too: ``pidfd_open`` then finds no such process."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import tempfile
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from actors import Pipeline
 from runtime import ActorRef, ActorSystem, ChildSpec, SpawnError, Supervisor, WhichChildren
-from tests.conftest import actor_pids, child_pids
+from tests.conftest import actor_pids, child_pids, exits_within
 
 from ._forked import ExitWith, Forked, Here, Tokenize, Tokenizing, WhereAmI
 from ._threaded import Threaded
@@ -38,20 +37,6 @@ async def where(ref: ActorRef[Any]) -> Here:
     here = await ref.ask(WhereAmI())
     assert isinstance(here, Here)
     return here
-
-
-def wait_exited(pid: int, timeout: float) -> bool:
-    """Wait on ``pid``'s pidfd until it has exited (a zombie counts), without reaping it.
-    A pid already reaped (the system reaps its fork server as soon as it exits) has
-    exited too: ``pidfd_open`` then finds no such process."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
 
 
 def threads_of(pid: int) -> int:
@@ -187,7 +172,7 @@ class TestForkServerDeath:
             old = server_of(system)
             assert old.pid is not None
             os.kill(old.pid, signal.SIGKILL)
-            assert wait_exited(old.pid, 5.0)
+            assert exits_within(old.pid, 5.0)
             assert (await where(ref)).ppid == os.getpid()  # not the server's: untouched
             other = await where(await system.spawn(Forked, name="other"))
             new = server_of(system)
@@ -229,7 +214,7 @@ class TestForkServerDeath:
                     await system.spawn(Forked, name="stuck", spawn_timeout=1.0)
                 server = server_of(system)
                 assert server.pid is not None
-                assert wait_exited(server.pid, 5.0)  # killed, as stuck
+                assert exits_within(server.pid, 5.0)  # killed, as stuck
                 assert actor_pids() - {server.pid} == set()  # it forked nothing
 
 
@@ -257,7 +242,7 @@ class TestThreads:
                 refusing = system.launcher.server
                 assert refusing is not None
                 assert refusing.pid is not None
-                assert wait_exited(refusing.pid, 5.0)  # it forks no more
+                assert exits_within(refusing.pid, 5.0)  # it forks no more
                 # Others are still forked, by a new server that never imported it.
                 forked = await where(await system.spawn(Forked, name="forked"))
                 new = server_of(system)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -18,24 +17,12 @@ import pytest
 
 from runtime import Actor, ActorSystem, Cause, Message, Request, handler
 from runtime._children import TERM_GRACE
+from tests.conftest import exits_within
 
 from ._actors import Echo, Ping, Pong, Slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    """Wait on the process's pidfd (an event, not a timer loop) until it exits."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        ready, _, _ = select.select([fd], [], [], timeout)
-        return bool(ready)
-    finally:
-        os.close(fd)
 
 
 def run_script(name: str, *args: str) -> subprocess.Popen[str]:
@@ -73,7 +60,7 @@ class TestParentDeath:
             assert len(pids) == expected + servers
             parent.send_signal(signal.SIGKILL)
         for pid in pids:
-            assert wait_gone(pid, 2.0), f"actor process {pid} outlived the root"
+            assert exits_within(pid, 2.0), f"actor process {pid} outlived the root"
         # With the root gone, its children removed the system directory on their way out.
         assert not Path(report["dir"]).exists()
 
@@ -105,7 +92,7 @@ class TestEscalation:
             parent = await system.spawn(StubbornParent, name="parent", shutdown_timeout=0.5)
             grandchild: StubbornSpawned = await parent.ask(SpawnStubborn())
         try:
-            assert wait_gone(grandchild.pid, 5.0), "the grandchild outlived the system"
+            assert exits_within(grandchild.pid, 5.0), "the grandchild outlived the system"
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(grandchild.pid, signal.SIGKILL)
@@ -122,7 +109,7 @@ class TestEscalation:
                 down = await watch
             try:
                 # Its own child goes with it, however that ignores SIGTERM.
-                assert wait_gone(grandchild.pid, 5.0), "the grandchild outlived its parent"
+                assert exits_within(grandchild.pid, 5.0), "the grandchild outlived its parent"
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(grandchild.pid, signal.SIGKILL)

@@ -24,18 +24,6 @@ def running(pid: int) -> bool:
         os.close(fd)
 
 
-def exits_within(pid: int, timeout: float) -> bool:
-    """Whether ``pid`` exits within ``timeout`` seconds: its pidfd, waited on (an event)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout)[0])
-    finally:
-        os.close(fd)
-
-
 async def replacement(sup: ActorRef[Any], old: ActorRef[Any]) -> ActorRef[Any]:
     """The incarnation that replaced ``old`` under ``sup`` (asked once it is known dead)."""
     with anyio.fail_after(30):

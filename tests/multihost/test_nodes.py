@@ -29,6 +29,7 @@ from runtime import (
 )
 from runtime._auth import Keys
 from runtime._protocol import Kind, NodeHello, body_encoder, nodes_decoder
+from tests.conftest import exits_within
 from tests.integration._actors import (
     Collector,
     Echo,
@@ -44,7 +45,7 @@ from tests.integration._actors import (
     Tick,
     Worker,
 )
-from tests.multihost._support import exits_within, replacement, running
+from tests.multihost._support import replacement, running
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
