@@ -427,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m actors make-model",
         description="Write a tiny random-weight llama.cpp model (DIR/model.gguf) with a "
         "tokenizer's vocabulary, beside the tokenizer and its chat template. Serve it with "
-        "`python -m actors serve --tokenizer DIR`; a llama.cpp engine loads DIR/model.gguf.",
+        "`python -m actors serve --engine llamacpp --model DIR` (the tokenizer in DIR is "
+        "then the default --tokenizer).",
     )
     parser.add_argument("directory", type=Path, metavar="DIR", help="where to write")
     parser.add_argument(

@@ -391,9 +391,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="the system's credentials file (serve --credentials PATH writes it)",
     )
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between refreshes (%(default)s)"
+    )
     parser.add_argument("--once", action="store_true", help="print one view and exit")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for an answer (%(default)s)"
+    )
     return parser
 
 

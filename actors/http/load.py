@@ -564,16 +564,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         refused (one line on stderr says which).
     """
     parser = argparse.ArgumentParser(
-        prog="python -m actors load", description=(__doc__ or "").splitlines()[0]
+        prog="python -m actors load",
+        description="A streaming load against an OpenAI-compatible server; prints what it "
+        "measured as JSON.",
     )
     parser.add_argument(
         "--url", required=True, help="http://host:port of the server (a path is ignored)"
     )
-    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--duration", type=float, help="seconds to run")
-    parser.add_argument("--requests", type=int, help="requests to send (default 100)")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--api", choices=("completions", "chat"), default="completions", help="(%(default)s)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="closed-loop clients (%(default)s)"
+    )
+    parser.add_argument(
+        "--duration", type=float, help="seconds to run, however many requests that is"
+    )
+    parser.add_argument(
+        "--requests", type=int, help="requests to send (default 100 when --duration is not given)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=32, help="max_tokens of each request (%(default)s)"
+    )
     parser.add_argument("--model")
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     parser.add_argument("--json", help="write every record here")
