@@ -468,7 +468,10 @@ class OpenAIApp:
         why = bound.engine.not_ready()
         if why is not None:
             raise HTTPError(503, why, code="service_unavailable", headers=((b"retry-after", b"1"),))
-        await ex.send({"type": "http.response.start", "status": 200, "headers": []})
+        # With its length: an answer without one goes chunked, which HTTP/1.0 has not.
+        await ex.send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]}
+        )
         await ex.send({"type": "http.response.body", "body": b""})
 
     # -- helpers --------------------------------------------------------------------------
@@ -501,6 +504,15 @@ class OpenAIApp:
             raise engine_failure(err) from err
 
     async def _stream(self, ex: _Exchange, bound: _Bound, prepared: Prepared, chat: bool) -> None:
+        if ex.scope.get("http_version") == "1.0":
+            # A stream's length is known only at its end: HTTP/1.1 sends it in chunks, which
+            # HTTP/1.0 has not (uvicorn would send them anyway, into the event stream).
+            raise HTTPError(
+                505,
+                "a streamed answer needs HTTP/1.1 (its chunked transfer encoding): send the "
+                "request over HTTP/1.1, or without stream",
+                code="http_version_not_supported",
+            )
         fmt = ChunkFormat(
             chat=chat,
             rid=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",

@@ -514,6 +514,33 @@ class TestAStreamWithARequestPipelinedBehindIt:
         assert b"HTTP/1.1" not in after or b"HTTP/1.1 408 " in after
 
 
+class TestHTTP10Clients:
+    """HTTP/1.0 has no chunked transfer encoding: an answer to it has a length, or is
+    refused when it cannot have one (a stream)."""
+
+    async def test_health_and_a_whole_completion_come_with_their_length(
+        self, server: Server
+    ) -> None:
+        status, headers, body = await exchange(server, b"GET /health HTTP/1.0\r\n\r\n")
+        assert (status, headers.get("content-length"), body) == (200, "0", b"")
+        assert "transfer-encoding" not in headers
+        whole = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+        request = b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+        request += b"content-length: %d\r\n\r\n%s" % (len(whole), whole)
+        status, headers, body = await exchange(server, request)
+        assert status == 200
+        assert "transfer-encoding" not in headers
+        assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+
+    async def test_a_stream_asked_over_http10_is_refused_505(self, server: Server) -> None:
+        request = b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+        request += b"content-length: %d\r\n\r\n%s" % (len(STREAM), STREAM)
+        status, headers, body = await exchange(server, request)
+        assert status == 505
+        assert "transfer-encoding" not in headers
+        assert json.loads(body)["error"]["code"] == "http_version_not_supported"
+
+
 class TestChunkedBodies:
     @pytest.mark.parametrize("where", ["trailer", "extension"])
     async def test_a_trailer_or_chunk_extension_without_end_is_refused_431(
