@@ -286,7 +286,7 @@ class NodeService:
         try:
             while True:
                 try:
-                    await station.request(self.root, Kind.JOIN, hello, beat)
+                    answer = await station.request(self.root, Kind.JOIN, hello, beat)
                 except AskTimeoutError:
                     # Ask again (the wait was the pacing). A wrong address, a cut network
                     # and another system's key all look like this from here.
@@ -305,6 +305,10 @@ class NodeService:
                     )
                     await anyio.sleep(beat / 4)  # sync-ok: the pace of asking again
                     continue
+                # The root's own address, as its pings name it: the one this node was given
+                # may be spelled otherwise (a host name), and would never match them.
+                with contextlib.suppress(msgspec.DecodeError):
+                    self.root = nodes_decoder.decode(answer).root or self.root
                 lost = asyncio.Event()
                 station.heartbeat.link(self.root, _setter(lost))
                 self._root_pinged = time.monotonic()

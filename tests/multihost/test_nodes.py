@@ -430,6 +430,39 @@ class TestTheNodeCommand:
         assert system.address in line
         assert "system.key" in line
 
+    async def test_a_node_given_the_roots_host_name_joins_once(self, tmp_path: Path) -> None:
+        keys = tmp_path / "keys"
+        async with ActorSystem(
+            name="root", transport="tcp", tcp_host="127.0.0.1", keys=keys, heartbeat=0.5
+        ) as system:
+            port = system.address.rpartition(":")[2]
+            command = [sys.executable, "-m", "runtime", "node", "--name", "b"]
+            command += ["--system", f"tcp://localhost:{port}", "--keys", str(keys)]
+            command += ["--host", "127.0.0.1", "--heartbeat", "0.5"]
+            node = await anyio.to_thread.run_sync(
+                lambda: subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            )
+            try:
+                with anyio.fail_after(20):
+                    first = await anyio.to_thread.run_sync(
+                        first_line_with, node.stdout, " joined ", abandon_on_cancel=True
+                    )
+                assert first
+                # The root's pings name it by its address, not by "localhost": before, the
+                # node took them for a stranger's, counted the root lost and joined again
+                # at every heartbeat. Six heartbeats without a second join (an absence can
+                # only be waited for).
+                with anyio.move_on_after(3.0):
+                    again = await anyio.to_thread.run_sync(
+                        first_line_with, node.stdout, " joined ", abandon_on_cancel=True
+                    )
+                    pytest.fail(f"the node joined again: {again}")
+            finally:
+                node.kill()
+                node.wait()
+                if node.stdout is not None:
+                    node.stdout.close()
+
     def test_keys_it_cannot_use_and_a_wildcard_host_exit_2_in_one_line(
         self, tmp_path: Path
     ) -> None:
