@@ -253,9 +253,16 @@ class BoundedProtocol(HttpToolsProtocol):
             else:
                 self._invalid_requests.warning("Invalid HTTP request received.")
                 # The parser's reason is one of its own fixed phrases, never the client's
-                # bytes ("Invalid HTTP version", "Duplicate Content-Length").
+                # bytes ("Invalid HTTP version", "Duplicate Content-Length"); a callback's
+                # failure is uvicorn's refusal of a request line (a CONNECT target, a path
+                # that is not ASCII), which the phrase does not say.
+                why = (
+                    "its method or target cannot be served"
+                    if isinstance(err, httptools.HttpParserCallbackError)
+                    else str(err)
+                )
                 self._refuse(
-                    400, f"the request is not valid HTTP/1.1: {err}", "invalid_http_request"
+                    400, f"the request is not valid HTTP/1.1: {why}", "invalid_http_request"
                 )
             return False
         return True

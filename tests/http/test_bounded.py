@@ -205,8 +205,9 @@ class TestRequestsThatAreNotHTTP:
                 HEAD + b"content-length: 2\r\ncontent-length: 2\r\n\r\n{}",
                 "Duplicate Content-Length",
             ),
+            (b"CONNECT x:443 HTTP/1.1\r\nhost: x\r\n\r\n", "its method or target cannot"),
         ],
-        ids=["version", "method", "duplicate-content-length"],
+        ids=["version", "method", "duplicate-content-length", "connect"],
     )
     async def test_a_request_the_parser_cannot_read_gets_400_as_an_openai_error(
         self, server: Server, request_bytes: bytes, reason: str
