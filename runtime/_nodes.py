@@ -132,19 +132,18 @@ async def spawn_on(
     lost = asyncio.Event()
     on_lost = _setter(lost)
     # A heartbeat with the node while it answers: a node lost meanwhile fails the spawn
-    # within the heartbeat's bound, not at the end of the spawn's whole timeout.
+    # within the heartbeat's bound, not at the end of the spawn's whole timeout. (Plain
+    # tasks, not a task group: its errors would come wrapped in an ExceptionGroup.)
     station.heartbeat.link(info.address, on_lost)
+    asking = asyncio.ensure_future(
+        station.request(info.address, Kind.SPAWN, _encode(request), timeout)
+    )
+    watching = asyncio.ensure_future(lost.wait())
     body: bytes | None = None
     try:
-        async with anyio.create_task_group() as tg:
-
-            async def fail_when_lost() -> None:
-                await lost.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(fail_when_lost)
-            body = await station.request(info.address, Kind.SPAWN, _encode(request), timeout)
-            tg.cancel_scope.cancel()
+        await asyncio.wait((asking, watching), return_when=asyncio.FIRST_COMPLETED)
+        if asking.done():
+            body = asking.result()
     except AskTimeoutError as err:
         raise SpawnError(
             f"node {info.name!r} did not start {request.target.name!r}: {err}"
@@ -154,6 +153,8 @@ async def spawn_on(
             f"node {info.name!r} could not start {request.target.name!r}: {err}"
         ) from err
     finally:
+        asking.cancel()
+        watching.cancel()
         station.heartbeat.unlink(info.address, on_lost)
     if body is None:  # the node was lost first
         raise SpawnError(

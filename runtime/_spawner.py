@@ -338,6 +338,10 @@ class Spawner:
         # its lease, and the actor would live for ever.
         outcome: asyncio.Future[RemoteSpawned] = asyncio.get_running_loop().create_future()
 
+        def kill(answer: RemoteSpawned) -> None:
+            body = RemoteKill(answer.address, int(signal.SIGKILL), "its spawn was given up")
+            station.notify(info.address, Kind.KILL, body_encoder.encode(body))
+
         async def ask_node() -> None:
             try:
                 answer = await spawn_on(system, info, request, answer_within)
@@ -350,14 +354,18 @@ class Spawner:
                     outcome.set_exception(SpawnError(f"{target.name!r}: the system closed"))
                 raise
             if outcome.done():  # given up
-                kill = RemoteKill(answer.address, int(signal.SIGKILL), "its spawn was given up")
-                station.notify(info.address, Kind.KILL, body_encoder.encode(kill))
+                kill(answer)
             else:
                 outcome.set_result(answer)
 
         system.start_task(ask_node)
         try:
             spawned = await outcome
+        except BaseException:
+            # Given up in the very turn its answer came: nobody will take that actor.
+            if outcome.done() and not outcome.cancelled() and outcome.exception() is None:
+                kill(outcome.result())
+            raise
         finally:
             outcome.cancel()  # a no-op once it has its answer
         ref: ActorRef[Any] = ActorRef(

@@ -428,6 +428,21 @@ class StartsSlowly(Actor[Ping]):
         return Pong(n=msg.n)
 
 
+class FailsOnHost(Actor[Ping]):
+    """Fails in ``on_start`` when it runs on ``host`` (its mailbox's tcp address says so)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    async def on_start(self) -> None:
+        if self.ref.address.startswith(f"tcp://{self.host}:"):
+            raise RuntimeError(f"not on {self.host}")
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
 class StartsThenWaits(Actor[Ping | GetPid]):
     """Reports its start to ``report_to`` from ``on_start``, which then never returns (from
     incarnation ``holds_from`` on): a spawn, or a restart, that stays under way for as long

@@ -33,6 +33,7 @@ from tests.conftest import exits_within
 from tests.integration._actors import (
     Collector,
     Echo,
+    FailsOnHost,
     Forward,
     Gathered,
     GetCount,
@@ -174,6 +175,23 @@ class TestAnActorOnAnotherHost:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         line = next(row for row in limits.splitlines() if row.startswith("Max open files"))
         assert line.split()[3:5] == [str(hard), str(hard)]
+
+    async def test_a_remote_start_that_fails_is_a_spawn_error_and_a_child_moves_on(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        async with two_hosts(hosts, tmp_path) as (system, _node):
+            with pytest.raises(SpawnError, match=f"not on {hosts.b}"):
+                await system.spawn(FailsOnHost, hosts.b, node="b", name="fails")
+            # A child placed on b, then here, starts here: its supervisor moves on from a
+            # SpawnError only.
+            await system.spawn(
+                Supervisor,
+                children=[ChildSpec(FailsOnHost, args=(hosts.b,), name="w", node=("b", ""))],
+                name="sup",
+            )
+            child = await system.lookup("w")
+            assert on_host(child, hosts.a)
+            assert await child.ask(Ping(n=3)) == Pong(n=3)
 
     async def test_a_remote_spawn_given_up_leaves_no_actor_on_the_node(
         self, hosts: Hosts, tmp_path: Path
