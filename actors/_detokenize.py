@@ -260,6 +260,12 @@ class IncrementalDetokenizer:
             # what is before it).
             self._waited += bool(new_ids)
             return ""
+        if not tail and not finished:
+            # Past `_MAX_WAITS` of them: ids that add no text leave the window, which keeps
+            # its prefix (sliding would make them the next left context, and lose it).
+            del window[self._prefix_len :]
+            self._waited = 0
+            return ""
         piece = tail[self._tail_emitted :]
         # Commit: the window slides so the ids just decoded become the next prefix (the
         # decoder sees a little left context, which decoders that strip a leading space

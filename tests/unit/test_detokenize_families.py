@@ -121,6 +121,11 @@ class TestLeftContext:
         pushes = [ids_of(LLAMA, "▁a"), ids_of(LLAMA, "</s>"), ids_of(LLAMA, "▁b")]
         assert streamed(LLAMA, pushes) == LLAMA.decode(joined(pushes)) == "a b"
 
+    @pytest.mark.parametrize("specials", [1, 32, 33, 100])
+    def test_any_run_of_skipped_special_tokens_keeps_the_space(self, specials: int) -> None:
+        pushes = [ids_of(LLAMA, "▁b"), *[ids_of(LLAMA, "</s>")] * specials, ids_of(LLAMA, "▁a")]
+        assert streamed(LLAMA, pushes) == LLAMA.decode(joined(pushes)) == "b a"
+
     def test_a_skipped_special_token_between_two_wordpiece_words_keeps_the_space(self) -> None:
         pushes = [
             ids_of(WORDPIECE, "hello"),
