@@ -25,6 +25,7 @@ __all__ = (
     "INLINE_CHARS",
     "PAD_TOKEN",
     "TOKENIZER_THREADS",
+    "decode_ids",
     "encode_ids",
     "eos_token_id",
     "load_tokenizer",
@@ -58,8 +59,8 @@ TOKENIZER_THREADS = 2
 """Threads of one tokenizing owner (an HTTP server's validator, a tokenizer worker)
 tokenizing long texts at once; more wait their turn."""
 
-#: Longest text (in characters) tokenized with the single call, which holds the GIL.
-_SINGLE_CALL_CHARS = 1024
+#: Longest text (in characters), or id list, done with the single call, which holds the GIL.
+_SINGLE_CALL = 1024
 
 
 def encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool = False) -> list[int]:
@@ -70,12 +71,22 @@ def encode_ids(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool = Fa
     batch, so that another thread (the event loop) runs meanwhile. Short ones take the
     single call, which costs less.
     """
-    if len(text) <= _SINGLE_CALL_CHARS:
+    if len(text) <= _SINGLE_CALL:
         ids: list[int] = tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
     (encoding,) = tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
     long_ids: list[int] = encoding.ids
     return long_ids
+
+
+def decode_ids(tokenizer: Tokenizer, ids: list[int], *, skip_special_tokens: bool) -> str:
+    """The text of ``ids``: many through the batch call, which lets go of the GIL, as
+    `encode_ids` does for a long text."""
+    if len(ids) <= _SINGLE_CALL:
+        text: str = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return text
+    (long_text,) = tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)
+    return str(long_text)
 
 
 def model_id_of(tokenizer: str | os.PathLike[str] | None) -> str:

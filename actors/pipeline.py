@@ -158,9 +158,11 @@ def _typed(
             msgspec.convert(sampling.seed, _WireInt)
         if not isinstance(text, str):
             text = msgspec.convert(text, list[_WireInt])
-        # A lone surrogate is no Unicode that UTF-8, and so msgpack, can carry.
+        # A lone surrogate is no Unicode that UTF-8, and so msgpack, can carry (an ASCII
+        # string, which CPython marks as one, has none: no prompt is encoded twice for it).
         for piece in (*sampling.stop, *((text,) if isinstance(text, str) else ())):
-            piece.encode()
+            if not piece.isascii():
+                piece.encode()
     except msgspec.ValidationError as err:
         raise InvalidRequestError(f"a value of the wrong type or size: {err}") from None
     except UnicodeEncodeError as err:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from actors._tokenizer import encode_ids, vocab_size
+from actors._tokenizer import decode_ids, encode_ids, vocab_size
 from runtime import TokenyardError
 
 if TYPE_CHECKING:
@@ -153,11 +153,6 @@ class Engine(Protocol):
         ...
 
 
-#: Longest id list decoded with the single, GIL-holding call (more go through the batch
-#: call, which lets go of it, as `actors._tokenizer.encode_ids` does for a long text).
-_SHORT = 1024
-
-
 class TokenizerFacts:
     """What an engine says about its model and tokenizer: the part of `Engine` both of
     tokenyard's engines share (they differ in how they generate).
@@ -211,13 +206,9 @@ class TokenizerFacts:
         return encode_ids(self._tokenizer, text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:
-        """The text of ``ids``, special tokens included (many through the batch call,
-        which lets go of the GIL)."""
-        if len(ids) <= _SHORT:
-            text: str = self._tokenizer.decode(ids, skip_special_tokens=False)
-            return text
-        texts: list[str] = self._tokenizer.decode_batch([ids], skip_special_tokens=False)
-        return texts[0]
+        """The text of ``ids``, special tokens included (many let go of the GIL while they
+        are decoded: `actors._tokenizer.decode_ids`)."""
+        return decode_ids(self._tokenizer, ids, skip_special_tokens=False)
 
     def not_ready(self) -> str | None:
         """Ready whenever asked: the pipeline's worker engine says otherwise while the
