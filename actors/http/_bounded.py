@@ -436,26 +436,19 @@ class BoundedProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         # The oldest request not answered yet: the one being answered, or the one whose
-        # head or body is refused (uvicorn's ``self.cycle`` is the newest).
-        cycle = self._open[0] if self._open else self.cycle
-        answered = cycle is not None and cycle.response_started and not cycle.response_complete
-        if cycle is not None and not cycle.response_complete:
-            # The application's requests are over: they hear a disconnect, and what they
-            # might still send goes nowhere.
-            cycle.disconnected = True
-            cycle.message_event.set()
+        # head or body is refused (uvicorn's ``self.cycle`` is the newest). Its answer, if
+        # it gets one here, carries its id, as the application's answers do; a head not
+        # read gets a new one.
+        cycle = next((c for c in self._open if not c.response_complete), None)
+        answered = cycle is not None and cycle.response_started
+        rid = None if cycle is None else request_id(cycle.scope, self._max_request_id)
+        # The application's requests are over: they hear a disconnect, and what they might
+        # still send goes nowhere.
         self._disconnect_all()
         if answered:
             # An answer has begun: the refusal cannot be written into its middle.
             self.transport.close()
             return
-        # The answer is the open request's when one is (its body stopped arriving, or could
-        # not be parsed): it carries that request's id, as the application's answers do; a
-        # head not read gets a new one.
-        rid = None
-        if cycle is not None and not cycle.response_complete:
-            scope: Any = cycle.scope  # uvicorn's TypedDict of the ASGI scope
-            rid = request_id(scope, self._max_request_id)
         self.transport.write(HTTPError(status, message, code=code).response(rid))
         # Closed lingering: the answer, then our end shut; what the client still sends is
         # read and dropped until it closes (or LINGER passes), so that unread bytes do not
