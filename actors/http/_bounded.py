@@ -11,7 +11,9 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
   then parsed in one go, so it costs time linear in its size (fed piece by piece, the
   parser copies a long header value anew for every piece). A head that does not end within
   `ServeConfig.max_header_bytes` gets 431, as does one with more than
-  `ServeConfig.max_headers` fields; nothing past the limit is kept or parsed.
+  `ServeConfig.max_headers` fields; nothing past the limit is kept or parsed. A head that
+  reaches the parser in the same read as the request before it is counted as it is
+  parsed, and held to the same bound.
 - **Pipelined requests.** At most `MAX_PIPELINED` requests wait behind the one being
   answered; a client that sends more before reading its answers gets those, and then the
   connection closes (what it sent past them is dropped, unread by the parser). Before, each
@@ -40,8 +42,9 @@ so the cost of a long head is quadratic) for as long as it likes. Here:
 A refusal (those, or a 400 for a request the parser cannot read) is an OpenAI-shaped JSON
 error with ``connection: close`` and an ``X-Request-Id`` (the request's own when its
 headers were read, else a new one), written by the protocol itself (no application task is
-started for a request that never completed its head), then the connection is closed
-lingering, as the port's owner closes its refusals (`actors.http._refuse`).
+started for a request that never completed its head), after the answers to the requests
+pipelined ahead of it, then the connection is closed lingering, as the port's owner closes
+its refusals (`actors.http._refuse`).
 """
 
 from __future__ import annotations
@@ -84,8 +87,8 @@ def _end_of_head(head: bytearray, start: int) -> int:
     return min(ends, default=-1)
 
 
-class _TooManyHeadersError(Exception):
-    """Raised in the parser's header callback: the parser stops at once."""
+class _HeadTooLargeError(Exception):
+    """Raised in the parser's URL or header callback: the parser stops at once."""
 
 
 class _TooManyPipelinedError(Exception):
@@ -129,10 +132,16 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head = bytearray()
         self._in_head = True
         self._headers = 0
-        self._too_many = False
+        #: Bytes of the request line's target and header fields the parser has given.
+        self._head_bytes = 0
+        #: Why the head being parsed is refused 431 (``None``: it is not).
+        self._too_large: str | None = None
         #: The parser stopped at a request past MAX_PIPELINED waiting ones.
         self._pipeline_full = False
         self._refused = False
+        #: A refusal of a pipelined request, written once the answers ahead of it are
+        #: complete: its status, message, code and request id.
+        self._deferred: tuple[int, str, str, bytes | None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         #: What the timer watches: `_HEAD`, `_BODY` or nothing.
         self._watching = 0
@@ -239,12 +248,8 @@ class BoundedProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
         except httptools.HttpParserError as err:
-            if self._too_many:
-                self._refuse(
-                    431,
-                    f"the request has more than {self._max_headers} header fields",
-                    "request_header_fields_too_large",
-                )
+            if self._too_large is not None:
+                self._refuse(431, self._too_large, "request_header_fields_too_large")
             elif self._pipeline_full:
                 # The requests parsed are answered, the last one closing the connection;
                 # the parser has stopped, so what comes is read and dropped.
@@ -287,13 +292,27 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._headers = 0
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers += 1
         if self._headers > self._max_headers:
-            self._too_many = True
-            raise _TooManyHeadersError
+            self._too_large = f"the request has more than {self._max_headers} header fields"
+            raise _HeadTooLargeError
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
         super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        """Count bytes of the head being parsed: a head pipelined in the same read as the
+        request before it reaches the parser without being gathered (and measured)."""
+        self._head_bytes += size
+        if self._head_bytes > self._max_head:
+            self._too_large = f"the request's head is longer than {self._max_head} bytes"
+            raise _HeadTooLargeError
 
     def on_headers_complete(self) -> None:
         if len(self.pipeline) >= MAX_PIPELINED:
@@ -324,6 +343,10 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self.transport.is_closing():  # closed after its answer: that may wait
             self._watch_sends()
+        elif self._deferred is not None and not self._open:
+            # The answers ahead of a refused request are complete: its refusal is next.
+            self._unset_keepalive_if_required()
+            self._write_refusal(*self._deferred)
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():
@@ -430,30 +453,47 @@ class BoundedProtocol(HttpToolsProtocol):
     # -- refusing -------------------------------------------------------------------------
 
     def _refuse(self, status: int, message: str, code: str) -> None:
-        """Answer ``status`` (an OpenAI error: ``message``, ``code``) unless an answer
-        began, and close the connection."""
+        """Answer ``status`` (an OpenAI error: ``message``, ``code``) once the requests
+        ahead of the refused one are answered, and close the connection; only close it
+        when the refused request's own answer has begun."""
         self._cancel_timer()
         if self.transport.is_closing():
             return
-        # The oldest request not answered yet: the one being answered, or the one whose
-        # head or body is refused (uvicorn's ``self.cycle`` is the newest). Its answer, if
-        # it gets one here, carries its id, as the application's answers do; a head not
-        # read gets a new one.
-        cycle = next((c for c in self._open if not c.response_complete), None)
-        answered = cycle is not None and cycle.response_started
-        rid = None if cycle is None else request_id(cycle.scope, self._max_request_id)
-        # The application's requests are over: they hear a disconnect, and what they might
-        # still send goes nowhere.
-        self._disconnect_all()
-        if answered:
+        # The refused request: the one whose body is being read, else a head not parsed
+        # yet (no cycle). Its answer carries its id, as the application's answers do; a
+        # head not read gets a new one. uvicorn's ``self.cycle`` is the newest request.
+        refused: Any = None if self._in_head else self.cycle
+        rid = None if refused is None else request_id(refused.scope, self._max_request_id)
+        if refused is not None and refused.response_started:
             # An answer has begun: the refusal cannot be written into its middle.
+            self._disconnect_all()
             self.transport.close()
             return
+        # What the client still sends is read and dropped: the parser cannot go on.
+        self._refused = True
+        if refused is not None:
+            # Its application hears a disconnect, and what it might still send goes
+            # nowhere; pipelined, it is never started.
+            refused.disconnected = True
+            refused.message_event.set()
+            self._open.remove(refused)
+            for waiting in self.pipeline:
+                if waiting[0] is refused:
+                    self.pipeline.remove(waiting)
+                    break
+        if any(not c.response_complete for c in self._open):
+            # Requests pipelined ahead of it are answered first, in order (an answer
+            # ahead carries no refusal of another request's).
+            self._deferred = (status, message, code, rid)
+            return
+        self._write_refusal(status, message, code, rid)
+
+    def _write_refusal(self, status: int, message: str, code: str, rid: bytes | None) -> None:
+        self._deferred = None
         self.transport.write(HTTPError(status, message, code=code).response(rid))
         # Closed lingering: the answer, then our end shut; what the client still sends is
         # read and dropped until it closes (or LINGER passes), so that unread bytes do not
         # reset the connection before it has read the answer.
-        self._refused = True
         self.transport.write_eof()
         self.flow.resume_reading()
         self._timer = self.loop.call_later(LINGER, self._close)

@@ -110,6 +110,14 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
         return await reader.read()
 
 
+def _reader_of(data: bytes) -> asyncio.StreamReader:
+    """A reader of bytes already received."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
 def worker_rss(server: Server) -> int:
     """The resident bytes of every worker process together."""
     total = 0
@@ -412,6 +420,23 @@ class TestPipelinedRequests:
         assert MAX_PIPELINED < len(statuses) < 100
         assert set(statuses) == {200}
 
+    async def test_a_head_pipelined_in_the_same_read_is_held_to_the_bound(
+        self, server: Server
+    ) -> None:
+        """A head that reaches the parser in the read of the request before it is not
+        gathered first: before, it was parsed whole, whatever its size."""
+        long_head = HEALTH[:-2] + b"x-pad: %s\r\n\r\n" % (b"v" * CONFIG.max_header_bytes)
+        reader, writer = await connect(server)
+        writer.write(HEALTH + long_head)
+        with anyio.fail_after(10):
+            first = await read_answer(reader)
+            status, headers, body = await read_answer(reader)
+            assert await closed_within(reader, 10) == b""
+        writer.close()
+        assert first[0] == 200
+        assert status == 431
+        assert refusal(headers, body)["code"] == "request_header_fields_too_large"
+
     async def test_a_client_pipelining_without_end_grows_no_worker(self, server: Server) -> None:
         """Before, each read of pipelined requests was parsed into thousands of waiting
         ones: 12 MB sent in 4 s grew the worker by 700 MB."""
@@ -480,7 +505,7 @@ class TestAStreamWithARequestPipelinedBehindIt:
         else:
             pytest.fail("the engine still generates for a client that left 2 s ago")
 
-    async def test_a_refused_pipelined_request_never_writes_into_the_stream(
+    async def test_a_refused_pipelined_request_is_answered_after_the_stream_ahead(
         self, streaming: Server
     ) -> None:
         bad = HEAD + b"transfer-encoding: chunked\r\n\r\nzz\r\n"  # not a chunk size
@@ -491,10 +516,34 @@ class TestAStreamWithARequestPipelinedBehindIt:
             writer.write(bad)
             rest = await closed_within(reader, 10)
         writer.close()
-        # The stream is cut (the connection cannot be read past the bad request), but no
-        # second answer appears inside the first one's chunked body.
-        assert first.startswith(b"HTTP/1.1 200 ")
-        assert b"HTTP/1.1" not in rest
+        # The stream ends whole (before, it was cut), and the refusal comes after it, never
+        # inside its chunked body; then the connection closes.
+        stream, done, after = (first + rest).partition(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+        assert stream.startswith(b"HTTP/1.1 200 ")
+        assert done
+        status, headers, body = await read_answer(_reader_of(after))
+        assert status == 400
+        assert refusal(headers, body)["code"] == "invalid_http_request"
+
+    async def test_a_refusal_behind_a_whole_answer_not_begun_comes_after_that_answer(
+        self, streaming: Server
+    ) -> None:
+        """Before, the refusal of the request behind was written as the answer to the one
+        ahead, with its id, and that one's own answer never came."""
+        whole = json.dumps({"prompt": "Hello", "max_tokens": 30, "ignore_eos": True}).encode()
+        ahead = HEAD + b"x-request-id: ahead\r\ncontent-length: %d\r\n\r\n" % len(whole)
+        too_long = HEALTH[:-2] + b"x-pad: %s\r\n\r\n" % (b"v" * (1 << 20))
+        reader, writer = await connect(streaming)
+        writer.write(ahead + whole + too_long)  # the answer ahead takes 0.3 s to begin
+        with anyio.fail_after(10):
+            first = await read_answer(reader)
+            status, headers, body = await read_answer(reader)
+        writer.close()
+        assert first[0] == 200
+        assert first[1]["x-request-id"] == "ahead"
+        assert json.loads(first[2])["usage"]["completion_tokens"] == 30
+        assert status == 431
+        assert refusal(headers, body)["code"] == "request_header_fields_too_large"
 
     async def test_a_head_pipelined_behind_a_long_stream_is_timed_once_it_is_answered(
         self, streaming: Server
