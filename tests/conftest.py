@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import os
 import select
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,14 @@ def exits_within(pid: int, timeout: float) -> bool:
         return bool(select.select([fd], [], [], timeout)[0])
     finally:
         os.close(fd)
+
+
+def free_port() -> int:
+    """A port nobody listens on now (bound to 0, then released for a server to take)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -180,6 +180,8 @@ class Dispatcher:
         self._refuser = Refuser(BUSY)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
+        #: Connections wait in the listen backlog until `release` (the server is ready).
+        self._held = True
         self._listening = True
         self._paused: asyncio.TimerHandle | None = None
         self._checking: asyncio.TimerHandle | None = None
@@ -250,6 +252,7 @@ class Dispatcher:
     def _start_accepting(self) -> None:
         if (
             not self._accepting
+            and not self._held
             and self._channels
             and self._listening
             and self._paused is None
@@ -258,6 +261,13 @@ class Dispatcher:
             self._accepting = True
             self._running_loop().add_reader(self.listener.fileno(), self._on_accept)
             self._on_accept()
+
+    def release(self) -> None:
+        """Start handing connections to the workers that are up: until then, clients wait in
+        the listen backlog (a worker up before the others, or before what the server's
+        opener writes once all are, does not answer early)."""
+        self._held = False
+        self._start_accepting()
 
     def _stop_accepting(self) -> None:
         # With no worker, connections wait in the listener's queue, not here.

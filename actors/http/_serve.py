@@ -198,6 +198,7 @@ async def open_server(
     config: ServeConfig | None = None,
     model: str | None = None,
     context_length: int | None = None,
+    credentials: str | os.PathLike[str] | None = None,
     **pipeline: Any,
 ) -> AsyncIterator[Server]:
     """Start the pipeline with its workers serving the OpenAI API on ``host:port``.
@@ -212,10 +213,14 @@ async def open_server(
         config: The HTTP layer's limits.
         model: The model id (None: derived from the tokenizer).
         context_length: Most prompt plus completion tokens of one request.
+        credentials: Where to write the pipeline system's credentials (mode 0600, removed
+            when the system closes; `runtime.ActorSystem.save_credentials`), before any
+            client is answered.
         **pipeline: Other `actors.Pipeline` arguments (``step_time``, limits, ...).
 
     Yields:
-        The server, once every worker serves.
+        The server, once every worker serves: no client is answered before (a
+        connection waits in the listen backlog).
     """
     dispatcher = Dispatcher(
         host,
@@ -234,6 +239,9 @@ async def open_server(
             model=model,
             **pipeline,
         ) as p:
+            if credentials is not None:
+                p.system.save_credentials(credentials, collector=p.collector)
+            dispatcher.release()
             yield Server(p, dispatcher)
     finally:
         dispatcher.close()
@@ -637,12 +645,10 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                 config=config,
                 model=args.served_model_name,
                 engine_start_tries=args.engine_start_tries,
+                credentials=args.credentials or None,
                 **_engine_options(args),
             ) as server:
                 started = True
-                if args.credentials:
-                    pipeline = server.pipeline
-                    pipeline.system.save_credentials(args.credentials, collector=pipeline.collector)
                 keyed = ", API key required" if config.api_key is not None else ""
                 sys.stdout.write(
                     f"serving {server.url} with {_count(args.workers, 'worker')} and "

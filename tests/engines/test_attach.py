@@ -19,10 +19,10 @@ from actors import Vllm, WorkerDiedError
 from actors._vllm_engine import engine_command, shared_memory_of
 from actors.http import open_server
 from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, SamplingParams
+from tests.conftest import free_port
 from tests.http._server import sse_events
 
 from ._vllm import ARGS, ENV, PYTHON, engine_core_of
-from .test_protocol import free_port
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator

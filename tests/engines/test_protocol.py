@@ -4,7 +4,6 @@ generator against a fake engine that replays them: no vLLM process here."""
 from __future__ import annotations
 
 import json
-import socket
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,6 +18,7 @@ from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
 from actors._vllm_engine import EngineLostError, VllmModel, open_vllm
 from actors.engines import Produced
 from actors.messages import SamplingParams
+from tests.conftest import free_port
 
 from .record_golden import GOLDEN, PROMPT, requests
 
@@ -91,13 +91,6 @@ class TestOurFrames:
             "coordinator_output",
             "frontend_stats_publish_address",
         }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class FakeEngine:

@@ -15,7 +15,8 @@ import anyio
 import pytest
 
 from actors._hf_model import write_hf_model_dir
-from tests.engines.test_protocol import FakeEngine, free_port
+from tests.conftest import free_port
+from tests.engines.test_protocol import FakeEngine
 
 from ._server import ROOT, running_serve
 

@@ -38,7 +38,7 @@ from actors.http._serve import _access_config, _config, _parser
 from actors.http._serve import main as serve_main
 from actors.http.load import LoadResult, LoadSpec, run_load
 from actors.messages import GetWorkerStatistics
-from tests.conftest import is_fork_server
+from tests.conftest import free_port, is_fork_server
 from tests.http._server import Running, running_serve, sse_events
 from tests.http.test_bounded import ask_large_answer, connect, open_until, read_answer
 from tests.http.test_dispatch import HEALTH, until, worker_pid
@@ -163,6 +163,39 @@ class TestTheApi:
 
 
 class TestConnections:
+    async def test_no_client_is_answered_before_the_server_is_ready(self, tmp_path: Path) -> None:
+        """A client that connects while the server starts is answered once `open_server`
+        has yielded, its credentials written. Before, the first worker up answered while
+        the others still started, and before the credentials were (a readiness probe on
+        /health, then a read of the credentials, failed)."""
+        port = free_port()
+        credentials = tmp_path / "credentials.json"
+        ready, answered = anyio.Event(), anyio.Event()
+        seen: list[tuple[int, bool, bool]] = []
+
+        async def client() -> None:
+            for _ in range(3000):  # until the listener is bound: a port, polled
+                with contextlib.suppress(ConnectionRefusedError):
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    break
+                await anyio.sleep(0.01)  # sync-ok: polling for the port to be bound
+            else:
+                pytest.fail("the server never bound its port")
+            writer.write(HEALTH)
+            status, _, _ = await read_answer(reader)
+            seen.append((status, ready.is_set(), credentials.exists()))
+            answered.set()
+            writer.close()
+
+        with anyio.fail_after(40):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client)
+                async with open_server(workers=2, port=port, credentials=credentials):
+                    ready.set()  # no await since the port opened: the answer comes after
+                    await answered.wait()
+        assert seen == [(200, True, True)]
+        assert not credentials.exists()
+
     async def test_new_connections_are_balanced_over_the_workers(self) -> None:
         async with open_server(workers=2, port=0, step_time=0.002) as server:
             spec = LoadSpec(

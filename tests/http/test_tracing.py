@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from actors import _tracing
 from actors.http import open_server
 from actors.messages import BatchStrOutput, BatchTokenIDOutput, TokenizedGenerate
+from tests.conftest import free_port
 
 from ._tracing_hook import SPANS_ENV
 
@@ -176,13 +176,6 @@ class Collector:
             yield collector
         finally:
             await runner.cleanup()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class TestOpenTelemetrysOwnSetup:

@@ -24,8 +24,9 @@ from actors import _vllm_protocol as proto
 from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
 from actors._vllm_engine import MAX_ENGINE_FRAME
 from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, WorkerStatistics
+from tests.conftest import free_port
 from tests.engines.record_golden import PROMPT
-from tests.engines.test_protocol import FakeEngine, free_port, ids_of
+from tests.engines.test_protocol import FakeEngine, ids_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

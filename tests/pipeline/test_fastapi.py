@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from actors import Member, WorkerDiedError
+from tests.conftest import free_port
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -37,14 +37,6 @@ WORKERS = 2
 #: Seconds per step of the stand-in engine: a long stream lasts long enough to disconnect.
 STEP_TIME = 0.005
 PROMPTS = [f"request {i}: tell me about {w}" for i, w in enumerate(["cats", "ships"] * 10)]
-
-
-def free_port() -> int:
-    """A port nobody listens on now (bound to 0, then released for the server to take)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def tokenyard_children(parent: int) -> dict[int, str]:
