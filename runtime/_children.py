@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("tokenyard.system")
 
+#: The ``Down`` reason of an in-process actor cancelled with the task that opened its system.
+CANCELLED_WITH_SYSTEM = "cancelled with its system's task"
+
 #: Liveness probes in one ``stall_timeout``: each waits this share of it for its answer, and
 #: as many in a row must find none before the child is killed.
 _PROBES_PER_BOUND = 4
@@ -198,7 +201,10 @@ class ChildTable:
             station.deaths.mark_dead(down)
             if child.station_address:
                 station.deaths.owner_died(child.station_address, child.ref.name)
-        if not down.normal:
+        if down.reason == CANCELLED_WITH_SYSTEM:
+            # The host's own doing (its task cancelled: a Ctrl-C, a timeout), not a fault.
+            logger.info("actor %s ended: %s", child.ref.name, down.reason)
+        elif not down.normal:
             logger.warning("actor %s died: %s", child.ref.name, down.reason)
 
     async def stop(self, child: Child, timeout: float) -> Down:

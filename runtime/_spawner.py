@@ -24,7 +24,7 @@ import anyio
 import msgspec
 
 from ._cell import Cell
-from ._children import Child, ChildTable, RemoteProcess
+from ._children import CANCELLED_WITH_SYSTEM, Child, ChildTable, RemoteProcess
 from ._errors import SpawnError, TokenyardError, sole_error
 from ._exit import oom_kills
 from ._launcher import check_start
@@ -423,7 +423,7 @@ def _local_down(child: Child, ending: Ending | None, abandoned: bool) -> Down:
     if ending is None and child.escalated:  # cancelled by the stop's escalation
         return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: it did not stop in time")
     if ending is None:  # cancelled with the task that opened its system
-        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled with its system's task")
+        return Down(ref=ref, cause=Cause.CANCELLED, reason=CANCELLED_WITH_SYSTEM)
     if ending.error is None:
         return Down(ref=ref, cause=Cause.NORMAL, reason="normal")
     err = sole_error(ending.error)

@@ -5,6 +5,7 @@ they may not: end the host's task, lose a reply, leave a process or a socket fil
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import anyio
@@ -101,6 +102,25 @@ class Adder(Actor[Add]):
 async def still_serves(system: ActorSystem) -> None:
     echo = await system.spawn(Echo, process=False)
     assert await echo.ask(Ping(n=7), timeout=10) == Pong(n=7)
+
+
+class TestAHostTaskCancelled:
+    async def test_its_in_process_actors_end_with_no_warning(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The host's own cancellation (a Ctrl-C, a timeout) is no fault of its actors:
+        before, each logged a WARNING that it had died."""
+        with caplog.at_level(logging.INFO, logger="tokenyard.system"):
+            with anyio.CancelScope() as scope:
+                async with ActorSystem() as system:
+                    echo = await system.spawn(Echo, name="echo", process=False)
+                    assert await echo.ask(Ping(n=1), timeout=10) == Pong(n=1)
+                    scope.cancel()
+                    await anyio.sleep_forever()
+        ends = [r for r in caplog.records if r.getMessage().startswith("actor echo ")]
+        assert [(r.levelno, r.getMessage()) for r in ends] == [
+            (logging.INFO, "actor echo ended: cancelled with its system's task")
+        ]
 
 
 class TestAnInProcessSpawnGivenUp:
