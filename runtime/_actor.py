@@ -231,7 +231,7 @@ class SystemHandle(Protocol):
         """An actor's mailbox counters (``ActorSystem.statistics``)."""
         ...
 
-    async def gather_metrics(self, timeout: float = 5.0) -> SystemMetrics:
+    async def gather_metrics(self, timeout: float | None = None) -> SystemMetrics:
         """The statistics of this process and every process under it
         (``ActorSystem.gather_metrics``)."""
         ...

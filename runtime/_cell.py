@@ -31,6 +31,7 @@ from ._protocol import (
     Kind,
     LookupQuery,
     LookupReply,
+    MetricsQuery,
     Traced,
 )
 from ._stats import ActorMetrics
@@ -307,7 +308,14 @@ class Cell:
         elif kind is Kind.STATS:
             await self._reply(header, mailbox.statistics())
         elif kind is Kind.METRICS:
-            await self._reply(header, await actor.system.gather_metrics())
+            query = item.message
+            timeout = query.timeout if isinstance(query, MetricsQuery) else None
+            try:
+                gathered = await actor.system.gather_metrics(timeout)
+            except Exception as err:  # noqa: BLE001 - the asker's failure, not this actor's
+                await self._reply_error(header, ErrorBody.of(err))
+            else:
+                await self._reply(header, gathered)
         elif kind is Kind.LOOKUP and isinstance(item.message, LookupQuery):
             found = await actor.system.lookup(item.message.name, missing_ok=True)
             await self._reply(header, LookupReply(ref=found))

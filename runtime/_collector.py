@@ -17,6 +17,10 @@ gets of every actor it has seen):
   holds nothing);
 - what it counted after the last gathering before it died is lost, as with any scrape.
 
+A live process that does not answer a gathering in time (a handler holding its loop, a
+stop under way, a process under it that holds it up) is shown as it was last gathered, so
+that no summed counter goes backwards for a scrape.
+
 Supervisors' restart counts (`ChildRecord`) live in the supervisor, which outlives its
 children, so the restart history survives every one of them.
 """
@@ -89,12 +93,11 @@ class MetricsCollector(Actor[CollectorMessage]):
         gathered = await self.system.gather_metrics(self.timeout)
         self._learn(gathered.processes)
         self._expire()
+        processes = gathered.processes + self._unanswered(gathered.processes)
         result = SystemMetrics(
-            processes=gathered.processes,
+            processes=processes,
             dead=list(self._dead.values()),
-            families=merge(
-                [*(p.families for p in gathered.processes), list(self._retired.values())]
-            ),
+            families=merge([*(p.families for p in processes), list(self._retired.values())]),
             gathered_at=gathered.gathered_at,
         )
         self._last, self._last_at = result, time.monotonic()
@@ -109,6 +112,18 @@ class MetricsCollector(Actor[CollectorMessage]):
                 if address not in self._seen and actor.ref.owner:
                     self.system.watch(actor.ref, notify=self.ref)
                 self._seen[address] = (actor, process)
+
+    def _unanswered(self, answered: list[ProcessMetrics]) -> list[ProcessMetrics]:
+        """The processes with a live actor seen that did not answer this gathering (busy
+        past the timeout, stopping, or under one that did not answer), as last gathered:
+        left out, their counters would drop out of the sums for a scrape and come back at
+        the next, which reads as a reset."""
+        stations = {p.station for p in answered}
+        missing: dict[str, ProcessMetrics] = {}
+        for _, process in self._seen.values():
+            if process.station not in stations:
+                missing.setdefault(process.station, process)
+        return list(missing.values())
 
     @handler
     def down(self, msg: Down) -> None:

@@ -29,6 +29,7 @@ from ._protocol import (
     cookie_ok,
     decode_header,
     lookup_decoder,
+    metrics_decoder,
     tells_decoder,
 )
 from ._throttle import Throttle
@@ -88,7 +89,8 @@ class Envelope:
         body: The undecoded body of an ask or a traced tell, decoded by `Mailbox.open_body`
             just before its handler runs (as a plain tell's frame is); ``None`` for other
             kinds.
-        message: The decoded body of a lookup; ``None`` for other kinds.
+        message: The decoded body of a lookup or a metrics request; ``None`` for other
+            kinds.
         size: Bytes it arrived as.
     """
 
@@ -245,9 +247,10 @@ class Mailbox:
         if header.kind is Kind.TELL:  # taken like a bundle's traced tell
             return [Traced(body, header.trace)]
         size = len(first) + sum(map(len, rest))
-        if header.kind is Kind.LOOKUP:
+        if header.kind is Kind.LOOKUP or (header.kind is Kind.METRICS and body):
+            decoder = lookup_decoder if header.kind is Kind.LOOKUP else metrics_decoder
             try:
-                return Envelope(header, size, lookup_decoder.decode(body))
+                return Envelope(header, size, decoder.decode(body))
             except Exception as err:  # noqa: BLE001
                 self.reject(err, body)
                 return None

@@ -14,14 +14,20 @@ in a power-of-two bucket with an integer ``bit_length``; no lock, no bisect, no 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import os
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._throttle import Throttle
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+#: A gauge whose function fails, logged at most once per few seconds a process.
+_failed_gauges = Throttle(logging.getLogger("tokenyard.metrics"))
 
 #: Whether handler times and ask round trips are measured (``TOKENYARD_METRICS=off``: not).
 ENABLED = os.environ.get("TOKENYARD_METRICS", "on").strip().lower() not in {
@@ -179,7 +185,9 @@ class Gauge:
         self.value += amount
 
     def set_function(self, function: Callable[[], float]) -> None:
-        """Read the value from ``function`` at each snapshot (costs nothing meanwhile)."""
+        """Read the value from ``function`` at each snapshot (costs nothing meanwhile). A
+        snapshot in which it raises, or returns what is not a number, leaves the series out
+        (logged)."""
         self.function = function
 
     def read(self) -> float:
@@ -237,7 +245,14 @@ class Family:
             if isinstance(child, Histogram):
                 series.append(SeriesSnapshot(key, child.total, child.snapshot()))
             elif isinstance(child, Gauge):
-                series.append(SeriesSnapshot(key, child.read()))
+                try:
+                    value = child.read()
+                except Exception as err:  # noqa: BLE001 - code of any kind: the series is left out
+                    _failed_gauges.error(
+                        "gauge %s%s left out: its function raised", self.name, key, exc_info=err
+                    )
+                    continue
+                series.append(SeriesSnapshot(key, value))
             else:
                 series.append(SeriesSnapshot(key, child.value))
         return FamilySnapshot(self.name, self.kind, self.help, self.labelnames, tuple(series))

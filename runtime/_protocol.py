@@ -67,8 +67,8 @@ class Kind(enum.IntEnum):
     UNWATCH = 14
     """A watching node that closes: forget it (body: `WatchBody`)."""
     METRICS = 15
-    """Ask a mailbox for the statistics of its process and every process under it
-    (answered with ``SystemMetrics``)."""
+    """Ask a mailbox for the statistics of its process and every process under it (body:
+    `MetricsQuery`, or empty; answered with ``SystemMetrics``)."""
     JOIN = 16
     """A node on another host joins the system (body: `NodeHello`; answer: `NodeList`)."""
     SPAWN = 17
@@ -346,6 +346,19 @@ class LookupQuery(Message):
     name: str
 
 
+class MetricsQuery(Message):
+    """How long the processes under a mailbox's have to answer its gathering (control).
+
+    An empty body (a sender from before it) leaves `DEFAULT_GATHER_TIMEOUT`.
+    """
+
+    timeout: float
+
+
+#: Seconds each process under a mailbox has to answer its gathering, unless asked otherwise.
+DEFAULT_GATHER_TIMEOUT = 5.0
+
+
 class LookupReply(Message):
     """The answer to a ``LookupQuery``: the ref, or ``None`` when nobody has that name."""
 
@@ -592,6 +605,7 @@ ready_decoder = msgspec.msgpack.Decoder(ReadyBody)
 watch_decoder = msgspec.msgpack.Decoder(WatchBody)
 down_decoder = msgspec.msgpack.Decoder(Down)
 lookup_decoder = msgspec.msgpack.Decoder(LookupQuery)
+metrics_decoder = msgspec.msgpack.Decoder(MetricsQuery)
 lookup_reply_decoder = msgspec.msgpack.Decoder(LookupReply)
 body_encoder = msgspec.msgpack.Encoder()
 hello_decoder = msgspec.msgpack.Decoder(NodeHello)

@@ -27,12 +27,14 @@ from ._message import Message
 from ._metrics import REGISTRY
 from ._nodes import NodeTable, list_nodes
 from ._protocol import (
+    DEFAULT_GATHER_TIMEOUT,
     Down,
     ErrorBody,
     Header,
     Kind,
     LookupQuery,
     LookupReply,
+    MetricsQuery,
     NodeInfo,
     ReadyBody,
     RemoteSpawn,
@@ -63,6 +65,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenyard.system")
 
 M = TypeVar("M", bound=Message)
+
+#: Longest a gathering waits for the processes under it (a longer one asked is the default).
+_MOST_GATHER_TIMEOUT = 3600.0
 
 
 class ActorSystem:
@@ -760,14 +765,18 @@ class ActorSystem:
             gathered_at=now(),
         )
 
-    async def gather_metrics(self, timeout: float = 5.0) -> SystemMetrics:
+    async def gather_metrics(self, timeout: float | None = None) -> SystemMetrics:
         """The statistics of this process and of every actor process under this system,
         theirs included (each is asked, all at once; one that does not answer in
-        ``timeout`` is left out).
+        ``timeout`` seconds, 5 by default, is left out, and gives the processes under it
+        three quarters of that).
 
         Returns:
             This process first, then the others, depth first.
         """
+        if timeout is None or not 0 < timeout <= _MOST_GATHER_TIMEOUT:  # NaN included
+            timeout = DEFAULT_GATHER_TIMEOUT
+        query = MetricsQuery(timeout=timeout * 0.75)
         started = now()
         children = [
             c
@@ -778,7 +787,7 @@ class ActorSystem:
 
         async def ask(i: int, child: Child) -> None:
             try:
-                reply = await self.station.ask_control(child.ref, Kind.METRICS, timeout)
+                reply = await self.station.ask_control(child.ref, Kind.METRICS, timeout, query)
             except TokenyardError:
                 return  # it died or is busy dying: nothing to report of it
             if isinstance(reply, SystemMetrics):

@@ -9,7 +9,7 @@ import time
 
 import anyio
 
-from runtime import Actor, ActorRef, Message, Request, current_trace, handler
+from runtime import Actor, ActorRef, Message, Request, current_trace, handler, metrics
 
 
 class Ping(Request["Pong"]):
@@ -464,3 +464,27 @@ class StartsThenWaits(Actor[Ping | GetPid]):
     @handler
     def pid(self, msg: GetPid) -> Pid:
         return Pid(pid=os.getpid())
+
+
+class Metered(Actor[Ping | Slow]):
+    """Counts its pings in a series of its own (``test_pings_total``), beside a gauge that
+    fails when ``failing_gauge`` (``test_broken``: its function raises)."""
+
+    def __init__(self, failing_gauge: bool = False) -> None:
+        self.failing_gauge = failing_gauge
+
+    async def on_start(self) -> None:
+        self.pings = metrics.counter("test_pings_total", "Pings handled.").labels()
+        if self.failing_gauge:
+            broken: dict[str, float] = {}
+            metrics.gauge("test_broken", "Fails.").labels().set_function(lambda: broken["x"])
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        self.pings.inc()
+        return Pong(n=msg.n)
+
+    @handler
+    async def slow(self, msg: Slow) -> Pong:
+        await anyio.sleep(msg.seconds)  # sync-ok: a handler that holds its process's loop
+        return Pong(n=0)

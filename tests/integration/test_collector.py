@@ -7,13 +7,24 @@ loop, as it is meant to (``process=False``), so its clock can be the test's.
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from runtime import ActorRef, ActorSystem, Cause, GetMetrics, MetricsCollector, SystemMetrics
+from runtime import (
+    ActorRef,
+    ActorSystem,
+    Cause,
+    ChildSpec,
+    GetMetrics,
+    MetricsCollector,
+    Supervisor,
+    SystemMetrics,
+)
 
-from ._actors import Echo
+from ._actors import Echo, Metered, Ping, Pong, Slow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -87,3 +98,74 @@ class TestDeadIncarnations:
             clock[0] += retention * 0.6
             metrics = await collector.ask(GetMetrics(max_age=0))
             assert dead_names(metrics) == []
+
+
+def pings(metrics: SystemMetrics) -> float:
+    """``test_pings_total``, summed over the system's processes."""
+    family = next((f for f in metrics.families if f.name == "test_pings_total"), None)
+    return 0.0 if family is None else sum(s.value for s in family.series)
+
+
+class TestProcessesThatDoNotAnswerInTime:
+    """A process whose loop a handler holds answers a gathering late: left out, its series
+    dropped from the sums for a scrape and came back at the next (a counter reset, to
+    Prometheus)."""
+
+    async def test_a_busy_process_is_shown_as_last_gathered(self) -> None:
+        async with ActorSystem() as system, anyio.create_task_group() as tg:
+            collector: ActorRef[Any] = await system.spawn(
+                MetricsCollector, timeout=0.5, name="metrics", process=False
+            )
+            busy = await system.spawn(Metered, name="busy")
+            for n in range(3):
+                await busy.ask(Ping(n=n))
+            before = await metrics_once(collector, lambda m: pings(m) == 3)
+            tg.start_soon(functools.partial(busy.ask, Slow(seconds=3), timeout=10))
+            await metrics_once(collector, lambda m: True)  # the first gathering it holds
+            held = await collector.ask(GetMetrics(max_age=0))
+            assert "busy" in live_names(held)
+            assert pings(held) == 3
+            (process,) = [p for p in held.processes if p.name == "busy"]
+            assert process == next(p for p in before.processes if p.name == "busy")
+
+    async def test_a_busy_process_holds_up_no_process_beside_it_or_above_it(self) -> None:
+        """A supervisor's process gathers its children's before it answers: it waited 5 s
+        for a busy one, past the collector's 2 s, and its whole subtree was left out."""
+        children = [ChildSpec(Metered, name="busy"), ChildSpec(Metered, name="idle")]
+        async with ActorSystem() as system, anyio.create_task_group() as tg:
+            collector: ActorRef[Any] = await system.spawn(
+                MetricsCollector, timeout=1.0, name="metrics", process=False
+            )
+            await system.spawn(Supervisor, children=children, name="sup")
+            busy, idle = await system.lookup("busy"), await system.lookup("idle")
+            await metrics_once(collector, lambda m: {"sup", "busy", "idle"} <= live_names(m))
+            tg.start_soon(functools.partial(busy.ask, Slow(seconds=4), timeout=10))
+            await idle.ask(Ping(n=1))
+            # The idle sibling's count is fresh: its supervisor's process gave the busy one
+            # three quarters of the collector's second, and answered in time.
+            seen = await collector.ask(GetMetrics(max_age=0))
+            assert {"sup", "busy", "idle"} <= live_names(seen)
+            assert pings(seen) == 1
+
+
+class TestAGaugeWhoseFunctionFails:
+    async def test_is_left_out_and_its_actor_lives_on(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Before, the first gathering killed the actor (the error left its mailbox's loop)."""
+        async with ActorSystem() as system:
+            collector: ActorRef[Any] = await system.spawn(
+                MetricsCollector, name="metrics", process=False
+            )
+            with caplog.at_level(logging.ERROR, logger="tokenyard.metrics"):
+                local = await system.spawn(Metered, True, name="local", process=False)
+                await local.ask(Ping(n=1))
+                metrics = await collector.ask(GetMetrics(max_age=0))
+            remote = await system.spawn(Metered, True, name="remote")
+            await remote.ask(Ping(n=1))
+            metrics = await metrics_once(collector, lambda m: pings(m) == 2)
+            assert {"local", "remote"} <= live_names(metrics)
+            assert await remote.ask(Ping(n=2)) == Pong(n=2)  # alive after the gathering
+            broken = [f for f in metrics.families if f.name == "test_broken"]
+            assert all(not f.series for f in broken)
+        assert any("test_broken" in r.getMessage() for r in caplog.records)

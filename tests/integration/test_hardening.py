@@ -28,8 +28,9 @@ from runtime import (
     Keys,
     MailboxFullError,
     StartMethod,
+    SystemMetrics,
 )
-from runtime._protocol import Header, Kind, encode_header
+from runtime._protocol import Header, Kind, decode_header, encode_header
 
 from ._actors import (
     Blob,
@@ -145,6 +146,7 @@ def deep_frames(cookie: bytes, reply_to: str) -> list[Sequence[bytes]]:
         [header(Kind.ASK, cookie, reply_to=reply_to), DEEP],
         [header(Kind.TELL, cookie, trace=("00-x",)), DEEP],
         [header(Kind.LOOKUP, cookie, reply_to=reply_to), DEEP],
+        [header(Kind.METRICS, cookie, reply_to=reply_to), DEEP],
     ]
 
 
@@ -165,6 +167,20 @@ class TestOneFrameCannotEndAnActor:
                     while (await system.statistics(echo)).rejected < len(frames):
                         assert await echo.ask(Ping(n=3)) == Pong(n=3)
             assert await echo.ask(Ping(n=4)) == Pong(n=4)
+
+    async def test_a_metrics_request_without_a_body_is_answered(self) -> None:
+        """As a sender from before `MetricsQuery` sends it (the default timeout then)."""
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, name="echo")
+            cookie = system.station.cookie
+            with reply_inboxes(system.ipc_dir, 1) as [(address, inbox)]:
+                with attacker(echo.address) as sock:
+                    sock.send_multipart([header(Kind.METRICS, cookie, reply_to=address), b""])
+                assert inbox.poll(10_000), "no answer"
+                first, body = inbox.recv_multipart()
+            assert decode_header(first).kind is Kind.REPLY
+            gathered = msgspec.msgpack.decode(body, type=SystemMetrics)
+            assert [a.ref.name for p in gathered.processes for a in p.actors] == ["echo"]
 
     async def test_deeply_nested_replies_are_rejected_and_the_inbox_still_answers(self) -> None:
         async with ActorSystem() as system:
