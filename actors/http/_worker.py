@@ -112,6 +112,8 @@ class HttpWorker(TokenizerWorker):
             engine_client=engine_client,
         )
         self.collector = collector
+        #: The last gathering rendered: its ``gathered_at``, and its text.
+        self._rendered: tuple[float, bytes] | None = None
         if http is None:
             raise ValueError("an HttpWorker needs its http settings (its connection channel)")
         self.http = http
@@ -199,7 +201,13 @@ class HttpWorker(TokenizerWorker):
 
         assert self.collector is not None
         gathered = await self.collector.ask(GetMetrics(), timeout=METRICS_TIMEOUT)
-        return render(gathered), CONTENT_TYPE
+        # The collector serves one gathering for a second (a death or an expiry makes a new
+        # one): rendered once, however many scrapes come meanwhile (each render holds this
+        # worker's loop, its streams with it, for milliseconds: more with dead incarnations).
+        rendered = self._rendered
+        if rendered is None or rendered[0] != gathered.gathered_at:
+            rendered = self._rendered = (gathered.gathered_at, render(gathered))
+        return rendered[1], CONTENT_TYPE
 
 
 #: Seconds the answers of requests ended at a drain's deadline get to go out.
