@@ -36,10 +36,12 @@ of the pipeline is one frame, whatever the clients send.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
 import re
+import threading
 from typing import Any
 
 __all__ = (
@@ -58,6 +60,14 @@ SETUP_ENV = "TOKENYARD_TRACING"
 #: OpenTelemetry's variable naming the span exporters; set, each process configures the
 #: SDK from the ``OTEL_*`` variables.
 EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
+
+#: The environment variable setting how long a process's exit waits for its last spans to
+#: go out, in seconds (`EXIT_FLUSH_SECONDS` by default); what is left then is dropped.
+#: OpenTelemetry's own exit handler waits as long as its exporter likes: with an
+#: unreachable OTLP collector, about 10 s, past the 5 s a stopping actor has before it is
+#: killed, and a pipeline's members stop one after the other.
+EXIT_FLUSH_ENV = "TOKENYARD_TRACING_EXIT_FLUSH"
+EXIT_FLUSH_SECONDS = 1.0
 
 _state: dict[str, Any] = {}
 
@@ -114,7 +124,43 @@ def _tracer() -> Any:
     _state["propagator"] = TraceContextTextMapPropagator()
     _state["trace"] = trace
     _state["tracer"] = trace.get_tracer("tokenyard")
+    # Registered after the provider's own handler, so run before it (and it unregisters
+    # that one as it shuts the provider down).
+    atexit.register(_shut_down_within, trace.get_tracer_provider(), _exit_flush_seconds())
     return _state["tracer"]
+
+
+def _exit_flush_seconds() -> float:
+    """`EXIT_FLUSH_ENV` when it is a number of seconds from 0 to 60, else the default."""
+    given = os.environ.get(EXIT_FLUSH_ENV, "")
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if given and not 0 <= seconds <= 60:  # NaN included
+        logger.warning(
+            "%s=%r is not a number of seconds from 0 to 60: %g s",
+            EXIT_FLUSH_ENV,
+            given,
+            EXIT_FLUSH_SECONDS,
+        )
+    return seconds if 0 <= seconds <= 60 else EXIT_FLUSH_SECONDS
+
+
+def _shut_down_within(provider: Any, seconds: float) -> None:
+    """Shut ``provider`` down (its last spans exported), waiting ``seconds`` at most."""
+    shutdown = getattr(provider, "shutdown", None)
+    if shutdown is None:
+        return
+    flush = threading.Thread(target=shutdown, name="tokenyard-span-flush", daemon=True)
+    flush.start()
+    flush.join(seconds)
+    if flush.is_alive():
+        logger.warning(
+            "spans not exported within %g s of this process's exit were dropped (is the "
+            "trace collector reachable?)",
+            seconds,
+        )
 
 
 def _configure_from_environment() -> None:

@@ -12,7 +12,6 @@ import contextlib
 import contextvars
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,8 +24,10 @@ import uvicorn
 from actors import Pipeline
 from actors.http import OpenAIApp, PipelineEngine, ServeConfig
 from actors.messages import GetWorkerStatistics, WorkerStatistics
+from tests.conftest import free_port
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 
@@ -209,9 +210,7 @@ def running_serve(
 ) -> Iterator[Running]:
     """``python -m actors serve --workers N OPTIONS`` on a free port of 127.0.0.1, until the
     block ends (then killed, if it still runs)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "actors", "serve", "--workers", str(workers)]
     with subprocess.Popen(
         [*command, "--port", str(port), *options],

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from actors.http import open_server
 from actors.messages import BatchStrOutput, BatchTokenIDOutput, TokenizedGenerate
 from tests.conftest import free_port
 
+from ._server import running_serve
 from ._tracing_hook import SPANS_ENV
 
 if TYPE_CHECKING:
@@ -236,6 +238,34 @@ class TestOpenTelemetrysOwnSetup:
                 # Configured at each process's first span, after the fork: the fork server
                 # never held an exporter's thread and still forks the actors.
                 assert "cannot be forked safely" not in errors.read_text()
+
+
+class TestACollectorNobodyReaches:
+    def test_a_drain_ends_promptly_and_stops_every_member_cleanly(self) -> None:
+        """OpenTelemetry's exit handler retried the export for about 10 s in each process,
+        past the 5 s a stopping member has: each was SIGTERMed, and the drain took 11 s."""
+        env = {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces",
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",  # every span still waits at the exit
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+        }
+        with running_serve(workers=1, env=env, stderr=True) as run:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{run.port}/v1/completions",
+                data=json.dumps({"prompt": "Hello", "max_tokens": 4}).encode(),
+                headers={"content-type": "application/json", **CALLER},
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                assert answer.status == 200
+            run.proc.send_signal(signal.SIGTERM)
+            _, err = run.proc.communicate(timeout=60)
+        assert run.proc.returncode == 0, err
+        assert "did not stop" not in err
+        assert "killed by" not in err
+        assert "spans not exported within 1 s of this process's exit were dropped" in err
 
 
 VALID = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
