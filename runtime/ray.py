@@ -246,8 +246,9 @@ class RayPlacement:
         stop_timeout: Seconds a stopping node has before SIGTERM, and again before SIGKILL.
 
     Raises:
-        TokenyardError: (on entering) A keeper could not start its node, or a node did not
-            join within ``join_timeout``; the nodes started are stopped first.
+        TokenyardError: (on entering) A keeper could not start its node, a node ended
+            before it joined (at once, with its exit status), or a node did not join within
+            ``join_timeout``; the nodes started are stopped first.
 
     The root's ``address`` must be reachable from every Ray node (its ``tcp_host`` an
     address of the network they share, not 127.0.0.1 unless they all run on one host), and
@@ -324,7 +325,7 @@ class RayPlacement:
         try:
             with anyio.fail_after(self.join_timeout):
                 await self._start(ids, names, alive)
-            await self.system.wait_nodes(list(names.values()), self.join_timeout)
+            await self._joined(list(names.values()))
         except BaseException as err:
             with anyio.CancelScope(shield=True):
                 await self._stop_all()
@@ -365,6 +366,31 @@ class RayPlacement:
                 raise TokenyardError(f"Ray could not start node {name}: {err}") from err
             info = self.nodes[name]
             self.nodes[name] = dataclasses.replace(info, pid=pid)
+
+    async def _joined(self, names: list[str]) -> None:
+        """Wait until every node has joined the system, failing as soon as one ends first
+        (a bad ``keys`` path, say: it exits at once, and `join_timeout` need not pass).
+        Plain tasks, not a task group: its errors would come wrapped in an ExceptionGroup."""
+        joined = asyncio.ensure_future(self.system.wait_nodes(names, self.join_timeout))
+        ends = {asyncio.ensure_future(self._keepers[n].wait.remote()): n for n in names}
+        try:
+            done, _ = await asyncio.wait([joined, *ends], return_when=asyncio.FIRST_COMPLETED)
+            if joined in done:
+                joined.result()  # TimeoutError: one never joined
+                return
+            ended = next(iter(done))
+            name = ends[ended]
+            try:
+                why = f"exited with status {ended.result()}"
+            except ray.exceptions.RayError as err:
+                why = f"was lost (Ray reports its keeper dead: {err})"
+            raise TokenyardError(
+                f"tokenyard node {name} {why} before it joined (its own log, in the Ray "
+                "worker's, says why)"
+            )
+        finally:
+            for task in (joined, *ends):
+                task.cancel()
 
     async def _watch(self, name: str) -> None:
         """Await the keeper's `NodeKeeper.wait`: it returns when the node ends, and fails

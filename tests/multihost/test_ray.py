@@ -43,7 +43,7 @@ _before_ray = ProcessGlobals()
 import ray as ray_module  # noqa: E402
 import ray.cluster_utils as cluster_utils  # noqa: E402
 
-from runtime import ActorSystem, Cause, ChildSpec, Supervisor  # noqa: E402
+from runtime import ActorSystem, Cause, ChildSpec, Supervisor, TokenyardError  # noqa: E402
 from runtime.ray import RayPlacement, session_members  # noqa: E402
 from tests.conftest import child_pids  # noqa: E402
 from tests.integration._actors import Echo, GetPid, Ping, Pong, Worker  # noqa: E402
@@ -215,6 +215,24 @@ class TestRayPlacement:
         finally:
             if side is not None:
                 ray_cluster.remove(side)
+
+    async def test_a_node_that_ends_before_it_joins_fails_the_placement_at_once(
+        self, ray_cluster: RayCluster, tmp_path: Path
+    ) -> None:
+        """A node that cannot start (here, ``keys`` names a directory without the system's
+        key) exits at once: before, the placement waited out its whole join_timeout, and
+        said only that the node did not join."""
+        elsewhere = tmp_path / "no-keys-here"
+        elsewhere.mkdir()
+        async with root_system(ray_cluster, tmp_path) as system:
+            places = RayPlacement(
+                system, elsewhere, [ray_cluster.head_id], env={"PYTHONPATH": str(ROOT)},
+                join_timeout=60,
+            )  # fmt: skip
+            with pytest.raises(TokenyardError, match="exited with status 2 before it joined"):
+                async with places:
+                    pytest.fail("a node without keys joined")
+            assert places.nodes == {}
 
     async def test_a_killed_keeper_ends_its_node_and_leaving_ends_the_rest(
         self, ray_cluster: RayCluster, tmp_path: Path
