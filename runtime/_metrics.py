@@ -17,6 +17,7 @@ import bisect
 import logging
 import math
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -163,7 +164,13 @@ class Counter:
         self.value = 0.0
 
     def inc(self, amount: float = 1.0) -> None:
-        """Add ``amount`` (not negative)."""
+        """Add ``amount``.
+
+        Raises:
+            ValueError: ``amount`` is negative (a counter never goes down).
+        """
+        if amount < 0:
+            raise ValueError(f"a counter only goes up: inc({amount})")
         self.value += amount
 
 
@@ -258,6 +265,34 @@ class Family:
         return FamilySnapshot(self.name, self.kind, self.help, self.labelnames, tuple(series))
 
 
+#: What Prometheus's text format allows as a metric name, and as a label name.
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def _check(name: str, kind: str, labelnames: Sequence[str], bounds: Sequence[float]) -> None:
+    """Refuse a family Prometheus's text format cannot carry as given.
+
+    Raises:
+        ValueError: A name or a label name it does not allow (``__`` begins the names it
+            reserves; a histogram's ``le`` labels its buckets), a label named twice, or
+            histogram bounds that are not finite and ascending.
+    """
+    if not _METRIC_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a metric name: [a-zA-Z_:][a-zA-Z0-9_:]*")
+    for label in labelnames:
+        if not _LABEL_NAME.fullmatch(label) or label.startswith("__"):
+            raise ValueError(f"{label!r} is not a label name: [a-zA-Z_][a-zA-Z0-9_]*, no __")
+        if label == "le" and kind == HISTOGRAM:
+            raise ValueError(f"histogram {name!r}: 'le' labels its buckets")
+    if len(set(labelnames)) != len(labelnames):
+        raise ValueError(f"{name!r}: a label named twice in {tuple(labelnames)}")
+    if kind == HISTOGRAM:
+        if not all(map(math.isfinite, bounds)):
+            raise ValueError(f"histogram {name!r}: bounds {tuple(bounds)} are not all finite")
+        Histogram(bounds)  # they ascend
+
+
 class Registry:
     """The families of one process, by name; asking twice for a name gives the same family
     (an actor restarted in the same process keeps counting where its predecessor stopped).
@@ -271,10 +306,16 @@ class Registry:
     ) -> Family:
         family = self._families.get(name)
         if family is None:
+            _check(name, kind, labelnames, bounds)
             family = self._families[name] = Family(name, kind, help, labelnames, bounds)
-        elif family.kind != kind or family.labelnames != tuple(labelnames):
+        elif (
+            family.kind != kind
+            or family.labelnames != tuple(labelnames)
+            or family.bounds != tuple(bounds)
+        ):
             raise ValueError(
                 f"metric {name!r} is already a {family.kind} with labels {family.labelnames}"
+                + (f" and bounds {family.bounds}" if family.bounds else "")
             )
         return family
 

@@ -4,6 +4,7 @@ and summing families over processes."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -61,6 +62,37 @@ class TestFamilies:
             registry.gauge("c_total", "help", ["k"])
         with pytest.raises(ValueError, match="labels"):
             first.labels("a", "b")
+
+    @pytest.mark.parametrize(
+        ("make", "why"),
+        [
+            (lambda r: r.counter("my-requests_total", "h"), "not a metric name"),
+            (lambda r: r.counter("c_total", "h", ["route-name"]), "not a label name"),
+            (lambda r: r.counter("c_total", "h", ["__name"]), "not a label name"),
+            (lambda r: r.counter("c_total", "h", ["k", "k"]), "a label named twice"),
+            (lambda r: r.histogram("h_seconds", "h", [1.0], ["le"]), "'le' labels its buckets"),
+            (lambda r: r.histogram("h_seconds", "h", [1.0, math.inf]), "not all finite"),
+            (lambda r: r.histogram("h_seconds", "h", [2.0, 1.0]), "ascend"),
+        ],
+    )
+    def test_a_family_the_text_format_cannot_carry_is_refused(self, make: Any, why: str) -> None:
+        """Before, each was rendered wrong: a hyphen turned into an underscore (two
+        families of one name), a histogram's own ``le`` label lost its buckets."""
+        with pytest.raises(ValueError, match=why):
+            make(Registry())
+
+    def test_a_histogram_asked_again_with_other_bounds_is_refused(self) -> None:
+        registry = Registry()
+        registry.histogram("h_seconds", "h", [1.0, 2.0])
+        with pytest.raises(ValueError, match="bounds"):
+            registry.histogram("h_seconds", "h", [1.0, 5.0])
+
+    def test_a_counter_never_goes_down(self) -> None:
+        served = Registry().counter("served_total", "h").labels()
+        with pytest.raises(ValueError, match="only goes up"):
+            served.inc(-5)
+        served.inc(0)
+        assert served.value == 0
 
     def test_a_gauge_with_a_function_is_read_when_snapshotted(self) -> None:
         registry = Registry()
