@@ -179,10 +179,15 @@ class Mailbox:
 
     def drain(self, limit: int = 1024) -> list[Item]:
         """Read up to ``limit`` queued messages without waiting (tells stay undecoded), and
-        no more once the unhandled bytes pass the budget (one at the least)."""
+        no more once the bytes read pass the budget (one at the least).
+
+        The budget counts the bytes as they came, headers included (a traced tell's trace
+        context with them); the queue's counters count the messages' own bytes. The drained
+        run is handled whole before the next drain, so what one drain holds is bounded."""
         items: list[Item] = []
         sock = self.sock
-        size = 0
+        size = 0  # bytes read: what the budget bounds
+        held = 0  # bytes of the messages read
         budget = self._budget - self._queued_bytes
         while len(items) < limit and (size < budget or not items):
             try:
@@ -193,24 +198,26 @@ class Mailbox:
                 break
             self._received += 1
             if frame and frame[0] == HEADER_MARK:
-                framed = self._framed(frame)
+                framed, arrived = self._framed(frame)
+                size += arrived
                 if isinstance(framed, Envelope):
                     items.append(framed)
-                    size += framed.size
+                    held += framed.size
                     if framed.header.corr:
                         # Somebody waits for its answer: that goes out before the next
                         # read, which, when the request came alone, is one that fails
                         # (5 us here, most of it zmq.Again's construction).
                         break
-                elif framed is not None:  # a bundle of tells (a `Traced`'s len is its body's)
+                elif framed is not None:  # tells (a `Traced`'s len is its message's)
                     items += framed
-                    size += sum(map(len, framed))
+                    held += sum(map(len, framed))
                 continue
             items.append(frame)
             size += len(frame)
+            held += len(frame)
         self._queued += len(items)
-        self._queued_bytes += size
-        self._received_bytes += size
+        self._queued_bytes += held
+        self._received_bytes += held
         return items
 
     async def receive(self, limit: int = 1024) -> list[Item]:
@@ -223,8 +230,15 @@ class Mailbox:
             if items:
                 return items
 
-    def _framed(self, first: bytes) -> Envelope | list[bytes | Traced] | None:
+    def _framed(self, first: bytes) -> tuple[Envelope | list[bytes | Traced] | None, int]:
+        """What a framed message holds (``None``: refused), and the bytes it came as."""
         rest = recv_rest(self.sock, MAX_FRAMES)
+        arrived = len(first) + (0 if rest is None else sum(map(len, rest)))
+        return self._taken(first, rest, arrived), arrived
+
+    def _taken(
+        self, first: bytes, rest: list[bytes] | None, size: int
+    ) -> Envelope | list[bytes | Traced] | None:
         try:
             header = decode_header(first)
             if not rest or len(rest) != header.frames:
@@ -246,7 +260,6 @@ class Mailbox:
             return self._unbundle(body)
         if header.kind is Kind.TELL:  # taken like a bundle's traced tell
             return [Traced(body, header.trace)]
-        size = len(first) + sum(map(len, rest))
         if header.kind is Kind.LOOKUP or (header.kind is Kind.METRICS and body):
             decoder = lookup_decoder if header.kind is Kind.LOOKUP else metrics_decoder
             try:
@@ -265,6 +278,8 @@ class Mailbox:
         """The tells of a bundle, in order: each a tell's frame, or a traced tell."""
         try:
             bundled = tells_decoder.decode(body)
+            if not bundled:  # never sent: a bundle carries one tell at least
+                raise ProtocolError("an empty bundle")
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection
             self.reject(err, body)
             return None

@@ -43,6 +43,7 @@ from ._actors import (
     Pong,
     Slow,
     TellTo,
+    Tick,
 )
 
 if TYPE_CHECKING:
@@ -420,6 +421,32 @@ class TestMemoryIsBoundedInBytes:
             assert sent < 100  # the sender was pushed back long before 500 MiB
             assert grown < bound + 16 * 1024 * 1024, (grown, bound)
             count = await echo.ask(GetCount(), timeout=30)
+            assert count.n == sent  # everything accepted was handled once the actor woke
+
+    async def test_traced_tells_hold_no_more_than_the_bound_their_contexts_included(
+        self,
+    ) -> None:
+        """A tell's trace context rides in its header: before, the budget counted only its
+        body, and tiny messages with near a megabyte of contexts each filled the mailbox
+        far past its bound (54-104 MB over a 6 MiB bound)."""
+        trace = ("a" * 500,) * 1_800  # 0.9 MB of contexts, within every bound of a trace
+        async with ActorSystem(
+            hwm=64, rcvhwm=4, mailbox_bytes=1024 * 1024, max_message_size=1024 * 1024
+        ) as system:
+            echo = await system.spawn(Echo, name="echo")
+            pid = system.pid_of(echo)
+            assert pid is not None
+            baseline = rss_bytes(pid)
+            await echo.tell(Slow(seconds=2.0))  # busy: nothing is handled meanwhile
+            sent = 0
+            with contextlib.suppress(MailboxFullError):
+                for _ in range(150):
+                    await echo.tell(Tick(n=sent), trace=trace, timeout=0.5)
+                    sent += 1
+            count = await echo.ask(GetCount(), timeout=60)
+            grown = rss_bytes(pid) - baseline
+            bound = system.options.memory_bound()
+            assert grown < bound + 16 * 1024 * 1024, (grown, bound)
             assert count.n == sent  # everything accepted was handled once the actor woke
 
     def test_the_default_bound_of_a_mailbox_is_sized_for_a_real_machine(self) -> None:

@@ -375,6 +375,8 @@ class TestBundles:
                 push.send_multipart([head.bundle, b"\xc1garbage"])
                 push.send_multipart([head.bundle, msgspec.msgpack.encode([good[0], b"\xc1"])])
                 push.send_multipart([head.bundle, msgspec.msgpack.encode([[good[1], [1]]])])
+                # Counted neither received nor rejected, before.
+                push.send_multipart([head.bundle, msgspec.msgpack.encode([])])
                 push.send_multipart([head.bundle, msgspec.msgpack.encode([good[2]])])
                 with anyio.fail_after(10):
                     while len((got := await ref.ask(GetSeen())).seen) < 2:
@@ -383,7 +385,7 @@ class TestBundles:
                 push.close(0)
             assert got.seen == [(0, ()), (2, ())]
             stats = await system.statistics(ref)
-            assert (stats.rejected, stats.failed, stats.queued) == (3, 0, 0)
+            assert (stats.rejected, stats.failed, stats.queued) == (4, 0, 0)
 
     def test_a_traced_tells_header_is_the_header_encoded_with_its_context(self) -> None:
         head = TellHeaders("me", b"k" * 16)
