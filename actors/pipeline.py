@@ -3,7 +3,8 @@
 The caller's side of the pipeline lives in the caller's process: an in-process inbox actor
 receives every output and every ``WorkerUp`` / ``WorkerDown``, and resolves each request:
 a request whose worker (or detokenizer, or scheduler) died before any output reached the
-caller is resubmitted to a live worker; one that had output fails with ``WorkerDiedError``.
+caller is resubmitted to a live worker (what had arrived unread goes with the lost attempt);
+a stream that had yielded output fails with ``WorkerDiedError``.
 
 Each attempt of a request travels under its own rid (the request's id, then ``<id>-1``,
 ``<id>-2``, ... for resubmissions): output still on its way for an abandoned attempt is
@@ -119,7 +120,9 @@ class _Request:
     stream: bool
     #: The worker incarnation holding the current attempt; None until it took it.
     origin: Origin | None = None
-    got_output: bool = False
+    #: Output reached the caller (a stream yielded): the request can no longer be started
+    #: again behind its back.
+    delivered: bool = False
     resubmits: int = 0
     #: Text not yet read: every piece of a stream, the whole text of a generate.
     pieces: collections.deque[str] = field(default_factory=collections.deque)
@@ -255,7 +258,10 @@ class _CallerState:
         resubmitted (under a new attempt rid, already in ``requests``)."""
         self.requests.pop(req.request.rid, None)
         req.origin = None
-        if resubmittable(member, req.got_output, req.resubmits):
+        if resubmittable(member, req.delivered, req.resubmits):
+            # What the lost attempt sent and nobody read goes with it: the next starts over.
+            req.pieces.clear()
+            req.ids, req.unread, req.last = [], 0, None
             req.resubmits += 1
             self.resubmitted += 1
             self._resubmissions.inc()
@@ -324,7 +330,6 @@ class PipelineInbox(Actor[CallerMessage]):
             if out.error is not None and out.finish_reason == "abort":
                 self._failed(req, out)
                 continue
-            req.got_output = True
             if out.text:
                 req.pieces.append(out.text)
             req.ids.extend(out.output_ids)
@@ -544,7 +549,9 @@ class Pipeline:
         Raises:
             InvalidRequestError: The request breaks a limit (``max_new_tokens``, the prompt's
                 size), or holds a value of the wrong type; nothing was sent.
-            WorkerDiedError: Its worker died after output had reached this caller.
+            WorkerDiedError: The members serving it died more times than it may be started
+                again (`MAX_RESUBMITS`): nothing reaches this caller before the end, so
+                each death before then starts it over.
             RequestFailedError: The pipeline refused it (e.g. an empty prompt).
             PipelineBusyError: No worker took it in time.
             PipelineClosedError: The pipeline closed meanwhile.
@@ -591,7 +598,9 @@ class Pipeline:
         Raises:
             InvalidRequestError: The request breaks a limit, or holds a value of the wrong
                 type; nothing was sent.
-            WorkerDiedError: Its worker died after pieces had been yielded.
+            WorkerDiedError: Its worker died after pieces had been yielded (a death before
+                the first piece starts it again; what had arrived unread goes with the
+                lost attempt).
             SlowReaderError: The reader fell too far behind.
             RequestFailedError: The pipeline refused it (e.g. an empty prompt).
             PipelineBusyError: No worker took it in time.
@@ -634,6 +643,7 @@ class Pipeline:
                     piece, ids = "".join(req.pieces), req.ids
                     req.pieces.clear()
                     req.ids, req.unread = [], 0
+                    req.delivered = True
                     yield msgspec.structs.replace(last, text=piece, output_ids=ids)
                     if last.finish_reason is not None:
                         return

@@ -394,6 +394,43 @@ class TestSharedMemberDeaths:
             assert d.live_states == 0
 
 
+class TestOutputNobodyReadYet:
+    async def test_a_stream_that_has_yielded_nothing_is_started_again(self) -> None:
+        """The stand-in's first token for this prompt is the first half of a character
+        spelled over two ids: its output carries an id and no text, and yields nothing.
+        Before, any output that had reached the pipeline made a death final
+        (WorkerDiedError with nothing yielded)."""
+        prompt = "prompt 3"  # first yielded: "👍", ids [275, 3870], the first held a step
+        async with Pipeline(workers=2, step_time=0.5) as p:
+            inbox = await p.system.lookup("pipeline-inbox")
+            before = (await p.system.statistics(inbox)).handled
+            pieces: list[str] = []
+
+            async def read() -> None:
+                pieces.extend([piece async for piece in p.stream(prompt, max_new_tokens=4)])
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(read)
+                    # The held id's output reached the pipeline (its inbox handled it): its
+                    # counters, read in this process without a wait, polled.
+                    for _ in range(1000):
+                        if (await p.system.statistics(inbox)).handled > before:
+                            break
+                        await anyio.sleep(0.005)  # sync-ok: polling the inbox's counters
+                    else:
+                        pytest.fail("no output reached the pipeline in 5 s")
+                    assert not pieces
+                    scheduler = await p.system.lookup("scheduler")
+                    pid = p.system.pid_of(scheduler)
+                    assert pid is not None
+                    os.kill(pid, signal.SIGKILL)
+            assert pieces == ["👍", "🏽"]
+            expected = await p.generate(prompt, max_new_tokens=4)
+            assert "".join(pieces) == expected.text
+            assert (p.resubmitted, p.failed) == (1, 0)
+
+
 class TestStreamingDeaths:
     async def test_streams_on_a_killed_worker_fail_once_they_had_output_and_the_rest_resubmit(
         self,
