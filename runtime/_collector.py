@@ -27,6 +27,7 @@ children, so the restart history survives every one of them.
 
 from __future__ import annotations
 
+import math
 import time
 
 from ._actor import Actor, handler
@@ -58,9 +59,13 @@ class MetricsCollector(Actor[CollectorMessage]):
     of an actor it gathers from (that actor's mailbox would answer only after the handler).
 
     Args:
-        retention: Seconds a dead incarnation's series are kept after its ``Down``.
+        retention: Seconds a dead incarnation's series are kept after its ``Down``
+            (finite, 0 or more).
         max_dead: Most dead incarnations kept.
-        timeout: Seconds each process has to answer a gathering.
+        timeout: Seconds each process has to answer a gathering (finite, above 0).
+
+    Raises:
+        ValueError: An argument is out of its range, or NaN or infinite.
 
     Example:
         >>> collector = await system.spawn(MetricsCollector, name="metrics", process=False)
@@ -68,10 +73,19 @@ class MetricsCollector(Actor[CollectorMessage]):
     """
 
     def __init__(self, retention: float = 300.0, max_dead: int = 256, timeout: float = 2.0):
-        if retention < 0 or max_dead < 0 or timeout <= 0:
+        # Each check says what is allowed: NaN fails every comparison, so it is refused
+        # too (checks of what is refused, such as `timeout <= 0`, let it through).
+        if not 0 <= retention < math.inf:
             raise ValueError(
-                f"retention={retention}, max_dead={max_dead}, timeout={timeout}: "
-                "need >= 0, >= 0 and > 0"
+                f"retention={retention}: seconds a dead incarnation is kept, a finite number "
+                "of 0 or more"
+            )
+        if max_dead < 0:
+            raise ValueError(f"max_dead={max_dead}: dead incarnations kept, 0 or more")
+        if not 0 < timeout < math.inf:
+            raise ValueError(
+                f"timeout={timeout}: seconds each process has to answer a gathering, a "
+                "finite number above 0"
             )
         self.retention = retention
         self.max_dead = max_dead

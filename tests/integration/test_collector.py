@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import re
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import pytest
 
 from runtime import (
     ActorRef,
@@ -28,8 +31,6 @@ from ._actors import Echo, Metered, Ping, Pong, Slow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    import pytest
 
 
 def dead_names(metrics: SystemMetrics) -> list[str]:
@@ -169,3 +170,34 @@ class TestAGaugeWhoseFunctionFails:
             broken = [f for f in metrics.families if f.name == "test_broken"]
             assert all(not f.series for f in broken)
         assert any("test_broken" in r.getMessage() for r in caplog.records)
+
+
+class TestArguments:
+    @pytest.mark.parametrize(
+        ("arguments", "named"),
+        [
+            ({"timeout": math.nan}, "timeout=nan"),
+            ({"timeout": math.inf}, "timeout=inf"),
+            ({"timeout": 0.0}, "timeout=0.0"),
+            ({"retention": math.nan}, "retention=nan"),
+            ({"retention": math.inf}, "retention=inf"),
+            ({"retention": -1.0}, "retention=-1.0"),
+            ({"max_dead": -1}, "max_dead=-1"),
+        ],
+        ids=[
+            "timeout-nan",
+            "timeout-inf",
+            "timeout-0",
+            "retention-nan",
+            "retention-inf",
+            "retention-negative",
+            "max-dead-negative",
+        ],
+    )
+    def test_a_value_out_of_range_or_not_finite_is_refused_with_its_name(
+        self, arguments: dict[str, Any], named: str
+    ) -> None:
+        """Before, NaN passed the range checks: with timeout=nan every gathering then
+        failed, and with retention=nan dead incarnations never expired."""
+        with pytest.raises(ValueError, match=re.escape(named)):
+            MetricsCollector(**arguments)
