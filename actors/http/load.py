@@ -38,12 +38,14 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import re
 import resource
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -560,8 +562,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line: run a load and print its summary as JSON.
 
     Returns:
-        0 when every request streamed to its end, 1 when some failed, 2 for an argument
-        refused (one line on stderr says which).
+        0 when every request streamed to its end; 1 when some failed, or when the
+        ``--json`` file failed to be written (after the summary is printed); 2 for an
+        argument refused before the load runs (a ``--json`` file that cannot be written is
+        one). A refusal or a failed write is one line on stderr.
     """
     parser = argparse.ArgumentParser(
         prog="python -m actors load",
@@ -588,7 +592,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--model")
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
-    parser.add_argument("--json", help="write every record here")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="write every record here, after the summary (checked before the load runs)",
+    )
     parser.add_argument(
         "--api-key",
         metavar="KEY",
@@ -599,15 +607,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = _spec(args)
+        if args.json:
+            _check_writable(args.json)
     except ValueError as err:
         sys.stderr.write(f"{parser.prog}: {err}\n")
         return 2
     result = asyncio.run(run_load(spec))
-    if args.json:
-        with open(args.json, "wb") as out:
-            out.write(msgspec.json.encode(result))
+    # The summary first: a file that fails to be written (a full disk) loses no more.
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(summarize(result)).decode()) + "\n")
+    sys.stdout.flush()
+    if args.json:
+        try:
+            with open(args.json, "wb") as out:
+                out.write(msgspec.json.encode(result))
+        except OSError as err:
+            sys.stderr.write(
+                f"{parser.prog}: --json {args.json}: the records were not written: {err}\n"
+            )
+            return 1
     return 0 if result.records and all(r.ok for r in result.records) else 1
+
+
+def _check_writable(path: str) -> None:
+    """Refuse a ``--json`` file that cannot be written, before the load runs (a typo would
+    otherwise cost the whole run).
+
+    Raises:
+        ValueError: ``path`` is a directory, or in none, or this user may not write it.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"--json {path}: a directory; name a file in it")
+    if not target.parent.is_dir():
+        raise ValueError(f"--json {path}: no directory {target.parent}")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise ValueError(f"--json {path}: this user may not write it")
+    elif not os.access(target.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--json {path}: this user may not make a file in {target.parent}")
 
 
 def _spec(args: argparse.Namespace) -> LoadSpec:

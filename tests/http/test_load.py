@@ -6,19 +6,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import socket
 from typing import TYPE_CHECKING
 
+import msgspec
 import pytest
 
 from actors.__main__ import main as actors_main
 from actors.http import ApiKey, ServeConfig
-from actors.http.load import LoadSpec, main, run_load, summarize
+from actors.http.load import LoadResult, LoadSpec, main, run_load, summarize
 
 from ._server import running_serve, serve_pipeline
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
 
 OK_EVENTS = (
     b'data: {"choices":[{"index":0,"text":"Hel"}]}\n\n'
@@ -182,6 +185,37 @@ class TestFailures:
         assert actors_main(["load", "--url", f"http://127.0.0.1:{port}", "--requests", "2"]) == 1
         assert '"refused": 2' in capsys.readouterr().out
 
+    def test_json_writes_every_record_and_the_summary_is_printed_too(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        path = tmp_path / "records.json"
+        url = f"http://127.0.0.1:{port}"
+        assert main(["--url", url, "--requests", "2", "--json", str(path)]) == 1
+        assert '"refused": 2' in capsys.readouterr().out
+        result = msgspec.json.decode(path.read_bytes(), type=LoadResult)
+        assert [r.error for r in result.records] == ["refused", "refused"]
+
+    @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+    def test_a_json_file_that_fails_to_be_written_after_the_run_costs_no_summary(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, the summary was printed only after the file was written: a write that
+        failed lost every measurement of the run, with a traceback. /dev/full takes the
+        check made before the run and fails the write (no space left)."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        assert main(["--url", url, "--requests", "1", "--json", "/dev/full"]) == 1
+        out, err = capsys.readouterr()
+        assert '"refused": 1' in out
+        (line,) = err.splitlines()
+        assert line.startswith("python -m actors load: --json /dev/full: the records were not")
+        assert "No space left on device" in line
+
     async def test_extra_headers_go_with_every_request(self) -> None:
         heads: list[bytes] = []
         traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -260,6 +294,8 @@ class TestRefusedArguments:
             (["--url", "http://127.0.0.1:99999"], "url 'http://127.0.0.1:99999'"),
             (["--url", "http://:8000"], "url 'http://:8000'"),
             (["--api-key", "two words"], "the API key is empty or has a character"),
+            (["--json", "/nonexistent-dir/records.json"], "no directory /nonexistent-dir"),
+            (["--json", "."], "--json .: a directory"),
         ],
         ids=[
             "requests-0",
@@ -274,6 +310,8 @@ class TestRefusedArguments:
             "port-out-of-range",
             "no-host",
             "key-with-a-space",
+            "json-in-no-directory",
+            "json-a-directory",
         ],
     )
     def test_a_bad_value_exits_2_with_one_line_naming_it(
@@ -284,7 +322,8 @@ class TestRefusedArguments:
         capsys: pytest.CaptureFixture[str],
     ) -> None:
         """Before, --requests 0 sent 100 requests and --concurrency 0 or a bad port was a
-        traceback; a URL without http:// went to port 80 of another host."""
+        traceback; a URL without http:// went to port 80 of another host; a --json file
+        that could not be written was a traceback after the whole run, its summary lost."""
         monkeypatch.delenv("TOKENYARD_API_KEY", raising=False)
         argv = ["--url", "http://127.0.0.1:8000", *arguments]
         assert actors_main(["load", *argv]) == 2
