@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
+import msgspec
 
 from ._collector import GetMetrics
 from ._credentials import Credentials
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ("COLUMNS", "Frame", "View", "main", "render_frame")
 
+#: The shortest ``--interval``, in seconds: each refresh asks every process of the system
+#: for its statistics, and a shorter interval would load the system it watches.
+MIN_INTERVAL = 0.1
 #: The narrowest the last reason is shown (it takes whatever width is left beyond).
 LAST_REASON_MIN = 16
 #: The most width the last reason claims before a column of lower rank is shown.
@@ -281,13 +285,14 @@ def render_frame(frame: Frame) -> View:
     return View(header, rows, dead)
 
 
-async def _watch(path: str, interval: float, once: bool, timeout: float) -> int:
+async def _watch(
+    path: str, credentials: Credentials, interval: float, once: bool, timeout: float
+) -> int:
     from rich.console import Console
     from rich.live import Live
 
     from ._system import ActorSystem
 
-    credentials = _load(path)
     if credentials.collector is None:
         sys.stderr.write(
             f"{path} names no metrics collector: the system must save its credentials with "
@@ -373,6 +378,13 @@ async def _until_stopped(keys: int | None, scope: anyio.CancelScope) -> None:
 
 
 def _load(path: str) -> Credentials:
+    """The credentials in ``path``.
+
+    Raises:
+        OSError: It cannot be read, or belongs to another user, or others can read it.
+        msgspec.DecodeError: It is not a credentials file (`msgspec.ValidationError`, a
+            subclass, when it is JSON of another shape).
+    """
     info = os.stat(path)
     if info.st_uid != os.getuid():
         raise PermissionError(
@@ -392,13 +404,51 @@ def _parser() -> argparse.ArgumentParser:
         help="the system's credentials file (serve --credentials PATH writes it)",
     )
     parser.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between refreshes (%(default)s)"
+        "--interval",
+        type=_interval,
+        default=1.0,
+        metavar="S",
+        help=f"seconds between refreshes, at least {MIN_INTERVAL:g} (%(default)s)",
     )
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for an answer (%(default)s)"
+        "--timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for an answer, above 0 (%(default)s)",
     )
     return parser
+
+
+def _seconds(text: str) -> float:
+    """An option's seconds: a finite number above 0.
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text}: give a finite number of seconds above 0")
+    return value
+
+
+def _interval(text: str) -> float:
+    """``--interval``: seconds, at least `MIN_INTERVAL`.
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    value = _seconds(text)
+    if value < MIN_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"{text}: give at least {MIN_INTERVAL:g} seconds (each refresh asks every "
+            "process of the system for its statistics)"
+        )
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -410,9 +460,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("top draws with rich, which is not installed: pip install rich\n")
         return 2
     try:
-        return anyio.run(_watch, args.credentials, args.interval, args.once, args.timeout)
+        credentials = _load(args.credentials)
+        return anyio.run(
+            _watch, args.credentials, credentials, args.interval, args.once, args.timeout
+        )
     except KeyboardInterrupt:
         return 0
-    except (OSError, PermissionError) as err:
+    except OSError as err:  # PermissionError among them
         sys.stderr.write(f"cannot attach: {err}\n")
+        return 1
+    except msgspec.DecodeError as err:  # msgspec.ValidationError among them
+        sys.stderr.write(f"cannot attach: {args.credentials} is not a credentials file: {err}\n")
         return 1

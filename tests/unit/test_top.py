@@ -1,8 +1,10 @@
-"""``runtime.top``'s view at every terminal width: columns are left out, numbers never cut."""
+"""``runtime.top``'s view at every terminal width: columns are left out, numbers never cut;
+and the values and files its command line refuses before it attaches."""
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import pytest
 from rich.console import Console
@@ -18,7 +20,10 @@ from runtime._stats import (
     ProcessResources,
     SystemMetrics,
 )
-from runtime.top import COLUMNS, Frame, render_frame
+from runtime.top import COLUMNS, Frame, main, render_frame
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 BOUNDS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
@@ -137,3 +142,66 @@ class TestTheViewAtItsWidth:
             assert actor_column in columns
             if len(columns) > 4:
                 assert core <= columns, width
+
+
+class TestTheCommandLine:
+    @pytest.mark.parametrize(
+        ("arguments", "named"),
+        [
+            (["--interval", "-1"], "argument --interval: -1: give a finite number of seconds"),
+            (["--interval", "nan"], "argument --interval: nan: give a finite number of seconds"),
+            (["--interval", "inf"], "argument --interval: inf: give a finite number of seconds"),
+            (["--interval", "0"], "argument --interval: 0: give a finite number of seconds"),
+            (["--interval", "0.05"], "argument --interval: 0.05: give at least 0.1 seconds"),
+            (["--interval", "soon"], "argument --interval: 'soon' is not a number of seconds"),
+            (["--timeout", "0"], "argument --timeout: 0: give a finite number of seconds"),
+            (["--timeout", "-1"], "argument --timeout: -1: give a finite number of seconds"),
+            (["--timeout", "nan"], "argument --timeout: nan: give a finite number of seconds"),
+        ],
+        ids=[
+            "interval-negative",
+            "interval-nan",
+            "interval-inf",
+            "interval-0",
+            "interval-below-the-least",
+            "interval-not-a-number",
+            "timeout-0",
+            "timeout-negative",
+            "timeout-nan",
+        ],
+    )
+    def test_an_interval_or_timeout_out_of_range_exits_2_with_the_usage(
+        self, arguments: list[str], named: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, --interval -1 or nan drew one view and then was a traceback, --interval 0
+        gathered the whole system back to back, and --timeout 0 or -1 was taken."""
+        with pytest.raises(SystemExit) as exited:
+            main(["--credentials", "/nonexistent/credentials.json", *arguments])
+        assert exited.value.code == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("usage: python -m runtime top")
+        assert err.splitlines()[-1].startswith(f"python -m runtime top: error: {named}")
+
+    @pytest.mark.parametrize(
+        ("content", "problem"),
+        [
+            ("", "Input data was truncated"),
+            ("not json", "JSON is malformed"),
+            ('{"a": 1}', "Object missing required field"),
+        ],
+        ids=["empty", "not-json", "another-shape"],
+    )
+    def test_a_file_that_is_not_credentials_cannot_be_attached_with_in_one_line(
+        self, content: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, each was a msgspec traceback: only an OSError was caught."""
+        path = tmp_path / "credentials.json"
+        path.write_text(content)
+        path.chmod(0o600)
+        assert main(["--credentials", str(path), "--once"]) == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        (line,) = err.splitlines()
+        assert line.startswith(f"cannot attach: {path} is not a credentials file: ")
+        assert problem in line
