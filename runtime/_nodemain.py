@@ -11,18 +11,23 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
+import zmq
 
-from ._auth import Keys
+from ._auth import AddressPolicy, Keys
 from ._launcher import DEFAULT_START
 from ._logging import configure_logging
 from ._nodes import NodeService
 from ._system import ActorSystem
-from ._transport import raise_fd_limit
+from ._transport import bracketed, raise_fd_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 logger = logging.getLogger("tokenyard.nodes")
+
+#: The longest ``--heartbeat``, a day: libzmq's heartbeat settings (three heartbeats, in
+#: milliseconds, in a C int) overflow past about eight.
+MAX_HEARTBEAT = 86_400.0
 
 DESCRIPTION = """\
 Run a node of the system whose root listens at ADDRESS (its ActorSystem.address, such as
@@ -45,7 +50,11 @@ def node_main(argv: list[str]) -> int:
     parser.add_argument("--host", required=True, help="the address this node binds on")
     parser.add_argument("--port", type=int, default=0, help="its reply inbox's port (0: any)")
     parser.add_argument(
-        "--heartbeat", type=float, default=5.0, metavar="S", help="seconds (default 5)"
+        "--heartbeat",
+        type=_heartbeat,
+        default=5.0,
+        metavar="S",
+        help="seconds, above 0 and at most a day (default 5)",
     )
     parser.add_argument(
         "--start",
@@ -55,6 +64,13 @@ def node_main(argv: list[str]) -> int:
     )
     parser.add_argument("--stdin-eof", action="store_true", help="stop when standard input ends")
     args = parser.parse_args(argv)
+    if not args.name.strip():
+        parser.error(f"--name {args.name!r}: give the node a name (the system finds it by it)")
+    if not AddressPolicy("", any_tcp=True).allows(args.system):
+        parser.error(
+            f"--system {args.system}: give the root's address as tcp://HOST:PORT (its "
+            "ActorSystem.address)"
+        )
     # A node joins a system whose key exists: it never makes one (a mistyped directory
     # would otherwise get a fresh key, and the node would wait for ever, in silence).
     key_file = os.path.join(args.keys, "system.key")
@@ -69,6 +85,13 @@ def node_main(argv: list[str]) -> int:
             f"--host {args.host}: the node tells the system this address to reach it by; "
             "give this host's address on the network the system shares"
         )
+    problem = _bind_problem(args.host, args.port)
+    if problem is not None:
+        where = f"--host {args.host}" + (f" --port {args.port}" if args.port else "")
+        parser.error(
+            f"{where}: this host cannot bind there ({problem}); give one of its own "
+            "addresses (or an interface's name)"
+        )
     raise_fd_limit()  # every connection to its inbox, a stranger's included, is a descriptor
     configure_logging(logging.INFO, f"node {args.name}")
     try:
@@ -76,6 +99,40 @@ def node_main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _heartbeat(text: str) -> float:
+    """``--heartbeat``: seconds above 0, at most `MAX_HEARTBEAT`.
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= MAX_HEARTBEAT:  # NaN too
+        raise argparse.ArgumentTypeError(
+            f"{text}: give a number of seconds above 0 and at most {MAX_HEARTBEAT:g} (a day)"
+        )
+    return value
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why the node's inbox could not bind on ``host`` and ``port``, or ``None``: found by
+    binding a socket there, as the inbox will, and closing it, before anything starts."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.PULL)
+        try:
+            sock.bind(f"tcp://{bracketed(host)}:{port or '*'}")
+        except zmq.ZMQError as err:
+            return str(err)
+        finally:
+            sock.close(0)
+    finally:
+        ctx.term()
+    return None
 
 
 async def _serve_node(args: Any) -> None:

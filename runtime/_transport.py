@@ -125,7 +125,7 @@ def bind_pull(
         if options.transport == "ipc":
             sock.bind(f"ipc://{os.path.join(ipc_dir, stem)}")
         else:
-            sock.bind(f"tcp://{_bracketed(options.tcp_host)}:{port or '*'}")
+            sock.bind(f"tcp://{bracketed(options.tcp_host)}:{port or '*'}")
     except zmq.ZMQError as err:
         sock.close(0)
         raise ProtocolError(f"cannot bind a mailbox socket: {err}") from err
@@ -133,7 +133,8 @@ def bind_pull(
     return sock, address
 
 
-def _bracketed(host: str) -> str:
+def bracketed(host: str) -> str:
+    """``host`` as a tcp address spells it (an IPv6 address in brackets)."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 

@@ -505,3 +505,54 @@ class TestTheNodeCommand:
         readable = node(keys)
         assert readable.returncode == 2
         assert "Traceback" not in readable.stderr
+
+    @pytest.mark.parametrize(
+        ("option", "value", "named"),
+        [
+            ("--heartbeat", "0", "argument --heartbeat: 0: give a number of seconds above 0"),
+            ("--heartbeat", "-1", "argument --heartbeat: -1: give a number of seconds"),
+            ("--heartbeat", "nan", "argument --heartbeat: nan: give a number of seconds"),
+            ("--heartbeat", "inf", "argument --heartbeat: inf: give a number of seconds"),
+            ("--heartbeat", "1e7", "argument --heartbeat: 1e7: give a number of seconds"),
+            ("--host", "not-a-host", "--host not-a-host: this host cannot bind there"),
+            ("--host", "192.0.2.1", "--host 192.0.2.1: this host cannot bind there"),
+            ("--system", "garbage", "--system garbage: give the root's address as tcp://"),
+            ("--system", "tcp://127.0.0.1", "--system tcp://127.0.0.1: give the root's"),
+            ("--system", "tcp://127.0.0.1:99999", "--system tcp://127.0.0.1:99999: give"),
+            ("--name", "", "--name '': give the node a name"),
+            ("--name", " ", "--name ' ': give the node a name"),
+        ],
+        ids=[
+            "heartbeat-0",
+            "heartbeat-negative",
+            "heartbeat-nan",
+            "heartbeat-inf",
+            "heartbeat-beyond-a-day",
+            "host-unknown",
+            "host-not-this-hosts",
+            "system-garbage",
+            "system-no-port",
+            "system-port-out-of-range",
+            "name-empty",
+            "name-blank",
+        ],
+    )
+    def test_a_bad_value_exits_2_naming_it_before_the_node_starts(
+        self, option: str, value: str, named: str, tmp_path: Path
+    ) -> None:
+        """Before, each was a traceback and status 1 once the system had started opening
+        (1e7 s: libzmq's heartbeat settings overflowed), and an empty name was taken.
+        --stdin-eof on an empty stdin: a node that wrongly starts stops at once."""
+        keys = tmp_path / "keys"
+        Keys.load(keys)  # the system's own key, as a root makes it
+        given = {"--system": "tcp://127.0.0.1:9", "--name": "b", "--host": "127.0.0.1"}
+        given[option] = value
+        command = [sys.executable, "-m", "runtime", "node", "--keys", str(keys), "--stdin-eof"]
+        command += [word for pair in given.items() for word in pair]
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert done.stderr.startswith("usage: python -m runtime node")
+        assert done.stderr.splitlines()[-1].startswith(f"python -m runtime node: error: {named}")
