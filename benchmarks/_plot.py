@@ -359,13 +359,18 @@ def _panel_height(chart: Chart, figures: list[Figure]) -> float:
     return PANEL_MARGIN + rows + legend
 
 
-def draw_chart(result: SuiteResult, chart: Chart, out: Path) -> Path:
-    """Draw one chart of a suite into ``out`` and return the file written."""
-    figures = [
+def chart_figures(result: SuiteResult, chart: Chart) -> list[Figure]:
+    """The figures of ``result`` that ``chart`` draws."""
+    return [
         f
         for f in result.figures
         if f.metric in chart.metrics and (not chart.payloads or f.payload in chart.payloads)
     ]
+
+
+def draw_chart(result: SuiteResult, chart: Chart, out: Path) -> Path:
+    """Draw one chart of a suite into ``out`` and return the file written."""
+    figures = chart_figures(result, chart)
     panels = _panels(chart, figures)
     members = {
         panel: [f for f in figures if not chart.panel_by or f.payload == panel] for panel in panels
@@ -398,9 +403,13 @@ def default_out(results_path: str) -> str:
 
 
 def plot_results(results: Results, out: str) -> list[Path]:
-    """Draw every chart of every suite in ``results`` into the directory ``out``."""
+    """Draw every chart of every suite in ``results`` into the directory ``out``, but a
+    chart with no figure to draw (the engines suite's, when neither engine was there)."""
     directory = Path(out)
     directory.mkdir(parents=True, exist_ok=True)
     return [
-        draw_chart(result, chart, directory) for result in results.suites for chart in result.charts
+        draw_chart(result, chart, directory)
+        for result in results.suites
+        for chart in result.charts
+        if chart_figures(result, chart)
     ]

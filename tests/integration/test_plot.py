@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import engines
 from benchmarks._plot import (
     DPI,
     METRIC_LABELS,
@@ -17,7 +18,7 @@ from benchmarks._plot import (
     metric_label,
     plot_results,
 )
-from benchmarks._results import read_results
+from benchmarks._results import Results, SuiteResult, read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
@@ -67,3 +68,18 @@ def test_every_chart_of_the_committed_results_is_drawn_at_page_width(tmp_path: P
         width, height = png_size(path)
         assert width == int(WIDTH * DPI), path.name
         assert height <= 3 * width, path.name  # the tallest, 3 panels of 4 bars a row, is 2.5
+
+
+def test_a_suite_that_measured_nothing_draws_no_chart_and_stops_no_other(
+    tmp_path: Path,
+) -> None:
+    # The engines suite where neither llama.cpp nor vLLM is installed: its charts, no figures.
+    (results,) = (p for p in RESULTS if p.name == "bench-2026-12-04-all.json")
+    every = read_results(str(results))
+    dispatch = next(s for s in every.suites if s.suite == "dispatch")
+    nothing = SuiteResult(
+        suite="engines", duration_s=0.1, params={}, figures=[], charts=list(engines.CHARTS)
+    )
+    two = Results(started=every.started, argv=[], machine=every.machine, suites=[nothing, dispatch])
+    paths = plot_results(two, str(tmp_path))
+    assert [p.name for p in paths] == [f"{c.name}.png" for c in dispatch.charts]
