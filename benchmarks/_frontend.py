@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple
 
 from ._llamacpp_server import ENGINE_THREAD
-from ._proc import BenchmarkError, _env, reap
+from ._proc import BenchmarkError, _env, parent_death_signal, reap
 from .serve import cpu_seconds, tree
 
 if TYPE_CHECKING:
@@ -238,7 +238,13 @@ def start(
     cmd: Sequence[str], env: dict[str, str] | None = None, log: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``cmd`` in a session of its own, its output piped, or written to ``log`` (for
-    a chatty process nobody reads during the run: a full pipe would stall it)."""
+    a chatty process nobody reads during the run: a full pipe would stall it).
+
+    It gets SIGTERM, and stops as it does when the suite stops it, if this process dies
+    without its ``finally`` blocks (SIGKILL, the OOM killer): in a session of its own, no
+    signal to this one's process group reaches it. Call from the main thread (see
+    `benchmarks._proc.parent_death_signal`).
+    """
     if log is None:
         out: int | IO[bytes] = subprocess.PIPE
         err: int | IO[bytes] = subprocess.PIPE
@@ -252,6 +258,7 @@ def start(
             stderr=err,
             env=env or _env(),
             start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGTERM),
         )
     finally:
         if not isinstance(out, int):

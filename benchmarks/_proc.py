@@ -23,7 +23,7 @@ import msgspec
 from ._stats import nearest_rank_quantile
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 #: Seconds a process gets between SIGTERM and SIGKILL.
 _GRACE = 2.0
@@ -188,3 +188,24 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def parent_death_signal(signum: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen`` that has Linux send the child ``signum``
+    when its parent dies, however it dies (SIGKILL, the OOM killer); ``None`` elsewhere.
+
+    For a child that is not ours to edit (``python -m actors serve``, ``vllm serve``), as
+    `die_with_parent` is for our peers. Linux sends it when the *thread* that forked the
+    child ends: start the child from the thread that outlives it (the main thread).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os._exit(1)
+
+    return preexec

@@ -8,6 +8,7 @@ actor): they check the plumbing a real run depends on, in a few seconds each.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
@@ -17,6 +18,7 @@ import platform
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +43,7 @@ from benchmarks._results import (
     write_results,
 )
 from benchmarks._vllm_frontend import missing as vllm_missing
+from tests.conftest import exits_within
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -520,6 +523,63 @@ class TestTheCommandLine:
             build_parser().parse_args(argv)
         assert exc.value.code == 2
         assert "--workers" in capsys.readouterr().err
+
+
+class TestSignals:
+    """SIGTERM and Ctrl-C end a run cleanly: its processes and directories gone, no
+    traceback; SIGKILL leaves no server behind."""
+
+    @pytest.mark.timeout(120)
+    def test_the_engines_suites_server_ends_when_the_suite_is_sigkilled(self) -> None:
+        # The suite's parent process, cut down to starting tokenyard's server as the
+        # engines suite does (benchmarks._frontend), on the stand-in engine.
+        script = (
+            "import sys\n"
+            "from benchmarks._frontend import START_TIMEOUT, read_line, running,"
+            " tokenyard_serve_command\n"
+            "with running(tokenyard_serve_command(1, []), 'serve') as proc:\n"
+            "    read_line(proc, 'serving ', START_TIMEOUT, 'serve')\n"
+            "    print(proc.pid, flush=True)\n"
+            "    sys.stdin.read()\n"
+        )
+        parent = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        server: list[int] = []
+        try:
+            assert parent.stdout is not None
+            server = [int(parent.stdout.readline())]
+            server += descendants(server[0])
+            parent.kill()
+            parent.communicate()
+            deadline = time.monotonic() + 30
+            alive = [
+                p for p in server if not exits_within(p, max(0.0, deadline - time.monotonic()))
+            ]
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+            parent.communicate()
+            for pid in server:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        assert len(server) > 1  # the server and its actor processes
+        assert not alive, f"still running after the suite's SIGKILL: {alive}"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, now."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            for child in map(int, (task / "children").read_text().split()):
+                found += [child, *descendants(child)]
+    return found
 
 
 # -- the pure parts, on hand-made figures -----------------------------------------------------
