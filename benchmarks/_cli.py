@@ -138,7 +138,15 @@ def run_suites(
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    # What Ctrl-C does: inside asyncio.run or anyio.run, the runner's SIGINT handler cancels
+    # the main task, which unwinds every task (a KeyboardInterrupt raised here would end
+    # whichever task runs, and asyncio would log "Task exception was never retrieved");
+    # elsewhere, Python's own raises KeyboardInterrupt.
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:  # SIGINT ignored (a background job of a script): unwind all the same
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -525,9 +525,53 @@ class TestTheCommandLine:
         assert "--workers" in capsys.readouterr().err
 
 
+#: A suite whose run is asyncio clients, as the serve and engines suites' load generator
+#: is, one of which gets a SIGTERM while it runs.
+SIGTERM_IN_A_TASK = """
+import asyncio, os, signal, sys
+import anyio
+from benchmarks import _cli
+from benchmarks._suite import Suite
+
+async def client(i):
+    while True:
+        await asyncio.sleep(0)
+        if i == 3 and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+async def load():
+    async with asyncio.TaskGroup() as tg:
+        for i in range(8):
+            tg.create_task(client(i))
+
+def run(args, progress):
+    anyio.run(load)
+    raise AssertionError("the load was not interrupted")
+
+sent = []
+_cli.SUITES["load"] = Suite(name="load", help="clients in tasks", run=run)
+sys.exit(_cli.main(["load"]))
+"""
+
+
 class TestSignals:
     """SIGTERM and Ctrl-C end a run cleanly: its processes and directories gone, no
     traceback; SIGKILL leaves no server behind."""
+
+    def test_sigterm_while_asyncio_tasks_run_cancels_them_without_a_traceback(self) -> None:
+        done = subprocess.run(
+            [sys.executable, "-c", SIGTERM_IN_A_TASK],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            check=False,
+        )
+        assert done.returncode == 130, done.stderr
+        assert "interrupted" in done.stdout
+        assert done.stderr == ""  # not "Task exception was never retrieved"
 
     @pytest.mark.timeout(120)
     def test_the_engines_suites_server_ends_when_the_suite_is_sigkilled(self) -> None:
