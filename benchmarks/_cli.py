@@ -7,6 +7,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+import msgspec
 from rich.console import Console
 
 from . import (
@@ -23,13 +24,21 @@ from . import (
 )
 from ._console import RichProgress, print_summary
 from ._proc import BenchmarkError
-from ._results import Results, describe_machine, now_iso, read_results, write_results
+from ._results import (
+    Results,
+    check_writable,
+    describe_machine,
+    now_iso,
+    read_results,
+    write_results,
+)
+from ._suite import positive_int
 
 if TYPE_CHECKING:
     from types import FrameType
 
     from ._results import SuiteResult
-    from ._suite import Suite
+    from ._suite import Option, Suite
 
 #: Every suite, in the order ``all`` runs them. A new suite is a module with a ``SUITE``
 #: and one line here.
@@ -50,15 +59,57 @@ SUITES: dict[str, Suite] = {
 }
 
 
+#: The options every suite's command takes, which ``all`` hands to each suite.
+COMMON = ("command", "json", "full", "rounds", "check")
+
+
+class CommandError(Exception):
+    """The command cannot do what it was asked (a file it cannot read or write, a suite that
+    cannot run here): one line says why."""
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write every figure and the machine here")
     parser.add_argument(
-        "--full", action="store_true", help="longer runs (default: quick, under a minute a suite)"
+        "--full",
+        action="store_true",
+        help="longer runs (default: quick, under a minute a suite)",
     )
-    parser.add_argument("--rounds", type=int, metavar="N", help="timed rounds per variant")
+    parser.add_argument("--rounds", type=positive_int, metavar="N", help="timed rounds per variant")
     parser.add_argument(
         "--check", action="store_true", help="exit with status 1 when a target is missed"
     )
+
+
+def _meanings() -> dict[str, set[str]]:
+    """Each suite option's flag, and the names the suites that have it read it under."""
+    meanings: dict[str, set[str]] = {}
+    for suite in SUITES.values():
+        for option in suite.options:
+            meanings.setdefault(option.flag, set()).add(option.name)
+    return meanings
+
+
+def _dest_in_all(suite: Suite, option: Option, meanings: dict[str, set[str]]) -> str:
+    """Where ``all`` stores a suite's option: a flag of one meaning once, under the flag,
+    for every suite that has it; a flag of several meanings under each suite's name (two
+    suites' options of one name, dispatch's ``--workers N`` and serve's ``--workers 1,2,4``,
+    never share a place)."""
+    if len(meanings[option.flag]) > 1:
+        return f"{suite.name}.{option.name}"
+    return option.flag
+
+
+def suite_args(args: argparse.Namespace, suite: Suite) -> argparse.Namespace:
+    """The arguments as ``suite`` reads them: under ``all``, the common options and the
+    suite's own, each under the name the suite reads, and nothing of the other suites'."""
+    if args.command != "all":
+        return args
+    own = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in COMMON})
+    meanings = _meanings()
+    for option in suite.options:
+        setattr(own, option.name, getattr(args, _dest_in_all(suite, option, meanings)))
+    return own
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,21 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
             option.add_to(p)
     every = sub.add_parser("all", help="run every suite", description="Run every suite.")
     _common(every)
-    meanings: dict[str, set[str]] = {}
+    meanings = _meanings()
+    users: dict[str, list[tuple[Suite, Option]]] = {}
     for suite in SUITES.values():
         for option in suite.options:
-            meanings.setdefault(option.flag, set()).add(option.name)
-    added: set[str] = set()
+            users.setdefault(option.flag, []).append((suite, option))
     for suite in SUITES.values():
         group = every.add_argument_group(f"{suite.name} options")
         for option in suite.options:
+            dest = _dest_in_all(suite, option, meanings)
             if len(meanings[option.flag]) > 1:
                 # One flag, two meanings (dispatch's --workers N, pipeline's --workers 1,2,4):
                 # in `all`, each suite's is spelled with the suite's name.
-                option.add_to(group, f"--{suite.name}-{option.flag.removeprefix('--')}")
-            elif option.flag not in added:  # a flag shared by two suites is one option
-                added.add(option.flag)
-                option.add_to(group)
+                option.add_to(group, f"--{suite.name}-{option.flag.removeprefix('--')}", dest)
+            elif users[option.flag][0][0] is suite:  # a shared flag: once, for every suite
+                option.add_to(group, dest=dest)
     plot = sub.add_parser(
         "plot",
         help="draw PNG charts from a --json results file",
@@ -106,35 +157,96 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reason(err: OSError) -> str:
+    if isinstance(err, FileExistsError):  # a directory to make is a file
+        return f"{err.filename} is a file, not a directory"
+    return err.strerror or str(err)
+
+
 def run_suites(
     names: list[str], args: argparse.Namespace, console: Console, argv: list[str]
 ) -> int:
-    """Run the named suites with a progress bar, print the summary, write ``--json``
-    (``argv``: the command line it records, without ``python -m benchmarks``)."""
-    if args.rounds is not None and args.rounds <= 0:
-        raise SystemExit(f"--rounds must be positive (got {args.rounds})")
+    """Run the named suites with a progress display, print the summary, write ``--json``
+    (``argv``: the command line it records, without ``python -m benchmarks``).
+
+    Whatever can stop a suite before it measures (a suite's `Suite.check`, an unwritable
+    ``--json``) is found before the first suite runs; ``--json`` is written again after
+    every suite, so that a later failure or Ctrl-C keeps what was measured.
+
+    Raises:
+        CommandError: A suite cannot run here, or ``--json`` cannot be written.
+    """
+    problems = [
+        f"{name}: {problem}"
+        for name in names
+        if (problem := SUITES[name].check(suite_args(args, SUITES[name])))
+    ]
+    if problems:
+        raise CommandError("; ".join(problems))
+    if args.json:
+        try:
+            check_writable(args.json)
+        except OSError as err:
+            raise CommandError(f"cannot write --json {args.json}: {_reason(err)}") from None
     started = now_iso()
     results: list[SuiteResult] = []
-    with RichProgress(console) as progress:
-        for name in names:
-            progress.suite(name)
-            results.append(SUITES[name].run(args, progress))
-            progress.done()
     machine = describe_machine()
+    display = RichProgress(console)
+    try:
+        with display as progress:
+            for name in names:
+                progress.suite(name)
+                results.append(SUITES[name].run(suite_args(args, SUITES[name]), progress))
+                progress.done()
+                machine = describe_machine()
+                if args.json:
+                    record = Results(
+                        started=started,
+                        argv=["python", "-m", "benchmarks", *argv],
+                        machine=machine,
+                        suites=results,
+                    )
+                    try:
+                        write_results(args.json, record)
+                    except OSError as err:
+                        raise CommandError(
+                            f"cannot write --json {args.json}: {_reason(err)}"
+                        ) from None
+    except (BenchmarkError, KeyboardInterrupt):
+        if args.json and results:
+            done = ", ".join(r.suite for r in results)
+            console.print(f"{args.json} holds the suites measured before: {done}", markup=False)
+        raise
     print_summary(console, machine, results)
     if args.json:
-        write_results(
-            args.json,
-            Results(
-                started=started,
-                argv=["python", "-m", "benchmarks", *argv],
-                machine=machine,
-                suites=results,
-            ),
-        )
-        console.print(f"wrote {args.json}")
+        console.print(f"wrote {args.json}", markup=False)
     missed = [t.name for r in results for t in r.targets if not t.met]
     return 1 if args.check and missed else 0
+
+
+def plot(args: argparse.Namespace, console: Console) -> int:
+    """Draw the charts of ``args.results``.
+
+    Raises:
+        CommandError: The file cannot be read or is not a results file, or the charts
+            cannot be written.
+    """
+    from ._plot import default_out, plot_results
+
+    try:
+        results = read_results(args.results)
+    except OSError as err:
+        raise CommandError(f"cannot read {args.results}: {_reason(err)}") from None
+    except msgspec.MsgspecError as err:
+        raise CommandError(f"{args.results} is not a results file of --json: {err}") from None
+    out = args.out or default_out(args.results)
+    try:
+        paths = plot_results(results, out)
+    except OSError as err:
+        raise CommandError(f"cannot write the charts into {out}: {_reason(err)}") from None
+    for path in paths:
+        console.print(f"wrote {path}", markup=False)
+    return 0
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -161,14 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
         if args.command == "plot":
-            from ._plot import default_out, plot_results
-
-            out = args.out or default_out(args.results)
-            for path in plot_results(read_results(args.results), out):
-                console.print(f"wrote {path}")
-            return 0
+            return plot(args, console)
         names = list(SUITES) if args.command == "all" else [args.command]
         return run_suites(names, args, console, argv)
+    except CommandError as err:
+        Console(stderr=True, soft_wrap=True).print(f"error: {err}", style="red", markup=False)
+        return 2
     except BenchmarkError as err:
         console.print(f"[red]benchmark failed:[/] {err}")
         return 2

@@ -9,11 +9,13 @@ chart can be drawn from the file alone, long after the run. A suite describes it
 from __future__ import annotations
 
 import datetime
+import errno
 import importlib.metadata
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import msgspec
@@ -269,10 +271,30 @@ def write_results(path: str, results: Results) -> None:
     target.write_bytes(msgspec.json.format(msgspec.json.encode(results), indent=2) + b"\n")
 
 
+def check_writable(path: str) -> None:
+    """Fail now, not after the run, where `write_results` could not write ``path``: its
+    parent directory is made, and a file is created in it and removed.
+
+    Raises:
+        OSError: ``path`` is a directory, its parent cannot be made, or nothing can be
+            written in it.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    os.unlink(probe)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+
 def read_results(path: str) -> Results:
     """Read a file written by ``--json``.
 
     Raises:
-        msgspec.ValidationError: The file is not a results file.
+        OSError: It cannot be read (missing, a directory, no permission).
+        msgspec.MsgspecError: It is not a results file (not JSON, empty, another shape).
     """
     return msgspec.json.decode(Path(path).read_bytes(), type=Results)

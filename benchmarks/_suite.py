@@ -8,6 +8,7 @@ bar, the summary table, ``--json`` and ``plot`` without further edits.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,19 +31,36 @@ class Progress(Protocol):
         """Mark the current step done."""
 
 
+def positive_int(text: str) -> int:
+    """An option's value that must be a whole number above zero.
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     """A suite-specific command-line option (``--messages N``).
 
     Options with the same flag and ``dest`` in two suites are one option: ``all`` adds it
-    once. One flag with two meanings (two ``dest``) is added to ``all`` once per suite, as
-    ``--<suite>-<flag>``.
+    once, and gives its value to each. One flag with two meanings (two ``dest``) is added to
+    ``all`` once per suite, as ``--<suite>-<flag>``. Either way, ``all`` hands each suite
+    only its own options' values (``benchmarks._cli.suite_args``).
 
     Attributes:
         flag: The option as typed (``"--workers"``).
         help: One line for ``--help``.
         type: Turns the text into the value (and rejects bad text with
-            ``argparse.ArgumentTypeError``).
+            ``argparse.ArgumentTypeError``, so that a bad value ends the command line before
+            any suite runs); default `positive_int`.
         metavar: The placeholder in ``--help``.
         dest: The attribute of the parsed arguments the suite reads (default: the flag's
             name, ``--max-new`` -> ``max_new``).
@@ -50,7 +68,7 @@ class Option:
 
     flag: str
     help: str
-    type: Callable[[str], object] = int
+    type: Callable[[str], object] = positive_int
     metavar: str = "N"
     dest: str = ""
 
@@ -60,12 +78,19 @@ class Option:
         return self.dest or self.flag.removeprefix("--").replace("-", "_")
 
     def add_to(
-        self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str = ""
+        self,
+        parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+        flag: str = "",
+        dest: str = "",
     ) -> None:
         """Add the option (default ``None``: the suite picks quick or ``--full`` sizes),
-        under ``flag`` instead of its own flag if given."""
+        under ``flag`` and into ``dest`` instead of its own if given."""
         parser.add_argument(
-            flag or self.flag, dest=self.name, type=self.type, metavar=self.metavar, help=self.help
+            flag or self.flag,
+            dest=dest or self.name,
+            type=self.type,
+            metavar=self.metavar,
+            help=self.help,
         )
 
 
@@ -79,26 +104,32 @@ class Suite:
         run: Measures everything and returns the suite's result; ``args`` holds the common
             options (``full``, ``rounds``) and the suite's own.
         options: The suite's own options.
+        check: Why the suite cannot run with ``args`` here (``None``: it can), asked of
+            every suite before the first runs, so that ``all`` does not stop at a suite's
+            turn after measuring the others (multihost: root).
     """
 
     name: str
     help: str
     run: Callable[[argparse.Namespace, Progress], SuiteResult]
     options: tuple[Option, ...] = field(default=())
+    check: Callable[[argparse.Namespace], str | None] = field(default=lambda _: None)
 
 
-def positive_int(text: str) -> int:
-    """An option's value that must be a whole number above zero.
+def positive_seconds(text: str) -> float:
+    """An option's value in seconds: a finite number above zero.
 
     Raises:
         argparse.ArgumentTypeError: It is not.
     """
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds above 0, got {text!r}"
+        )
     return value
 
 

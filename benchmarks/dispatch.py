@@ -467,13 +467,29 @@ async def drive_actors(opts: argparse.Namespace) -> Measurement:
 
 # -- the suite ------------------------------------------------------------------------------
 
+
+def workers(text: str) -> int:
+    """``--workers``: 1 to `BATCH_SIZE` (a step's requests, one a worker at most).
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    value = positive_int(text)
+    if value > BATCH_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"a step holds {BATCH_SIZE} requests, so at most {BATCH_SIZE} workers can own one"
+            f" each, got {value}"
+        )
+    return value
+
+
 OPTIONS = (
     Option("--steps", "32-request steps dispatched per round (quick 3000, full 30000)"),
     Option(
         "--workers",
         f"workers the requests of a step belong to, one receiver process each (1-{BATCH_SIZE},"
         f" default {WORKERS})",
-        type=positive_int,
+        type=workers,
     ),
 )
 
@@ -529,12 +545,7 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     start = time.monotonic()
     rounds = args.rounds or (5 if args.full else 3)
     steps = pick(args, "steps", 3_000, 30_000)
-    workers = pick(args, "workers", WORKERS, WORKERS)
-    if workers > BATCH_SIZE:
-        raise SystemExit(
-            f"--workers {workers}: a step holds {BATCH_SIZE} requests, so at most {BATCH_SIZE}"
-            " workers can own one each"
-        )
+    workers = pick(args, "workers", WORKERS, WORKERS)  # at most BATCH_SIZE: see workers()
     progress.begin(len(LABELS))
     figures: list[Figure] = []
     wire: dict[str, int] = {}

@@ -71,7 +71,7 @@ from ._frontend import (
 from ._proc import BenchmarkError
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
 from ._stats import RULE, nearest_rank_quantile
-from ._suite import Option, Suite, pick
+from ._suite import Option, Suite, pick, positive_seconds
 from .serve import PROMPTS
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ OPTIONS = (
     Option(
         "--duration",
         "seconds of timed load per variant (quick 5, full 20)",
-        type=float,
+        type=positive_seconds,
         metavar="S",
     ),
     Option(
@@ -517,7 +517,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     """Every front end in its own processes, one after the other, each with a fresh engine."""
     start = time.monotonic()
     concurrency = pick(args, "concurrency", 8, 16)
-    duration = float(getattr(args, "duration", None) or (20.0 if args.full else 5.0))
+    given: float | None = getattr(args, "duration", None)
+    duration = (20.0 if args.full else 5.0) if given is None else given
     max_tokens = pick(args, "max_tokens", MAX_TOKENS, MAX_TOKENS)
     n_parallel = pick(args, "n_parallel", N_PARALLEL, N_PARALLEL)
     worker_counts = getattr(args, "worker_counts", None) or WORKER_COUNTS

@@ -76,7 +76,7 @@ from ._proc import BenchmarkError, _env, reap
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
 from ._serve_peer import PeerReport
 from ._stats import RULE, nearest_rank_quantile
-from ._suite import Option, Suite, pick
+from ._suite import Option, Suite, pick, positive_seconds
 from ._tracing import SETUP as TRACING_SETUP
 from .pipeline import WORKER_COUNTS, worker_counts
 
@@ -97,7 +97,7 @@ OPTIONS = (
     Option(
         "--duration",
         "seconds of timed load per variant (quick 5, full 20)",
-        type=float,
+        type=positive_seconds,
         metavar="S",
     ),
     Option("--worker-kills", f"worker SIGKILLs under load ({KILLS})"),
@@ -633,7 +633,8 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     """Every variant in its own server process; then the kills."""
     start = time.monotonic()
     concurrency = pick(args, "concurrency", 32, 64)
-    duration = float(getattr(args, "duration", None) or (20.0 if args.full else 5.0))
+    given: float | None = getattr(args, "duration", None)
+    duration = (20.0 if args.full else 5.0) if given is None else given
     todo = variants(getattr(args, "workers", None) or WORKER_COUNTS)
     progress.begin(len(todo) + 1)
     figures: list[Figure] = []

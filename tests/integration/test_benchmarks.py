@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import math
@@ -27,8 +28,9 @@ import pytest
 from actors.messages import BatchTokenIDOutput
 from benchmarks import dispatch, engines, mailbox, pipeline, serve, spawn, supervision
 from benchmarks._cli import SUITES, build_parser
+from benchmarks._cli import main as cli_main
 from benchmarks._plot import plot_results
-from benchmarks._proc import Latency
+from benchmarks._proc import BenchmarkError, Latency
 from benchmarks._results import (
     BASELINE,
     INFO,
@@ -46,7 +48,10 @@ from benchmarks._vllm_frontend import missing as vllm_missing
 from tests.conftest import exits_within
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    import argparse
+    from collections.abc import Callable, Iterator
+
+    from benchmarks._suite import Progress
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -501,28 +506,230 @@ class TestTheCommandLine:
         args = build_parser().parse_args(["pipeline", "--workers", "4,2,2"])
         assert args.worker_counts == (1, 2, 4)
 
-    def test_all_spells_a_flag_with_two_meanings_once_per_suite(self) -> None:
-        args = build_parser().parse_args(
-            ["all", "--dispatch-workers", "8", "--pipeline-workers", "2", "--steps", "5"]
-        )
-        assert (args.workers, args.worker_counts, args.steps) == (8, (1, 2), 5)
-
     @pytest.mark.parametrize(
-        "argv",
+        ("argv", "flag"),
         [
-            ["dispatch", "--workers", "0"],
-            ["pipeline", "--workers", "1,x"],
-            ["all", "--workers", "2"],
+            (["dispatch", "--workers", "0"], "--workers"),
+            (["pipeline", "--workers", "1,x"], "--workers"),
+            (["all", "--workers", "2"], "--workers"),
+            # Each suite's values are checked as the command line is read, not at the
+            # suite's turn in `all`, after the suites before it have run.
+            (["all", "--losses", "0"], "--losses"),
+            (["all", "--dispatch-workers", "33"], "--dispatch-workers"),
+            (["mailbox", "--messages", "-1"], "--messages"),
+            (["all", "--rounds", "0"], "--rounds"),
+            (["serve", "--duration", "0"], "--duration"),
+            (["serve", "--duration", "-1"], "--duration"),
+            (["engines", "--duration", "nan"], "--duration"),
+            (["all", "--duration", "inf"], "--duration"),
         ],
-        ids=["zero workers", "not a count", "ambiguous in all"],
+        ids=[
+            "zero workers",
+            "not a count",
+            "ambiguous in all",
+            "zero losses in all",
+            "more dispatch workers than requests in all",
+            "negative messages",
+            "zero rounds",
+            "zero seconds",
+            "negative seconds",
+            "nan seconds",
+            "endless in all",
+        ],
     )
     def test_a_bad_option_is_refused_before_anything_runs(
-        self, argv: list[str], capsys: pytest.CaptureFixture[str]
+        self, argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         with pytest.raises(SystemExit) as exc:
             build_parser().parse_args(argv)
         assert exc.value.code == 2
-        assert "--workers" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert flag in err
+        assert "invalid" not in err  # the type's own message, not argparse's "invalid x value"
+
+
+class FakeSuites:
+    """Every suite of the CLI with its ``run`` replaced: it records the arguments it was
+    given and the output printed so far, reports one step, and returns one figure, or
+    raises what ``fail`` holds for it. Nothing is measured."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+        self.seen: dict[str, argparse.Namespace] = {}
+        self.printed: dict[str, str] = {}
+        self.fail: dict[str, BaseException] = {}
+        self._capsys = capsys
+        for name, suite in list(SUITES.items()):
+            run = functools.partial(self._run, name)
+            monkeypatch.setitem(SUITES, name, dataclasses.replace(suite, run=run))
+        # The multihost suite needs root; as nothing is measured, any user will do.
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+
+    def _run(self, name: str, args: argparse.Namespace, progress: Progress) -> SuiteResult:
+        self.seen[name] = args
+        progress.begin(1)
+        progress.step(f"{name}'s only variant")
+        out, err = self._capsys.readouterr()
+        self.printed[name] = out
+        sys.stdout.write(out)  # kept for the test's own readouterr
+        sys.stderr.write(err)
+        if name in self.fail:
+            raise self.fail[name]
+        progress.advance()
+        fig = figure(f"{name}.throughput", 1.0)
+        return SuiteResult(suite=name, duration_s=0.0, params={}, figures=[fig])
+
+
+@pytest.fixture
+def fake_suites(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> FakeSuites:
+    """`FakeSuites`, for a test that runs the CLI's ``main`` in this process."""
+    return FakeSuites(monkeypatch, capsys)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[..., tuple[int, str, str]]]:
+    """``python -m benchmarks`` in this process: its exit status, stdout and stderr (the
+    SIGTERM handler it installs is removed afterwards)."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = cli_main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    try:
+        yield run
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class TestAll:
+    """``python -m benchmarks all`` and a suite's command, with suites that measure nothing."""
+
+    def test_each_suite_gets_its_own_options_and_no_other_suites(
+        self, fake_suites: FakeSuites, cli: Callable[..., tuple[int, str, str]]
+    ) -> None:
+        code, _, _ = cli(
+            "all", "--dispatch-workers", "8", "--serve-workers", "4", "--pipeline-workers", "2",
+            "--worker-counts", "3", "--steps", "5", "--concurrency", "7",
+        )  # fmt: skip
+        assert code == 0
+        seen = fake_suites.seen
+        assert list(seen) == list(SUITES)
+        assert (seen["dispatch"].workers, seen["dispatch"].steps) == (8, 5)
+        assert seen["serve"].workers == (1, 4)
+        assert seen["pipeline"].worker_counts == (1, 2)
+        assert seen["engines"].worker_counts == (3,)
+        assert [seen[n].concurrency for n in ("pipeline", "serve", "engines")] == [7, 7, 7]
+        assert not hasattr(seen["dispatch"], "worker_counts")
+        assert not hasattr(seen["mailbox"], "workers")
+
+    def test_one_suites_workers_never_reach_another_suite(
+        self, fake_suites: FakeSuites, cli: Callable[..., tuple[int, str, str]]
+    ) -> None:
+        assert cli("all", "--serve-workers", "1,2", "--pipeline-workers", "4")[0] == 0
+        seen = fake_suites.seen
+        assert (seen["dispatch"].workers, seen["serve"].workers) == (None, (1, 2))
+        assert (seen["pipeline"].worker_counts, seen["engines"].worker_counts) == ((1, 4), None)
+
+    @pytest.mark.parametrize(
+        ("failure", "status"),
+        [(BenchmarkError("a driver exited with status 1"), 2), (KeyboardInterrupt(), 130)],
+        ids=["a suite fails", "ctrl-c"],
+    )
+    def test_the_suites_measured_before_a_failure_are_kept_in_json(
+        self,
+        fake_suites: FakeSuites,
+        cli: Callable[..., tuple[int, str, str]],
+        tmp_path: Path,
+        failure: BaseException,
+        status: int,
+    ) -> None:
+        names = list(SUITES)
+        fake_suites.fail[names[2]] = failure
+        results = tmp_path / "results.json"
+        code, out, _ = cli("all", "--json", str(results))
+        assert code == status
+        assert [s.suite for s in read_results(str(results)).suites] == names[:2]
+        assert str(results) in out
+
+    def test_a_suite_that_cannot_run_here_stops_all_before_the_first_suite(
+        self,
+        fake_suites: FakeSuites,
+        cli: Callable[..., tuple[int, str, str]],
+        monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path,
+    ) -> None:
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+        code, _, err = cli("all", "--json", str(tmp_path / "results.json"))
+        assert code == 2
+        assert fake_suites.seen == {}
+        assert "multihost" in err
+        assert "root" in err
+        assert "Traceback" not in err
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("where", ["a file", "a directory"])
+    def test_an_unwritable_json_path_is_refused_before_anything_runs(
+        self,
+        fake_suites: FakeSuites,
+        cli: Callable[..., tuple[int, str, str]],
+        tmp_path: Path,
+        where: str,
+    ) -> None:
+        (tmp_path / "file").write_text("")
+        path = tmp_path / "file" / "results.json" if where == "a file" else tmp_path
+        code, _, err = cli("detokenize", "--json", str(path))
+        assert code == 2
+        assert fake_suites.seen == {}
+        assert len(err.splitlines()) == 1
+        assert str(path) in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+class TestPlotErrors:
+    """``plot`` on what is not a results file, or into what is not a directory: one line."""
+
+    @pytest.mark.parametrize(
+        ("content", "says"),
+        [
+            (None, "No such file"),
+            (b"{not json", "not a results file"),
+            (b"", "not a results file"),
+            (b'{"a": 1}', "not a results file"),
+            ("directory", "Is a directory"),
+        ],
+        ids=["missing", "malformed", "empty", "another shape", "a directory"],
+    )
+    def test_a_file_that_is_not_a_results_file(
+        self,
+        cli: Callable[..., tuple[int, str, str]],
+        tmp_path: Path,
+        content: bytes | str | None,
+        says: str,
+    ) -> None:
+        path = tmp_path / "results.json"
+        if content == "directory":
+            path.mkdir()
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        code, _, err = cli("plot", str(path))
+        assert code == 2
+        assert len(err.splitlines()) == 1, err
+        assert str(path) in err
+        assert says in err
+
+    def test_out_that_is_a_file(
+        self, cli: Callable[..., tuple[int, str, str]], tmp_path: Path
+    ) -> None:
+        results = tmp_path / "results.json"
+        write_results(
+            str(results),
+            Results(started=now_iso(), argv=[], machine=describe_machine(), suites=[]),
+        )
+        code, _, err = cli("plot", str(results), "--out", str(results))
+        assert code == 2
+        assert len(err.splitlines()) == 1, err
+        assert "not a directory" in err
 
 
 #: A suite whose run is asyncio clients, as the serve and engines suites' load generator
