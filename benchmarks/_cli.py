@@ -22,7 +22,7 @@ from . import (
     spawn,
     supervision,
 )
-from ._console import RichProgress, print_summary
+from ._console import PlainProgress, RichProgress, print_summary
 from ._proc import BenchmarkError
 from ._results import (
     Results,
@@ -68,14 +68,15 @@ class CommandError(Exception):
     cannot run here): one line says why."""
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, rounds: str = "timed rounds per variant") -> None:
     parser.add_argument("--json", metavar="PATH", help="write every figure and the machine here")
     parser.add_argument(
         "--full",
         action="store_true",
-        help="longer runs (default: quick, under a minute a suite)",
+        help="longer runs (default: quick sizes, a minute or two a suite)",
     )
-    parser.add_argument("--rounds", type=positive_int, metavar="N", help="timed rounds per variant")
+    if rounds:
+        parser.add_argument("--rounds", type=positive_int, metavar="N", help=rounds)
     parser.add_argument(
         "--check", action="store_true", help="exit with status 1 when a target is missed"
     )
@@ -121,17 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for suite in SUITES.values():
-        p = sub.add_parser(suite.name, help=suite.help, description=suite.help)
-        _common(p)
+        once = "" if suite.rounds else " Each variant runs once, for --duration seconds."
+        p = sub.add_parser(suite.name, help=suite.help, description=suite.help + once)
+        _common(p, "timed rounds per variant" if suite.rounds else "")
         for option in suite.options:
             option.add_to(p)
     every = sub.add_parser("all", help="run every suite", description="Run every suite.")
-    _common(every)
+    without = [suite.name for suite in SUITES.values() if not suite.rounds]
+    _common(every, f"timed rounds per variant (not {' and '.join(without)}: --duration)")
     meanings = _meanings()
     users: dict[str, list[tuple[Suite, Option]]] = {}
     for suite in SUITES.values():
         for option in suite.options:
             users.setdefault(option.flag, []).append((suite, option))
+    shared = every.add_argument_group("options of several suites (each of them gets the value)")
     for suite in SUITES.values():
         group = every.add_argument_group(f"{suite.name} options")
         for option in suite.options:
@@ -140,8 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                 # One flag, two meanings (dispatch's --workers N, pipeline's --workers 1,2,4):
                 # in `all`, each suite's is spelled with the suite's name.
                 option.add_to(group, f"--{suite.name}-{option.flag.removeprefix('--')}", dest)
-            elif users[option.flag][0][0] is suite:  # a shared flag: once, for every suite
+            elif len(users[option.flag]) == 1:
                 option.add_to(group, dest=dest)
+            elif users[option.flag][0][0] is suite:  # one option, said once for every suite
+                text = "; ".join(f"{s.name}: {o.help}" for s, o in users[option.flag])
+                option.add_to(shared, dest=dest, help=text)
     plot = sub.add_parser(
         "plot",
         help="draw PNG charts from a --json results file",
@@ -191,7 +198,11 @@ def run_suites(
     started = now_iso()
     results: list[SuiteResult] = []
     machine = describe_machine()
-    display = RichProgress(console)
+    # A live bar on a terminal; in a log or a pipe, where rich draws it only at the end, a
+    # line a step.
+    display: RichProgress | PlainProgress = (
+        RichProgress(console) if console.is_terminal else PlainProgress(console)
+    )
     try:
         with display as progress:
             for name in names:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from rich.progress import (
@@ -77,6 +78,55 @@ class RichProgress:
         """Clear the description of the finished suite."""
         if self._task is not None:
             self._bar.update(self._task, description="[green]done[/]")
+
+
+class PlainProgress:
+    """A ``Progress`` (see ``benchmarks._suite``) as plain lines, one a step, for output
+    that is not a terminal (``make bench > log``, a pipe, CI), where a rich bar shows only
+    once the run has ended."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._suite = ""
+        self._started = 0.0
+        self._total = 0
+        self._done = 0
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def _say(self, text: str) -> None:
+        self._console.print(text, markup=False, highlight=False, soft_wrap=True)
+        self._console.file.flush()
+
+    def suite(self, name: str) -> None:
+        """Say that the suite ``name`` starts."""
+        self._suite, self._started, self._total, self._done = name, time.monotonic(), 0, 0
+        self._say(f"{name}: started")
+
+    def begin(self, total: int) -> None:
+        """Note how many steps the suite takes."""
+        self._total = total
+
+    def step(self, label: str) -> None:
+        """Say which step runs, and where it stands among the suite's steps."""
+        self._say(f"{self._suite} [{self._done + 1}/{self._total}]: {label}")
+
+    def advance(self) -> None:
+        """One step done."""
+        self._done += 1
+
+    def done(self) -> None:
+        """Say that the suite finished, and in how long."""
+        self._say(f"{self._suite}: done in {time.monotonic() - self._started:.1f} s")
 
 
 def format_value(value: float, unit: str) -> str:

@@ -82,15 +82,16 @@ class Option:
         parser: argparse.ArgumentParser | argparse._ArgumentGroup,
         flag: str = "",
         dest: str = "",
+        help: str = "",
     ) -> None:
         """Add the option (default ``None``: the suite picks quick or ``--full`` sizes),
-        under ``flag`` and into ``dest`` instead of its own if given."""
+        under ``flag``, into ``dest`` and with ``help`` instead of its own if given."""
         parser.add_argument(
             flag or self.flag,
             dest=dest or self.name,
             type=self.type,
             metavar=self.metavar,
-            help=self.help,
+            help=help or self.help,
         )
 
 
@@ -107,6 +108,8 @@ class Suite:
         check: Why the suite cannot run with ``args`` here (``None``: it can), asked of
             every suite before the first runs, so that ``all`` does not stop at a suite's
             turn after measuring the others (multihost: root).
+        rounds: Whether ``--rounds`` means something to it (not to a suite that runs
+            each variant for ``--duration`` seconds).
     """
 
     name: str
@@ -114,6 +117,7 @@ class Suite:
     run: Callable[[argparse.Namespace, Progress], SuiteResult]
     options: tuple[Option, ...] = field(default=())
     check: Callable[[argparse.Namespace], str | None] = field(default=lambda _: None)
+    rounds: bool = True
 
 
 def positive_seconds(text: str) -> float:

@@ -601,4 +601,5 @@ SUITE = Suite(
     help="tokenyard's front end against llama.cpp's server (and vllm serve) on the same engine",
     run=run,
     options=OPTIONS,
+    rounds=False,
 )

@@ -27,7 +27,9 @@ network that parts), alternately; the time from the kill or cut to the watcher's
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import math
 import os
 import tempfile
 import time
@@ -48,7 +50,6 @@ from ._stats import nearest_rank_quantile
 from ._suite import Option, Suite, pick
 
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Callable
 
     from ._suite import Progress
@@ -62,9 +63,12 @@ LOSS_KINDS = ("kill", "cut")
 
 
 def _heartbeats(text: str) -> tuple[float, ...]:
-    values = tuple(float(v) for v in text.split(",") if v)
-    if not values or any(v <= 0 for v in values):
-        raise ValueError(f"--heartbeats wants positive seconds, got {text!r}")
+    try:
+        values = tuple(float(v) for v in text.split(",") if v)
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 such as 1,5, got {text!r}")
     return values
 
 

@@ -681,4 +681,5 @@ SUITE = Suite(
     help="the OpenAI front end over HTTP: serve vs one process holding a Pipeline",
     run=run,
     options=OPTIONS,
+    rounds=False,
 )

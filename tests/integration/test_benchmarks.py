@@ -329,8 +329,10 @@ def benchmarks_cli(*args: str, timeout: float = 100) -> subprocess.CompletedProc
 
 
 def smallest_run(name: str, results: Path) -> list[str]:
-    """The command line that runs suite ``name`` at its smallest into ``results``."""
-    return [name, *SMALLEST[name], "--rounds", "1", "--json", str(results)]
+    """The command line that runs suite ``name`` at its smallest into ``results`` (one
+    round, for the suites that take ``--rounds``)."""
+    rounds = ["--rounds", "1"] if SUITES[name].rounds else []
+    return [name, *SMALLEST[name], *rounds, "--json", str(results)]
 
 
 class SuiteProcess:
@@ -522,6 +524,12 @@ class TestTheCommandLine:
             (["serve", "--duration", "-1"], "--duration"),
             (["engines", "--duration", "nan"], "--duration"),
             (["all", "--duration", "inf"], "--duration"),
+            (["multihost", "--heartbeats", "0"], "expected seconds above 0"),
+            (["multihost", "--heartbeats", "1,x"], "expected seconds above 0"),
+            # serve and engines run each variant once, for --duration: --rounds would
+            # be ignored.
+            (["serve", "--rounds", "2"], "--rounds"),
+            (["engines", "--rounds", "2"], "--rounds"),
         ],
         ids=[
             "zero workers",
@@ -535,6 +543,10 @@ class TestTheCommandLine:
             "negative seconds",
             "nan seconds",
             "endless in all",
+            "zero heartbeat",
+            "a heartbeat not a number",
+            "rounds of serve",
+            "rounds of engines",
         ],
     )
     def test_a_bad_option_is_refused_before_anything_runs(
@@ -546,6 +558,25 @@ class TestTheCommandLine:
         err = capsys.readouterr().err
         assert flag in err
         assert "invalid" not in err  # the type's own message, not argparse's "invalid x value"
+
+    def test_all_takes_rounds_for_the_suites_that_do(self) -> None:
+        assert build_parser().parse_args(["all", "--rounds", "1"]).rounds == 1
+
+    def test_all_says_what_a_shared_option_means_to_each_suite(self) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks", "all", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100"),
+            check=True,
+        )
+        text = " ".join(done.stdout.split())
+        assert "pipeline: closed-loop clients" in text
+        assert "serve: streaming clients (quick 32, full 64)" in text
+        assert "engines: streaming clients (quick 8, full 16)" in text
+        assert "under a minute" not in text
 
 
 class FakeSuites:
@@ -684,6 +715,16 @@ class TestAll:
         assert len(err.splitlines()) == 1
         assert str(path) in err
         assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+    def test_piped_output_shows_each_step_as_it_starts(
+        self, fake_suites: FakeSuites, cli: Callable[..., tuple[int, str, str]]
+    ) -> None:
+        assert cli("mailbox")[0] == 0
+        # printed by the time the suite's first step ran, not when the run ended
+        assert fake_suites.printed["mailbox"].splitlines() == [
+            "mailbox: started",
+            "mailbox [1/1]: mailbox's only variant",
+        ]
 
 
 class TestPlotErrors:
