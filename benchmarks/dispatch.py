@@ -628,89 +628,62 @@ SUITE = Suite(
 )
 
 
-class _QuietProgress:
-    """Progress for the standalone run: one line per variant on stderr."""
-
-    def begin(self, total: int) -> None:
-        """Nothing to draw."""
-
-    def step(self, label: str) -> None:
-        """Say which variant runs."""
-        print(f"measuring {label} ...", file=sys.stderr)
-
-    def advance(self) -> None:
-        """Nothing to draw."""
+def _internal(args: list[str]) -> bool:
+    """Whether ``args`` start one of the suite's own processes (``--variant`` or
+    ``--receiver``), not the suite."""
+    role = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    role.add_argument("--variant")
+    role.add_argument("--receiver")
+    which, _ = role.parse_known_args(args)
+    return which.variant is not None or which.receiver is not None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the suite, one driver (``--variant``) or one receiver (``--receiver``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.dispatch",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--json", metavar="PATH", help="write every figure and the machine here")
-    parser.add_argument("--full", action="store_true", help="longer runs")
-    parser.add_argument("--rounds", type=int, metavar="N", help="timed rounds per variant")
-    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    """Run one driver (``--variant``) or one receiver (``--receiver``), as the suite starts
+    them; ``python -m benchmarks.dispatch`` without either runs the suite, as ``python -m
+    benchmarks dispatch`` (see the end of this module)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not _internal(args):
+        raise SystemExit(
+            "a dispatch driver runs with --variant or --receiver: the suite is"
+            " python -m benchmarks dispatch"
+        )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.dispatch", allow_abbrev=False)
+    parser.add_argument("--rounds", type=positive_int, metavar="N")
     for option in OPTIONS:
         option.add_to(parser)
-    internal = argparse.SUPPRESS
-    parser.add_argument("--variant", choices=list(LABELS), help=internal)
-    parser.add_argument("--receiver", choices=[SGLANG, RAW], help=internal)
-    parser.add_argument("--dir", help=internal)
-    parser.add_argument("--bind", help=internal)
-    parser.add_argument("--ctl", help=internal)
-    opts = parser.parse_args(argv)
+    parser.add_argument("--variant", choices=list(LABELS))
+    parser.add_argument("--receiver", choices=[SGLANG, RAW])
+    parser.add_argument("--dir")
+    parser.add_argument("--bind")
+    parser.add_argument("--ctl")
+    opts = parser.parse_args(args)
+    die_with_parent()
     if opts.receiver:
-        die_with_parent()
         run_receiver(opts)
         return 0
-    if opts.variant:
-        die_with_parent()
-        opts.workers = opts.workers or WORKERS
-        if opts.variant == ACTORS:
-            measured = asyncio.run(drive_actors(opts))
-        elif opts.variant in (CPU_SGLANG, CPU_RAW):
-            measured = drive_cpu(opts)
-        else:
-            measured = drive_zmq(opts)
-        sys.stdout.write(msgspec.json.encode(measured).decode() + "\n")
-        return 0
-    return _standalone(opts)
-
-
-def _standalone(opts: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from ._console import print_summary
-    from ._results import Results, describe_machine, now_iso, write_results
-
-    if opts.rounds is not None and opts.rounds <= 0:
-        raise SystemExit(f"--rounds must be positive (got {opts.rounds})")
-    console = Console()
-    started_at = now_iso()
-    try:
-        result = run(opts, _QuietProgress())
-    except BenchmarkError as err:
-        console.print(f"[red]benchmark failed:[/] {err}")
-        return 2
-    machine = describe_machine()
-    print_summary(console, machine, [result])
-    for fig in result.figures:
-        ratio = "".join(f", {r.value:.2f}x {r.label}" for r in fig.ratios)
-        console.print(f"{fig.variant}: {fig.value:,.0f} req/s{ratio}")
-    if opts.json:
-        write_results(
-            opts.json, Results(started=started_at, argv=sys.argv, machine=machine, suites=[result])
-        )
-        console.print(f"wrote {opts.json}")
-    return 1 if opts.check and not all(t.met for t in result.targets) else 0
+    opts.workers = opts.workers or WORKERS
+    if opts.variant == ACTORS:
+        measured = asyncio.run(drive_actors(opts))
+    elif opts.variant in (CPU_SGLANG, CPU_RAW):
+        measured = drive_cpu(opts)
+    else:
+        measured = drive_zmq(opts)
+    sys.stdout.write(msgspec.json.encode(measured).decode() + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    # Run the module under its import name, not as __main__: pickles then name the class
-    # `benchmarks.dispatch.StepObj` and actor processes import `benchmarks.dispatch`.
-    from benchmarks.dispatch import main as _main
+    if _internal(sys.argv[1:]):
+        # Run the module under its import name, not as __main__: pickles then name the
+        # class `benchmarks.dispatch.StepObj` and actor processes import it.
+        from benchmarks.dispatch import main as _main
 
-    sys.exit(_main())
+        sys.exit(_main())
+    # Without --variant or --receiver this is `python -m benchmarks dispatch`, run as that
+    # program is (its SIGTERM and Ctrl-C handling, progress, errors, --json): importing the
+    # CLI from here would close a circle (the CLI lists this suite).
+    import runpy
+
+    sys.argv[1:1] = ["dispatch"]
+    runpy.run_module("benchmarks", run_name="__main__", alter_sys=True)

@@ -16,9 +16,11 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -820,6 +822,37 @@ class TestSignals:
         assert done.returncode == 130, done.stderr
         assert "interrupted" in done.stdout
         assert done.stderr == ""  # not "Task exception was never retrieved"
+
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
+    def test_dispatch_on_its_own_is_interrupted_as_the_cli_is(self, signum: int) -> None:
+        before = set(Path(tempfile.gettempdir()).glob("tokenyard-bench-*"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.dispatch", "--steps", "1000000", "--rounds", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
+        try:
+            assert proc.stdout is not None
+            first = next(iter(dispatch.LABELS.values()))
+            for line in proc.stdout:  # until the first variant is being measured
+                if first in line:
+                    break
+            proc.send_signal(signum)
+            out = proc.communicate(timeout=60)[0]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+            left = set(Path(tempfile.gettempdir()).glob("tokenyard-bench-*")) - before
+            for directory in left:
+                shutil.rmtree(directory, ignore_errors=True)
+        assert proc.returncode == 130, out
+        assert "interrupted" in out
+        assert "Traceback" not in out
+        assert not left, f"left behind: {sorted(map(str, left))}"
 
     @pytest.mark.timeout(120)
     def test_the_engines_suites_server_ends_when_the_suite_is_sigkilled(self) -> None:
