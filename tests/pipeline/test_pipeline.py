@@ -489,7 +489,10 @@ class TestStreamingDeaths:
             # behind its caller's back (its pieces would then repeat a prefix).
             for prompt, pieces in completed:
                 assert "".join(pieces) == expected[prompt]
-            assert any(pieces for pieces, _ in died)
+            # And every stream that failed had yielded: one with output not yet read was
+            # started again, as one with none.
+            assert died
+            assert all(pieces for pieces, _ in died)
             name = f"tokenizer_worker:1 (incarnation {killed.incarnation})"
             for _, err in died:
                 assert err.member is Member.WORKER
