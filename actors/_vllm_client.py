@@ -174,9 +174,15 @@ class VllmClient:
         return True
 
     def forget(self) -> None:
-        """The engine was replaced (its scheduler died): nothing queued or running is kept."""
+        """The engine was replaced (its scheduler died): nothing queued or running is kept,
+        and nothing known of the old engine's reach (unreachable, silent) is said of the new
+        one, which has not been tried yet."""
         self._drop_queue()
         self._running.clear()
+        self._input_down = None
+        self._output_down = None
+        self._unroutable_since = None
+        self._heard_at = time.monotonic()
 
     def _drop_queue(self) -> None:
         """Drop every frame waiting to be sent (a send waiting meanwhile is of the old
@@ -283,10 +289,11 @@ class VllmClient:
                     f"{silent:.0f} s although asked: is the address reachable from the "
                     "engine's host (a port opened; serve --vllm-client-port)?"
                 )
-                self._output_down = reason
                 logger.error("%s", reason)
                 running, dropped = sorted(self._running), sorted(self._running | self._unsent)
-                self.forget()
+                self._drop_queue()
+                self._running.clear()
+                self._output_down = reason
                 for rid in running:  # the engine may still take them, if not answer
                     self._push(None, abort_frames(rid))
                 await self._on_unreachable(reason, dropped)
