@@ -16,7 +16,7 @@ the engine's sockets, which reconnect by themselves, find it.
   would take the worker's traffic); ZeroMQ's heartbeats end a connection the engine left
   half-open, so that a new engine is taken. An engine that stays unreachable for
   ``unreachable_after`` seconds makes the worker fail what waits for it, and say so
-  (`unreachable`) until a frame goes through.
+  (`unreachable`) until a frame goes through; its log says so once an outage.
 - **Output**, watched too: while the engine runs a request of this worker's and says
   nothing on it, it is asked whether it lives every ``heartbeat`` (a utility call of this
   client's, answered here); past ``silence_timeout`` the worker fails those requests and
@@ -261,8 +261,9 @@ class VllmClient:
             f"for {waited:.0f} s: is the address reachable from the engine's host "
             "(a port opened; serve --vllm-client-port)?"
         )
+        if self._input_down is None:  # once an outage: its requests fail with the reason
+            logger.error("%s", reason)
         self._input_down = reason
-        logger.error("%s", reason)
         dropped = sorted(self._unsent)
         self._drop_queue()
         self._unroutable_since = None

@@ -3,6 +3,7 @@ process: no engine connects to it, or a stand-in one (a DEALER with engine 0's i
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import anyio
@@ -89,3 +90,17 @@ class TestAnEngineThatIsNotConnected:
             assert said(vllm) is None
         finally:
             ctx.destroy(linger=0)
+
+    async def test_logs_its_outage_once_however_many_requests_it_fails(
+        self,
+        client: tuple[VllmClient, Unreachable, EngineClient],
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        vllm, unreachable, _ = client
+        with caplog.at_level(logging.ERROR, logger="tokenyard.vllm"):
+            for k in range(3):
+                assert vllm.add(f"r{k}", [1, 2, 3], SamplingParams(max_new_tokens=4))
+                _, dropped = await unreachable.next()
+                assert dropped == [f"r{k}"]
+        lines = [r for r in caplog.records if "has not been connected" in r.getMessage()]
+        assert len(lines) == 1
