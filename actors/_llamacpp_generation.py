@@ -28,8 +28,8 @@ _RANDOM_SEED = 0xFFFFFFFF
 
 #: Temperatures below this are greedy. llama.cpp divides the logits by the temperature in
 #: float32: a temperature in float32's subnormal range (about 1e-45 to 1.2e-38) overflows
-#: them to infinity and the "sample" is one fixed token, not the greedy one (vLLM treats
-#: temperatures under 1e-5 as greedy for the same reason).
+#: them to infinity and the "sample" is one fixed token, not the greedy one (vLLM 0.32 is
+#: greedy only at 0: it raises a temperature between 0 and 0.01 to 0.01, and samples).
 _GREEDY_BELOW = 1e-5
 
 
