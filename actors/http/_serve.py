@@ -25,6 +25,7 @@ import msgspec
 from setproctitle import setproctitle
 
 from actors._tokenizer import tokenizer_option_error
+from actors._vllm_args import max_model_len, overridden
 from actors.engines import LlamaCpp, StandIn, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
@@ -503,7 +504,8 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             client_port=args.vllm_client_port,
             unreachable_after=args.vllm_unreachable_after,
         )
-        return {"engine": vllm, "context_length": _max_model_len(args.vllm_args)}
+        # Checked by `_check_vllm`; the engine's own, once it is ready, may be shorter.
+        return {"engine": vllm, "context_length": max_model_len(args.vllm_args)}
     spec = LlamaCpp(
         model=args.model,
         n_parallel=args.n_parallel,
@@ -511,19 +513,6 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         threads=args.engine_threads,
     )
     return {"engine": spec, "context_length": spec.context_length}
-
-
-def _max_model_len(vllm_args: list[str]) -> int | None:
-    """The ``--max-model-len`` among vLLM's arguments, if one is there."""
-    for k, arg in enumerate(vllm_args):
-        value = None
-        if arg == "--max-model-len" and k + 1 < len(vllm_args):
-            value = vllm_args[k + 1]
-        elif arg.startswith("--max-model-len="):
-            value = arg.partition("=")[2]
-        if value is not None and value.isdigit():
-            return int(value)
-    return None
 
 
 def _check_vllm(args: argparse.Namespace) -> str | None:
@@ -546,6 +535,13 @@ def _check_vllm(args: argparse.Namespace) -> str | None:
         except ValueError as err:
             return f"bad --engine-handshake or --vllm-client-port: {err}"
         return None
+    try:
+        max_model_len(args.vllm_args)
+    except ValueError as err:
+        return str(err)
+    problem = overridden(args.vllm_args)
+    if problem is not None:
+        return problem
     path = Path(args.model)
     if not (path / "config.json").is_file():
         return (

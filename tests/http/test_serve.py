@@ -543,6 +543,36 @@ class TestTheAccessFlags:
         assert len(err.splitlines()) == 1
 
 
+class TestTheVllmArguments:
+    @pytest.mark.parametrize(
+        ("vllm_args", "message"),
+        [
+            (["--headless"], "serve sets --headless itself"),
+            (["--data-parallel-address", "10.0.0.1"], "sets --data-parallel-address"),
+            (["--data_parallel_rpc_port=1234"], "sets --data-parallel-rpc-port"),
+            (["-dp", "2"], "sets --data-parallel-size"),
+            (["--data-parallel-size=2"], "sets --data-parallel-size"),
+            (["--api_server_count", "2"], "sets --api-server-count"),
+            (["--skip-tokenizer-init"], "sets --skip-tokenizer-init"),
+            (["--max-model-len", "lots"], "not a length vLLM takes"),
+            (["--max_model_len=1.5K"], "not a length vLLM takes"),
+        ],
+    )
+    def test_a_vllm_argument_serve_cannot_launch_with_stops_the_command_in_one_line(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        vllm_args: list[str],
+        message: str,
+    ) -> None:
+        (tmp_path / "config.json").write_text("{}")
+        command = ["--engine", "vllm", "--model", str(tmp_path), "--vllm-python", sys.executable]
+        assert serve_main([*command, "--", "--dtype", "bfloat16", *vllm_args]) == 2
+        err = capsys.readouterr().err
+        assert message in err
+        assert len(err.splitlines()) == 1
+
+
 class TestTheLimitFlags:
     def test_every_limit_of_serve_config_is_a_flag_with_its_default_in_the_help(self) -> None:
         help_text = " ".join(_parser().format_help().split())
