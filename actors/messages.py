@@ -127,6 +127,8 @@ class RequestOutput(Message, array_like=True):
         error: Why the request failed, if it did.
         lost_to: The member whose death or stall cost the request its output (the caller
             may resubmit it if none had reached it yet); ``None`` for any other failure.
+        invalid: The engine refused the request as it is (an OpenAI error code:
+            ``context_length_exceeded``, ``invalid_value``): trying it again cannot help.
     """
 
     rid: str
@@ -138,6 +140,7 @@ class RequestOutput(Message, array_like=True):
     finish_reason: str | None = None
     error: str | None = None
     lost_to: Member | None = None
+    invalid: str | None = None
 
 
 class RequestOutputs(Message, array_like=True):
@@ -434,12 +437,14 @@ class AbortNotice(Request[None]):
         rids: The requests.
         reason: Why.
         lost_to: The member whose death caused it, if one did (callers may resubmit).
+        invalid: The engine cannot take the requests as they are (`RequestOutput.invalid`).
     """
 
     origin: Origin
     rids: list[str]
     reason: str
     lost_to: Member | None = None
+    invalid: str | None = None
 
 
 # -- registration and routes ----------------------------------------------------------------

@@ -339,7 +339,7 @@ class Scheduler(Actor[SchedulerMessage]):
         key = (msg.origin, msg.rid)
         refusal = self._refusal(msg, key)
         if refusal is not None:
-            self._refuse(msg, refusal)
+            self._refuse(msg, *refusal)
             return
         trace = current_trace()
         parent = trace[0] if trace else None
@@ -439,34 +439,39 @@ class Scheduler(Actor[SchedulerMessage]):
 
     # -- requests -------------------------------------------------------------------------
 
-    def _refusal(self, msg: TokenizedGenerate, key: _Key) -> str | None:
-        """Why ``msg`` cannot be queued, or ``None``."""
+    def _refusal(self, msg: TokenizedGenerate, key: _Key) -> tuple[str, str | None] | None:
+        """Why ``msg`` cannot be queued, and whether it never can (`AbortNotice.invalid`),
+        or ``None``."""
         if len(self._waiting) >= self._max_waiting:
-            return f"scheduler queue full (max_waiting={self._max_waiting})"
+            return f"scheduler queue full (max_waiting={self._max_waiting})", None
         if not 0 <= msg.detokenizer < len(self._detokenizers):
             return (
                 f"detokenizer {msg.detokenizer} does not exist (there are "
                 f"{len(self._detokenizers)})"
-            )
+            ), None
         if key in self._waiting or key in self._running:
             return (
                 f"duplicate rid {msg.rid!r}: {msg.origin} already has a request with that rid "
                 "at the scheduler; give each request of a worker its own rid"
-            )
+            ), None
         size = 0 if self._generator is None else self._generator.vocab_size
         outside = [i for i in msg.input_ids if not 0 <= i < size]
         if outside:
             return (
                 f"prompt id {outside[0]} is outside the scheduler's vocabulary (0..{size - 1}); "
                 "tokenize with the tokenizer the scheduler was given"
-            )
-        return sampling_refusal(msg.sampling)
+            ), None if self._generator is None else "invalid_value"
+        refusal = sampling_refusal(msg.sampling)
+        return None if refusal is None else (refusal, "invalid_value")
 
-    def _refuse(self, msg: TokenizedGenerate, refusal: str) -> None:
-        """Refuse a request: its worker fails it with ``refusal`` (an `AbortNotice`)."""
+    def _refuse(self, msg: TokenizedGenerate, refusal: str, invalid: str | None = None) -> None:
+        """Refuse a request: its worker fails it with ``refusal`` (an `AbortNotice`;
+        ``invalid``: the engine can never take it as it is)."""
         self._rejected += 1
         logger.debug("refused %r of %s: %s", msg.rid, msg.origin, refusal)
-        self._router.put(AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal))
+        self._router.put(
+            AbortNotice(origin=msg.origin, rids=[msg.rid], reason=refusal, invalid=invalid)
+        )
 
     def _stop_ids(self, sampling: SamplingParams) -> frozenset[int]:
         eos = None if self._generator is None else self._generator.eos
@@ -585,7 +590,7 @@ class Scheduler(Actor[SchedulerMessage]):
                 self._empty.append(req)
             elif refusal := context_refusal(len(msg.input_ids), context_length):
                 req.end_span("abort")
-                self._refuse(msg, refusal)
+                self._refuse(msg, refusal, "context_length_exceeded")
             else:
                 self._running[key] = req
                 req.cached = generator.admit(key, msg.input_ids, msg.sampling)

@@ -572,7 +572,9 @@ class TokenizerWorker(Actor[WorkerMessage]):
         if sampling.max_new_tokens == 0:  # as the scheduler does: nothing to generate
             await self._finish_unsent(request, rid)
             return
-        refusal = direct.unreachable or self._engine_refusal(ids, sampling)
+        refusal, invalid = direct.unreachable, None
+        if refusal is None and (found := self._engine_refusal(ids, sampling)) is not None:
+            refusal, invalid = found
         state = None
         if refusal is None:
             try:
@@ -583,14 +585,16 @@ class TokenizerWorker(Actor[WorkerMessage]):
                     skip_special_tokens=sampling.skip_special_tokens,
                 )
             except ValueError as err:  # an empty stop string
-                refusal = str(err)
+                refusal, invalid = str(err), "invalid_value"
         engine_rid = f"{self._rid_prefix}{next(self._engine_rids):x}"
         if refusal is None and not direct.add(engine_rid, ids, sampling):
             refusal = "the engine takes no requests now (it is not connected to this worker)"
         if refusal is not None:
             if self.requests.pop(rid, None) is not None:
                 request.end_span("abort")
-                await self._fail(request.caller, rid, request.prompt_tokens, refusal)
+                await self._fail(
+                    request.caller, rid, request.prompt_tokens, refusal, invalid=invalid
+                )
             return
         request.tokenized, request.scheduler = None, scheduler
         request.engine_rid, request.detokenizer_state = engine_rid, state
@@ -611,14 +615,20 @@ class TokenizerWorker(Actor[WorkerMessage]):
             )
         )
 
-    def _engine_refusal(self, ids: list[int], sampling: SamplingParams) -> str | None:
-        """Why the engine must not see a request: an id outside the vocabulary (it would
-        index past its embeddings), no room left in its context (`context_refusal`), sampling
-        parameters it dies of (`sampling_refusal`): what the scheduler refuses on its path."""
+    def _engine_refusal(self, ids: list[int], sampling: SamplingParams) -> tuple[str, str] | None:
+        """Why the engine must not see a request, and its `RequestOutput.invalid` code: an
+        id outside the vocabulary (it would index past its embeddings), no room left in its
+        context (`context_refusal`), sampling parameters it dies of (`sampling_refusal`):
+        what the scheduler refuses on its path."""
         outside = outside_vocabulary(ids, self._vocab_size)
         if outside is not None:
-            return f"prompt id {outside} is outside the vocabulary (0..{self._vocab_size - 1})"
-        return context_refusal(len(ids), self.engine_context_length) or sampling_refusal(sampling)
+            reason = f"prompt id {outside} is outside the vocabulary (0..{self._vocab_size - 1})"
+            return reason, "invalid_value"
+        refusal = context_refusal(len(ids), self.engine_context_length)
+        if refusal is not None:
+            return refusal, "context_length_exceeded"
+        refusal = sampling_refusal(sampling)
+        return None if refusal is None else (refusal, "invalid_value")
 
     async def _engine_unreachable(self, reason: str, dropped: list[str]) -> None:
         """The engine stayed unreachable from this worker: what waited for it fails."""
@@ -815,7 +825,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
             if request is not None:  # else a second copy of the notice (the router resends)
                 request.end_span("abort")
                 await self._fail(
-                    request.caller, rid, request.prompt_tokens, msg.reason, lost_to=msg.lost_to
+                    request.caller,
+                    rid,
+                    request.prompt_tokens,
+                    msg.reason,
+                    lost_to=msg.lost_to,
+                    invalid=msg.invalid,
                 )
 
     # -- control requests whose replies come back through the router ----------------------
@@ -926,6 +941,7 @@ class TokenizerWorker(Actor[WorkerMessage]):
         prompt_tokens: int,
         error: str,
         lost_to: Member | None = None,
+        invalid: str | None = None,
     ) -> None:
         self.failed += 1
         out = RequestOutput(
@@ -938,5 +954,6 @@ class TokenizerWorker(Actor[WorkerMessage]):
             finish_reason="abort",
             error=error,
             lost_to=lost_to,
+            invalid=invalid,
         )
         await caller.send([out])

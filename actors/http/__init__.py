@@ -26,6 +26,7 @@ from ._engine import Chunk as Chunk
 from ._engine import Completion as Completion
 from ._engine import Engine as Engine
 from ._engine import EngineError as EngineError
+from ._engine import EngineRefusedError as EngineRefusedError
 from ._engine import EngineUnavailableError as EngineUnavailableError
 from ._pipeline_engine import PipelineEngine as PipelineEngine
 from ._serve import Server as Server
@@ -45,6 +46,7 @@ __all__ = (
     "Dispatcher",
     "Engine",
     "EngineError",
+    "EngineRefusedError",
     "EngineUnavailableError",
     "HTTPStatistics",
     "HttpSettings",

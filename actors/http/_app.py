@@ -116,15 +116,30 @@ class HTTPStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Bound:
-    """What the app derives from its engine once (limits, names, the validator)."""
+    """What the app derives from its engine (limits, names, the validator): once, and
+    again when the engine's context changes (`current`)."""
 
-    __slots__ = ("engine", "limits", "model", "validator")
+    __slots__ = ("config", "context_length", "engine", "limits", "model", "validator")
 
-    def __init__(self, engine: Engine, config: ServeConfig) -> None:
+    def __init__(self, engine: Engine, config: ServeConfig, *, narrow: bool = False) -> None:
         self.engine = engine
-        self.limits = config.limits(engine.context_length)
+        self.config = config
+        self.context_length = context = engine.context_length
+        if narrow:  # the settings that no longer fit the engine's context are lowered
+            if config.context_length is not None and config.context_length > context:
+                config = msgspec.structs.replace(config, context_length=context)
+            if config.max_prompt_tokens is not None and config.max_prompt_tokens >= context:
+                config = msgspec.structs.replace(config, max_prompt_tokens=context - 1)
+        self.limits = config.limits(context)
         self.model = config.model_id or engine.model
         self.validator = Validator(engine, config, self.limits, self.model)
+
+    def current(self) -> _Bound:
+        """This, or a new one when the engine's context is no longer the one bound (an
+        engine that reports its own once it is ready)."""
+        if self.engine.context_length == self.context_length:
+            return self
+        return _Bound(self.engine, self.config, narrow=True)
 
 
 class _Exchange:
@@ -327,6 +342,8 @@ class OpenAIApp:
                 close=True,
             )
         bound = self._bound
+        if bound is not None:
+            bound = self._bound = bound.current()
         if bound is None:
             raise HTTPError(
                 503,

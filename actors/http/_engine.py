@@ -26,6 +26,7 @@ __all__ = (
     "Completion",
     "Engine",
     "EngineError",
+    "EngineRefusedError",
     "EngineUnavailableError",
     "TokenizerFacts",
 )
@@ -71,6 +72,21 @@ class EngineError(TokenyardError):
     event once a stream has begun)."""
 
 
+class EngineRefusedError(EngineError):
+    """The engine refused the request as it is (a prompt its context cannot hold, sampling
+    parameters it does not take): HTTP 400, the same request would be refused again. It
+    is raised when the engine's bounds are learnt after the app checked the request (an
+    engine that reports a shorter context once it is ready).
+
+    Attributes:
+        code: The OpenAI error code (``context_length_exceeded``, ``invalid_value``).
+    """
+
+    def __init__(self, message: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class EngineUnavailableError(EngineError):
     """The engine cannot serve the request now but may soon (a worker died and no other
     took the request, the pipeline is closing, a queue is full): HTTP 503 with a
@@ -90,8 +106,10 @@ class Engine(Protocol):
 
     The app validates every request before it reaches the engine: prompts are non-empty
     token ids within ``vocab_size`` and within the context, sampling parameters are within
-    their ranges. An engine raises `EngineUnavailableError` when it cannot serve now and
-    `EngineError` for any other failure of a valid request; nothing else.
+    their ranges. An engine raises `EngineUnavailableError` when it cannot serve now,
+    `EngineRefusedError` when it can never serve the request as it is (a bound it learnt
+    since, or one the app cannot know), and `EngineError` for any other failure of a valid
+    request; nothing else.
 
     Attributes:
         model: The model's id (``/v1/models``, the ``model`` of every response).

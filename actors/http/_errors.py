@@ -8,7 +8,7 @@ import uuid
 
 import msgspec
 
-from ._engine import EngineError, EngineUnavailableError
+from ._engine import EngineError, EngineRefusedError, EngineUnavailableError
 from ._openai import ErrorDetail, ErrorResponse
 
 __all__ = ("HTTPError", "engine_failure", "from_validation_error", "new_request_id")
@@ -122,8 +122,10 @@ def _join(path: str, field: str) -> str:
 
 
 def engine_failure(err: EngineError) -> HTTPError:
-    """The answer to a valid request the engine failed: 503 with ``Retry-After`` when it
-    cannot serve now, else 500."""
+    """The answer to a request the engine failed: 400 when it refused it as it is, 503
+    with ``Retry-After`` when it cannot serve now, else 500."""
+    if isinstance(err, EngineRefusedError):
+        return HTTPError(400, f"the engine refused the request: {err}", code=err.code)
     if isinstance(err, EngineUnavailableError):
         return HTTPError(
             503,

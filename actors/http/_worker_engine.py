@@ -22,7 +22,14 @@ from actors import _metrics
 from actors._errors import MAX_RESUBMITS, resubmittable
 from actors.messages import RequestOutput
 
-from ._engine import Chunk, Completion, EngineError, EngineUnavailableError, TokenizerFacts
+from ._engine import (
+    Chunk,
+    Completion,
+    EngineError,
+    EngineRefusedError,
+    EngineUnavailableError,
+    TokenizerFacts,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
@@ -157,6 +164,15 @@ class WorkerEngine(TokenizerFacts):
         self._live.pop(rid, None)
         self._worker.release_local(rid)
 
+    @property
+    def context_length(self) -> int:
+        """Most prompt plus completion tokens of one request: the configured length, or the
+        engine's (`actors.messages.Topology.engine_context_length`) once it is known and
+        shorter."""
+        engine = self._worker.engine_context_length
+        configured = super().context_length
+        return min(configured, engine) if engine >= 2 else configured
+
     def not_ready(self) -> str | None:
         """Why requests cannot be generated now, as the latest `Topology` says."""
         if self._worker.scheduler is None:
@@ -256,8 +272,11 @@ class WorkerEngine(TokenizerFacts):
             self._resubmissions.inc()
 
     def _failure(self, out: RequestOutput) -> EngineError:
-        """What a failed output means to the HTTP layer: 503 when trying later may help."""
+        """What a failed output means to the HTTP layer: 400 when the engine refused the
+        request as it is, 503 when trying later may help."""
         reason = out.error or "aborted"
+        if out.invalid is not None:
+            return EngineRefusedError(f"request {out.rid!r}: {reason}", code=out.invalid)
         if out.lost_to is not None:
             _metrics.WORKER_DIED_ERRORS.labels(self._worker._model, out.lost_to.value).inc()
             return EngineUnavailableError(

@@ -99,3 +99,48 @@ def test_an_engine_that_never_starts_makes_serve_exit_1_after_its_tries(tmp_path
     assert "the engine was never ready in 2 starts in a row" in done.stderr
     assert "its process exited (status 1)" in done.stderr
     assert done.stderr.count("launched vLLM's engine") == 2
+
+
+async def completion(
+    session: aiohttp.ClientSession, url: str, prompt: list[int]
+) -> tuple[int, str, str | None]:
+    body = {"prompt": prompt, "max_tokens": 1}
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        return response.status, await response.text(), response.headers.get("Retry-After")
+
+
+@pytest.mark.parametrize("clients", ["workers", "scheduler"])
+async def test_a_prompt_too_long_for_the_engines_context_is_400_not_503(clients: str) -> None:
+    """The fake engine reports a ``max_model_len`` of 512, shorter than the HTTP layer's
+    default context: a request that came before it was known is refused by the engine's
+    client once it is (400, not 503: trying again cannot help), and one that comes after
+    by the HTTP layer, whose context is now the engine's."""
+    handshake = f"tcp://127.0.0.1:{free_port()}"
+    options = ("--engine", "vllm", "--engine-handshake", handshake, "--vllm-clients", clients)
+    with running_serve(*options, workers=1) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        engine = FakeEngine(handshake)
+        try:
+            async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
+                early: list[tuple[int, str, str | None]] = []
+
+                async def before_ready() -> None:
+                    early.append(await completion(session, url, [5] * 600))
+
+                tg.start_soon(before_ready)
+                await engine.start()
+                for _ in range(400):
+                    if (await health(session, url))[0] == 200:
+                        break
+                    await anyio.sleep(0.05)  # sync-ok: polling the server from outside
+                else:
+                    pytest.fail("/health did not answer 200 within 20 s of the engine's READY")
+                status, body, retry_after = await completion(session, url, [5] * 600)
+                assert (status, retry_after) == (400, None), body
+                assert "context_length_exceeded" in body
+                assert "512" in body
+            status, body, retry_after = early[0]
+            assert (status, retry_after) == (400, None), body
+            assert "context_length_exceeded" in body
+        finally:
+            engine.close()
