@@ -719,9 +719,13 @@ class Drain(Request[Draining]):
 
     Attributes:
         timeout: Seconds from now until the requests still running are ended.
+        reason: Why they are ended, as their answers say (empty: the server is shutting
+            down and they did not finish within the drain timeout). A later `Drain` that
+            brings the moment forward gives its own.
     """
 
     timeout: float
+    reason: str = ""
 
 
 # -- what each member accepts ---------------------------------------------------------------

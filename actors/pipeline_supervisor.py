@@ -28,6 +28,7 @@ from .messages import (
     Abort,
     AbortAll,
     CallerMessage,
+    Drain,
     EngineState,
     GetSchedulerStatistics,
     Member,
@@ -61,6 +62,10 @@ class EngineStartError(TokenyardError):
 SHARED = {Member.ROUTER.value: Member.ROUTER, Member.SCHEDULER.value: Member.SCHEDULER}
 #: Where workers serving HTTP come from (imported only by the processes that serve).
 HTTP_WORKER = "actors.http._worker:HttpWorker"
+
+
+#: Seconds a worker has to say it drains when the pipeline gives up.
+_DRAIN_ASK_TIMEOUT = 2.0
 
 
 def worker_name(k: int) -> str:
@@ -551,6 +556,24 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
         # scheduler keeps what it had for the router until the router confirms it, and the
         # workers ask their unanswered control requests again, both once the Topology that
         # on_child_started publishes names the successor, which by then holds every route.
+
+    async def give_up(self, error: Exception) -> None:
+        """Fail (see `runtime.Supervisor.give_up`); before the members stop, the workers
+        that serve HTTP end what they serve with the reason (503, or a stream's error
+        event) rather than close its connection unanswered."""
+        if self.channels is not None:
+            drain = Drain(
+                timeout=0.0, reason=f"the pipeline failed, nothing more is served: {error}"
+            )
+            for name in self.worker_ids:
+                ref = self.child(name)
+                if ref is None:
+                    continue
+                try:
+                    await ref.ask(drain, timeout=_DRAIN_ASK_TIMEOUT)
+                except TokenyardError as err:  # dead or stuck: its stop ends its requests
+                    logger.debug("%s not told to drain: %s", name, err)
+        await super().give_up(error)
 
     async def on_restart_failed(self, name: str, error: Exception) -> None:
         # A scheduler whose start fails (its engine does not load: llama.cpp's model is

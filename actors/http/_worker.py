@@ -124,6 +124,10 @@ class HttpWorker(TokenizerWorker):
         #: Set when a later `Drain` brings the deadline forward.
         self._cut_moved: anyio.Event | None = None
         self._cut = 0  # requests its drain ended at the deadline
+        #: Why the requests still running at the deadline are ended (`Drain.reason`).
+        self._cut_reason = ""
+        #: Set once the drain's cut is done and its answers went out (or had their grace).
+        self._cut_done = anyio.Event()
 
     async def on_start(self) -> None:
         await super().on_start()
@@ -146,6 +150,12 @@ class HttpWorker(TokenizerWorker):
         self.start_soon(self.server.run)
 
     async def on_stop(self) -> None:
+        due = None if self._cut_at is None else self._cut_at - time.monotonic()
+        if due is not None and due <= 1.0:
+            # Stopped as its drain ends what runs (the pipeline gave up: `Drain.reason`):
+            # their answers go out first, within their grace.
+            with anyio.move_on_after(max(due, 0.0) + CUT_GRACE):
+                await self._cut_done.wait()
         if self.server is not None:
             self.server.close()
         await super().on_stop()
@@ -158,10 +168,12 @@ class HttpWorker(TokenizerWorker):
         cut_at = time.monotonic() + max(msg.timeout, 0.0)
         if self._cut_at is None:
             self._cut_at = cut_at
+            self._cut_reason = msg.reason
             self.server.drain()
             self.start_soon(self._cut_when_due)
         elif cut_at < self._cut_at:
             self._cut_at = cut_at
+            self._cut_reason = msg.reason or self._cut_reason
             if self._cut_moved is not None:
                 self._cut_moved.set()
         return Draining(connections=self.server.open, requests=self.engine.in_flight)
@@ -182,7 +194,8 @@ class HttpWorker(TokenizerWorker):
                 continue
             break
         cut = self.engine.cut(
-            "the server is shutting down: the request did not finish within its drain "
+            self._cut_reason
+            or "the server is shutting down: the request did not finish within its drain "
             "timeout (ServeConfig.drain_timeout, serve --drain-timeout)"
         )
         self._cut += cut
@@ -194,6 +207,7 @@ class HttpWorker(TokenizerWorker):
         with anyio.move_on_after(CUT_GRACE):
             await self.server.wait_closed()
         self.server.close()
+        self._cut_done.set()
 
     async def _metrics(self) -> tuple[bytes, str]:
         """The whole system's metrics, as the collector gathered them for every worker."""

@@ -6,6 +6,7 @@ it again for ever."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -144,3 +145,62 @@ async def test_a_prompt_too_long_for_the_engines_context_is_400_not_503(clients:
             assert "context_length_exceeded" in body
         finally:
             engine.close()
+
+
+async def test_a_request_waiting_when_the_pipeline_gives_up_is_answered_503(
+    tmp_path: Path,
+) -> None:
+    """The engine's "Python" here blocks until the test lets it exit 1 (as a wrong ``vllm
+    serve`` argument does): a request waits at the scheduler meanwhile; the pipeline then
+    gives up, and the request is answered 503 with the reason before serve exits 1, not
+    left with its connection closed."""
+    write_hf_model_dir(tmp_path)
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    python = tmp_path / "python"
+    python.write_text('#!/bin/bash\nexec 3<>"$RELEASE"\nread -t 50 -u 3 line\nexit 1\n')
+    python.chmod(0o755)
+    options = ("--engine", "vllm", "--model", str(tmp_path), "--vllm-python", str(python))
+    release = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        with running_serve(
+            *options,
+            "--vllm-clients",
+            "scheduler",
+            "--engine-start-tries",
+            "1",
+            workers=1,
+            env={"RELEASE": str(fifo)},
+            stderr=True,
+        ) as srv:
+            url = f"http://127.0.0.1:{srv.port}"
+            async with aiohttp.ClientSession() as session, anyio.create_task_group() as tg:
+                answers: list[tuple[int, str, str | None]] = []
+
+                async def waiting() -> None:
+                    answers.append(await completion(session, url, [5, 6, 7]))
+
+                tg.start_soon(waiting)
+                # The request waits at the scheduler (its queue says so) before the engine
+                # may fail.
+                for _ in range(400):
+                    async with session.get(f"{url}/metrics") as response:
+                        lines = (await response.text()).splitlines()
+                    if any(
+                        line.startswith("tokenyard:num_requests_waiting{")
+                        and float(line.rsplit(" ", 1)[1]) == 1
+                        for line in lines
+                    ):
+                        break
+                    await anyio.sleep(0.05)  # sync-ok: polling the server from outside
+                else:
+                    pytest.fail("the request was not waiting at the scheduler within 20 s")
+                os.write(release, b"exit\n")
+            status, body, _ = answers[0]
+            assert status == 503, body
+            assert "the pipeline failed" in body
+            assert "never ready" in body
+            assert srv.proc.wait(timeout=30) == 1
+    finally:
+        os.write(release, b"exit\n" * 4)  # whatever still waits on it exits
+        os.close(release)
