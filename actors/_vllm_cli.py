@@ -9,8 +9,9 @@ differences:
 - Launched by tokenyard (`actors._vllm_engine`), it is given the read end of a pipe in
   ``TOKENYARD_VLLM_PARENT_FD``, whose write end only its launcher holds; when that end closes
   (the launcher ended, however it ended, SIGKILL included), this process kills its process
-  group: itself, vLLM's engine core and workers, which it started in that group. Nothing of
-  the engine outlives the scheduler that launched it.
+  group: itself, vLLM's engine core and workers, which it started in that group, and removes
+  the ``/dev/shm`` files they had mapped (vLLM's, a few hundred MB each). Nothing of the
+  engine outlives the scheduler that launched it.
 
 It also defaults the variables that keep vLLM and Hugging Face from reaching the network
 (the project never downloads a model). It is a script, not a module of the package: it runs
@@ -20,9 +21,11 @@ library and vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
+import select
 import signal
 import sys
 import threading
@@ -53,7 +56,7 @@ def _vllm_version(distribution_name: str) -> str:
 
 
 def _die_with_parent(fd: int) -> None:
-    """Block until the pipe's write end closes, then kill this process group."""
+    """Block until the pipe's write end closes, then end this process group (`_end_group`)."""
     while True:
         try:
             if not os.read(fd, 4096):
@@ -62,7 +65,76 @@ def _die_with_parent(fd: int) -> None:
             continue
         except OSError:
             break
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    _end_group()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (read from ``/proc``; zombies left out)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, _, group = stat.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        if int(group) == pgid and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _shared_memory(pids: list[int]) -> set[str]:
+    """The ``/dev/shm`` files these processes have mapped (as
+    ``actors._vllm_engine.shared_memory_of`` reads them)."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                lines = maps.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            path = line.split(maxsplit=5)[5:]
+            if path and path[0].startswith("/dev/shm/"):  # noqa: S108 -- reading its maps
+                found.add(path[0].removesuffix(" (deleted)"))
+    return found
+
+
+def _end_group() -> None:
+    """Kill this process group (vLLM's engine core and workers, then this process), and
+    remove the ``/dev/shm`` files its processes have mapped: vLLM removes them when it
+    shuts down cleanly, nothing of it does once killed, and the scheduler, which removes
+    them otherwise, is gone. Names first, then the processes: what is mapped stays mapped
+    until they end, and a name removed is not left behind if this process ends before it
+    is done (vLLM's main thread may end it as its engine core dies)."""
+    me, group = os.getpid(), os.getpgrp()
+    for _ in range(100):  # a member that forks as it is killed: its child is found next
+        members = _group_members(group)
+        for path in _shared_memory(members):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        others = [pid for pid in members if pid != me]
+        if not others:
+            break
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in others:
+            _wait_exit(pid)
+    os.killpg(group, signal.SIGKILL)
+
+
+def _wait_exit(pid: int) -> None:
+    """Wait (a second at most) until ``pid`` has exited, on its pidfd."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already
+    try:
+        select.select([fd], [], [], 1.0)
+    finally:
+        os.close(fd)
 
 
 def main() -> int:

@@ -32,8 +32,9 @@ engine, and the engine's loss is still the scheduler's death.
   ``actors/_vllm_cli.py`` run by vLLM's venv's Python, in a process group of its own,
   holding the read end of a pipe whose write end only this process holds: when this
   process ends, however it ends, the launcher kills its group (vLLM's engine core and
-  workers with it). `aclose` ends the group itself: SIGTERM (vLLM's clean shutdown), then
-  SIGKILL after ``_STOP_GRACE`` seconds, by its id.
+  workers with it) and removes the ``/dev/shm`` files they had mapped. `aclose` ends the
+  group itself: SIGTERM (vLLM's clean shutdown), then SIGKILL after ``_STOP_GRACE``
+  seconds, by its id.
 
 Nothing the engine sends can end the scheduler but through `EngineLostError`: a frame that
 does not decode is counted and logged (rate-limited), an output for a request that is not
