@@ -162,6 +162,8 @@ class Mailbox:
         self._emptied = False
         self._throttle = Throttle(logger)
         self._decode = decoder.decode
+        #: Bytes the framed message read last came as (`_framed`).
+        self._arrived = 0
 
     def statistics(self) -> MailboxStatistics:
         """A snapshot of the counters."""
@@ -187,7 +189,7 @@ class Mailbox:
         items: list[Item] = []
         sock = self.sock
         size = 0  # bytes read: what the budget bounds
-        held = 0  # bytes of the messages read
+        headers = 0  # of which framing: headers, a refused message, a bundle's own bytes
         budget = self._budget - self._queued_bytes
         while len(items) < limit and (size < budget or not items):
             try:
@@ -198,11 +200,11 @@ class Mailbox:
                 break
             self._received += 1
             if frame and frame[0] == HEADER_MARK:
-                framed, arrived = self._framed(frame)
+                framed = self._framed(frame)
+                arrived = self._arrived
                 size += arrived
-                if isinstance(framed, Envelope):
+                if isinstance(framed, Envelope):  # its size is what it arrived as
                     items.append(framed)
-                    held += framed.size
                     if framed.header.corr:
                         # Somebody waits for its answer: that goes out before the next
                         # read, which, when the request came alone, is one that fails
@@ -210,11 +212,13 @@ class Mailbox:
                         break
                 elif framed is not None:  # tells (a `Traced`'s len is its message's)
                     items += framed
-                    held += sum(map(len, framed))
+                    headers += arrived - sum(map(len, framed))
+                else:
+                    headers += arrived
                 continue
             items.append(frame)
             size += len(frame)
-            held += len(frame)
+        held = size - headers
         self._queued += len(items)
         self._queued_bytes += held
         self._received_bytes += held
@@ -230,15 +234,15 @@ class Mailbox:
             if items:
                 return items
 
-    def _framed(self, first: bytes) -> tuple[Envelope | list[bytes | Traced] | None, int]:
-        """What a framed message holds (``None``: refused), and the bytes it came as."""
+    def _framed(self, first: bytes) -> Envelope | list[bytes | Traced] | None:
+        """What a framed message holds (``None``: refused); `_arrived` says the bytes it
+        came as."""
         rest = recv_rest(self.sock, MAX_FRAMES)
-        arrived = len(first) + (0 if rest is None else sum(map(len, rest)))
-        return self._taken(first, rest, arrived), arrived
-
-    def _taken(
-        self, first: bytes, rest: list[bytes] | None, size: int
-    ) -> Envelope | list[bytes | Traced] | None:
+        if rest is not None and len(rest) == 1:  # a header and its body, as nearly always
+            size = len(first) + len(rest[0])
+        else:
+            size = len(first) + (0 if rest is None else sum(map(len, rest)))
+        self._arrived = size
         try:
             header = decode_header(first)
             if not rest or len(rest) != header.frames:
