@@ -124,8 +124,9 @@ def _tracer() -> Any:
     _state["propagator"] = TraceContextTextMapPropagator()
     _state["trace"] = trace
     _state["tracer"] = trace.get_tracer("tokenyard")
-    # Registered after the provider's own handler, so run before it (and it unregisters
-    # that one as it shuts the provider down).
+    # Registered after the provider's own exit handler, so run before it: that one then
+    # finds the provider shut down (or, when this one gave up waiting, shutting down) and
+    # returns at once.
     atexit.register(_shut_down_within, trace.get_tracer_provider(), _exit_flush_seconds())
     return _state["tracer"]
 

@@ -207,6 +207,10 @@ class SystemHandle(Protocol):
         """End a stuck child at once (``ActorSystem.kill``)."""
         ...
 
+    def is_dead(self, ref: ActorRef[Any]) -> bool:
+        """Whether this process has learned of an actor's death (``ActorSystem.is_dead``)."""
+        ...
+
     def watch(self, ref: ActorRef[Any], *, notify: ActorRef[Down] | None = None) -> Watch:
         """Watch an actor's death (``ActorSystem.watch``)."""
         ...

@@ -25,6 +25,7 @@ from ._mailbox import Envelope
 from ._message import type_path
 from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
 from ._protocol import (
+    DEFAULT_GATHER_TIMEOUT,
     HANDLED_KINDS,
     ErrorBody,
     Header,
@@ -46,6 +47,10 @@ if TYPE_CHECKING:
     from ._station import Station
 
 logger = logging.getLogger("tokenyard.actor")
+
+#: Longest a peer may ask a gathering to wait for the processes under it (past it, or not a
+#: number: the default).
+_MOST_GATHER_TIMEOUT = 3600.0
 
 #: One drained run in this many has its handlers timed.
 _SAMPLED_RUNS = 16
@@ -309,7 +314,11 @@ class Cell:
             await self._reply(header, mailbox.statistics())
         elif kind is Kind.METRICS:
             query = item.message
-            timeout = query.timeout if isinstance(query, MetricsQuery) else None
+            # A peer's number, kept to what a gathering may take; an empty body (a sender
+            # from before `MetricsQuery`) waits the default itself: three quarters of it.
+            timeout: float | None = DEFAULT_GATHER_TIMEOUT * 0.75
+            if isinstance(query, MetricsQuery):
+                timeout = query.timeout if 0 < query.timeout <= _MOST_GATHER_TIMEOUT else None
             try:
                 gathered = await actor.system.gather_metrics(timeout)
             except Exception as err:  # noqa: BLE001 - the asker's failure, not this actor's

@@ -134,8 +134,9 @@ class MetricsCollector(Actor[CollectorMessage]):
         the next, which reads as a reset."""
         stations = {p.station for p in answered}
         missing: dict[str, ProcessMetrics] = {}
-        for _, process in self._seen.values():
-            if process.station not in stations:
+        for actor, process in self._seen.values():
+            # One known dead (stopped just now: its Down on its way here) is no longer shown.
+            if process.station not in stations and not self.system.is_dead(actor.ref):
                 missing.setdefault(process.station, process)
         return list(missing.values())
 

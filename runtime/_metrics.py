@@ -167,10 +167,10 @@ class Counter:
         """Add ``amount``.
 
         Raises:
-            ValueError: ``amount`` is negative (a counter never goes down).
+            ValueError: ``amount`` is negative or NaN (a counter never goes down).
         """
-        if amount < 0:
-            raise ValueError(f"a counter only goes up: inc({amount})")
+        if not amount >= 0:  # NaN included: it would be the counter's value for good
+            raise ValueError(f"a counter only goes up by a number: inc({amount})")
         self.value += amount
 
 

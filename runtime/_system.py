@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import shutil
 import signal
@@ -65,9 +66,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tokenyard.system")
 
 M = TypeVar("M", bound=Message)
-
-#: Longest a gathering waits for the processes under it (a longer one asked is the default).
-_MOST_GATHER_TIMEOUT = 3600.0
 
 
 class ActorSystem:
@@ -511,6 +509,11 @@ class ActorSystem:
 
     # -- watching and stopping ------------------------------------------------------------
 
+    def is_dead(self, ref: ActorRef[Any]) -> bool:
+        """Whether this process has learned of ``ref``'s death (a watcher's ``Down`` may
+        still be on its way to it)."""
+        return self.station.deaths.is_dead(ref.address)
+
     def watch(self, ref: ActorRef[Any], *, notify: ActorRef[Down] | None = None) -> Watch:
         """Register interest in ``ref``'s death; ``await`` the result for its ``Down``.
 
@@ -771,11 +774,16 @@ class ActorSystem:
         ``timeout`` seconds, 5 by default, is left out, and gives the processes under it
         three quarters of that).
 
+        Raises:
+            ValueError: ``timeout`` is not a finite number of seconds above 0.
+
         Returns:
             This process first, then the others, depth first.
         """
-        if timeout is None or not 0 < timeout <= _MOST_GATHER_TIMEOUT:  # NaN included
+        if timeout is None:
             timeout = DEFAULT_GATHER_TIMEOUT
+        elif not 0 < timeout < math.inf:  # NaN included
+            raise ValueError(f"timeout={timeout}: need a finite number of seconds above 0")
         query = MetricsQuery(timeout=timeout * 0.75)
         started = now()
         children = [

@@ -284,6 +284,9 @@ class RayPlacement:
         self._keepers: dict[str, Any] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._gone: dict[str, asyncio.Event] = {}
+        #: Each keeper's `NodeKeeper.wait`, called once: it holds one of the keeper's
+        #: threads until its node ends (awaited by the join, then by the watch).
+        self._ends: dict[str, Any] = {}
         self._actor_class: Any = ray.remote(NodeKeeper)
 
     # -- choosing a node --------------------------------------------------------------------
@@ -372,7 +375,9 @@ class RayPlacement:
         (a bad ``keys`` path, say: it exits at once, and `join_timeout` need not pass).
         Plain tasks, not a task group: its errors would come wrapped in an ExceptionGroup."""
         joined = asyncio.ensure_future(self.system.wait_nodes(names, self.join_timeout))
-        ends = {asyncio.ensure_future(self._keepers[n].wait.remote()): n for n in names}
+        for name in names:
+            self._ends[name] = self._keepers[name].wait.remote()
+        ends = {asyncio.ensure_future(self._ends[n]): n for n in names}
         try:
             done, _ = await asyncio.wait([joined, *ends], return_when=asyncio.FIRST_COMPLETED)
             if joined in done:
@@ -397,7 +402,7 @@ class RayPlacement:
         when Ray reports the keeper dead (with its Ray node, or killed)."""
         keeper = self._keepers[name]
         try:
-            status = await keeper.wait.remote()
+            status = await self._ends.pop(name)
             logger.warning("tokenyard node %s on Ray ended (exit status %s)", name, status)
             ray.kill(keeper, no_restart=True)  # a keeper without a node has done its work
         except ray.exceptions.RayError as err:
@@ -427,6 +432,7 @@ class RayPlacement:
             self._gone[name].set()
         self.nodes.pop(name, None)
         self._keepers.pop(name, None)
+        self._ends.pop(name, None)
         self._watchers.pop(name, None)
         if self.system.node_table is not None:
             self.system.node_table.drop(name)

@@ -461,14 +461,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         credentials = _load(args.credentials)
+    except msgspec.DecodeError as err:  # msgspec.ValidationError among them
+        sys.stderr.write(f"cannot attach: {args.credentials} is not a credentials file: {err}\n")
+        return 1
+    except OSError as err:  # PermissionError among them
+        sys.stderr.write(f"cannot attach: {err}\n")
+        return 1
+    try:
         return anyio.run(
             _watch, args.credentials, credentials, args.interval, args.once, args.timeout
         )
     except KeyboardInterrupt:
         return 0
-    except OSError as err:  # PermissionError among them
+    except OSError as err:
         sys.stderr.write(f"cannot attach: {err}\n")
-        return 1
-    except msgspec.DecodeError as err:  # msgspec.ValidationError among them
-        sys.stderr.write(f"cannot attach: {args.credentials} is not a credentials file: {err}\n")
         return 1

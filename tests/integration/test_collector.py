@@ -129,6 +129,18 @@ class TestProcessesThatDoNotAnswerInTime:
             (process,) = [p for p in held.processes if p.name == "busy"]
             assert process == next(p for p in before.processes if p.name == "busy")
 
+    async def test_a_process_stopped_just_now_is_not_shown_as_one_that_did_not_answer(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            collector: ActorRef[Any] = await system.spawn(
+                MetricsCollector, name="metrics", process=False
+            )
+            echo = await system.spawn(Echo, name="echo")
+            await metrics_once(collector, lambda m: "echo" in live_names(m))
+            await system.stop(echo)  # its Down may reach the collector after the next ask
+            assert "echo" not in live_names(await collector.ask(GetMetrics(max_age=0)))
+
     async def test_a_busy_process_holds_up_no_process_beside_it_or_above_it(self) -> None:
         """A supervisor's process gathers its children's before it answers: it waited 5 s
         for a busy one, past the collector's 2 s, and its whole subtree was left out."""
@@ -201,3 +213,10 @@ class TestArguments:
         failed, and with retention=nan dead incarnations never expired."""
         with pytest.raises(ValueError, match=re.escape(named)):
             MetricsCollector(**arguments)
+
+    @pytest.mark.parametrize("timeout", [math.nan, math.inf, 0.0, -1.0])
+    async def test_a_gathering_refuses_a_timeout_out_of_range(self, timeout: float) -> None:
+        """Before, one out of range was silently the default."""
+        async with ActorSystem() as system:
+            with pytest.raises(ValueError, match="finite number of seconds above 0"):
+                await system.gather_metrics(timeout)

@@ -91,6 +91,8 @@ class TestFamilies:
         served = Registry().counter("served_total", "h").labels()
         with pytest.raises(ValueError, match="only goes up"):
             served.inc(-5)
+        with pytest.raises(ValueError, match="only goes up"):
+            served.inc(math.nan)
         served.inc(0)
         assert served.value == 0
 
