@@ -76,7 +76,7 @@ MAX_PIPELINED = 16
 _HEAD, _BODY = 1, 2
 
 
-def _end_of_head(head: bytearray, start: int) -> int:
+def _end_of_head(head: bytes | bytearray, start: int) -> int:
     """Where the blank line that ends ``head`` ends (``-1``: not come yet), searched from
     ``start`` (lines end in CRLF, or in a bare LF as the parser allows)."""
     ends = [
@@ -136,6 +136,10 @@ class BoundedProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         #: Why the head being parsed is refused 431 (``None``: it is not).
         self._too_large: str | None = None
+        #: The parser has begun a head and not ended it.
+        self._in_parsed_head = False
+        #: The last bytes fed, when the parser stopped inside a head (else none).
+        self._carry = b""
         #: The parser stopped at a request past MAX_PIPELINED waiting ones.
         self._pipeline_full = False
         self._refused = False
@@ -200,9 +204,12 @@ class BoundedProtocol(HttpToolsProtocol):
             # the parser piece by piece, a long header value would be copied anew for each
             # piece (the cost of a head quadratic in its size).
             head = self._head
-            scan = max(len(head) - 3, 0)
+            # A head the parser began in an earlier feed (pipelined in the read of the
+            # request before it) may end in a blank line that begins in what it was fed.
+            carry = self._carry
+            scan = max(len(carry) + len(head) - 3, 0)
             head += data
-            end = _end_of_head(head, scan)
+            end = _end_of_head(carry + head if carry else head, scan) - len(carry)
             if end < 0 or end > self._max_head:
                 if end > self._max_head or len(head) > self._max_head:
                     self._refuse(
@@ -242,6 +249,8 @@ class BoundedProtocol(HttpToolsProtocol):
         """Parse ``data``; ``False`` when the connection was refused for it."""
         try:
             self.parser.feed_data(data)
+            # Its last bytes, when the parser stopped inside a head: the start of its end.
+            self._carry = data[-3:] if self._in_parsed_head else b""
         except httptools.HttpParserUpgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
@@ -293,6 +302,7 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._headers = 0
         self._head_bytes = 0
+        self._in_parsed_head = True
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -319,6 +329,7 @@ class BoundedProtocol(HttpToolsProtocol):
             self._pipeline_full = True
             raise _TooManyPipelinedError
         self._in_head = False
+        self._in_parsed_head = False
         self._head_since = None
         super().on_headers_complete()
         if self.cycle is not None:
