@@ -17,6 +17,7 @@ from ._auth import AddressPolicy, Keys
 from ._launcher import DEFAULT_START
 from ._logging import configure_logging
 from ._nodes import NodeService
+from ._options import seconds
 from ._system import ActorSystem
 from ._transport import bracketed, raise_fd_limit
 
@@ -102,20 +103,8 @@ def node_main(argv: list[str]) -> int:
 
 
 def _heartbeat(text: str) -> float:
-    """``--heartbeat``: seconds above 0, at most `MAX_HEARTBEAT`.
-
-    Raises:
-        argparse.ArgumentTypeError: It is not.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= MAX_HEARTBEAT:  # NaN too
-        raise argparse.ArgumentTypeError(
-            f"{text}: give a number of seconds above 0 and at most {MAX_HEARTBEAT:g} (a day)"
-        )
-    return value
+    """``--heartbeat``: seconds above 0, at most `MAX_HEARTBEAT` (a day)."""
+    return seconds(text, MAX_HEARTBEAT)
 
 
 def _bind_problem(host: str, port: int) -> str | None:

@@ -34,6 +34,7 @@ from ._collector import GetMetrics
 from ._credentials import Credentials
 from ._errors import TokenyardError
 from ._metrics import HistogramSnapshot
+from ._options import seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -413,27 +414,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=10.0,
         metavar="S",
         help="seconds to wait for an answer, above 0 (%(default)s)",
     )
     return parser
-
-
-def _seconds(text: str) -> float:
-    """An option's seconds: a finite number above 0.
-
-    Raises:
-        argparse.ArgumentTypeError: It is not.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < math.inf:  # NaN too
-        raise argparse.ArgumentTypeError(f"{text}: give a finite number of seconds above 0")
-    return value
 
 
 def _interval(text: str) -> float:
@@ -442,7 +428,7 @@ def _interval(text: str) -> float:
     Raises:
         argparse.ArgumentTypeError: It is not.
     """
-    value = _seconds(text)
+    value = seconds(text)
     if value < MIN_INTERVAL:
         raise argparse.ArgumentTypeError(
             f"{text}: give at least {MIN_INTERVAL:g} seconds (each refresh asks every "

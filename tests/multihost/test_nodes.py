@@ -509,11 +509,11 @@ class TestTheNodeCommand:
     @pytest.mark.parametrize(
         ("option", "value", "named"),
         [
-            ("--heartbeat", "0", "argument --heartbeat: 0: give a number of seconds above 0"),
-            ("--heartbeat", "-1", "argument --heartbeat: -1: give a number of seconds"),
-            ("--heartbeat", "nan", "argument --heartbeat: nan: give a number of seconds"),
-            ("--heartbeat", "inf", "argument --heartbeat: inf: give a number of seconds"),
-            ("--heartbeat", "1e7", "argument --heartbeat: 1e7: give a number of seconds"),
+            ("--heartbeat", "0", "argument --heartbeat: 0: give a finite number of seconds"),
+            ("--heartbeat", "-1", "argument --heartbeat: -1: give a finite number of seconds"),
+            ("--heartbeat", "nan", "argument --heartbeat: nan: give a finite number of seconds"),
+            ("--heartbeat", "inf", "argument --heartbeat: inf: give a finite number of seconds"),
+            ("--heartbeat", "1e7", "argument --heartbeat: 1e7: give a finite number of seconds"),
             ("--host", "not-a-host", "--host not-a-host: this host cannot bind there"),
             ("--host", "192.0.2.1", "--host 192.0.2.1: this host cannot bind there"),
             ("--system", "garbage", "--system garbage: give the root's address as tcp://"),
