@@ -12,9 +12,9 @@ gets of every actor it has seen):
   marked down (``tokenyard_actor_up 0``), for ``retention`` seconds after the ``Down``, then
   ended; at most ``max_dead`` are kept (the oldest end first);
 - the counters and histograms its code added (`runtime.metrics`, summed over processes)
-  keep its last gathered values for good, so a summed counter never goes backwards when a
-  worker dies and its successor starts from zero; its gauges end at once (a dead process
-  holds nothing);
+  keep its last gathered values for good once its process is gone (the last actor seen of
+  it died), so a summed counter never goes backwards when a worker dies and its successor
+  starts from zero; its gauges end at once (a dead process holds nothing);
 - what it counted after the last gathering before it died is lost, as with any scrape.
 
 A live process that does not answer a gathering in time (a handler holding its loop, a
@@ -147,10 +147,13 @@ class MetricsCollector(Actor[CollectorMessage]):
         if seen is None:
             return
         actor, process = seen
+        station = process.station
         # An actor process of its own (not one of several in this process, the root):
         # the process died with it.
-        own = len(process.actors) == 1 and process.station != self.ref.owner
-        if own:
+        own = len(process.actors) == 1 and station != self.ref.owner
+        if station != self.ref.owner and all(p.station != station for _, p in self._seen.values()):
+            # The last actor seen of a process other than this one: the process is gone
+            # (its actors die with it), and what it counted is kept.
             self._retire(process.families)
         self._dead[msg.ref.address] = DeadIncarnation(
             actor=actor,

@@ -488,3 +488,11 @@ class Metered(Actor[Ping | Slow]):
     async def slow(self, msg: Slow) -> Pong:
         await anyio.sleep(msg.seconds)  # sync-ok: a handler that holds its process's loop
         return Pong(n=0)
+
+
+class MeteredWithChild(Metered):
+    """A `Metered` that starts an in-process `Echo` beside it: a process of two actors."""
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        await self.system.spawn(Echo, name=f"{self.ref.name}-child", process=False)

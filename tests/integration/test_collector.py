@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import re
+import signal
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,7 +29,7 @@ from runtime import (
     SystemMetrics,
 )
 
-from ._actors import Echo, Metered, Ping, Pong, Slow
+from ._actors import Echo, Metered, MeteredWithChild, Ping, Pong, Slow
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -159,6 +161,28 @@ class TestProcessesThatDoNotAnswerInTime:
             seen = await collector.ask(GetMetrics(max_age=0))
             assert {"sup", "busy", "idle"} <= live_names(seen)
             assert pings(seen) == 1
+
+
+class TestAProcessOfSeveralActorsThatDies:
+    async def test_keeps_what_it_counted_in_the_sums(self) -> None:
+        """Its counters were retired only with a process of one actor: summed, they dropped
+        by what it had counted when it died."""
+        async with ActorSystem() as system:
+            collector: ActorRef[Any] = await system.spawn(
+                MetricsCollector, name="metrics", process=False
+            )
+            two = await system.spawn(MeteredWithChild, name="two")
+            for n in range(3):
+                await two.ask(Ping(n=n))
+            await metrics_once(collector, lambda m: {"two", "two-child"} <= live_names(m))
+            assert pings(await collector.ask(GetMetrics(max_age=0))) == 3
+            pid = system.pid_of(two)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            metrics = await metrics_once(
+                collector, lambda m: {"two", "two-child"} <= set(dead_names(m))
+            )
+            assert pings(metrics) == 3
 
 
 class TestAGaugeWhoseFunctionFails:
