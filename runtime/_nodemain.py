@@ -19,16 +19,12 @@ from ._logging import configure_logging
 from ._nodes import NodeService
 from ._options import seconds
 from ._system import ActorSystem
-from ._transport import bracketed, raise_fd_limit
+from ._transport import MAX_HEARTBEAT, bracketed, raise_fd_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 logger = logging.getLogger("tokenyard.nodes")
-
-#: The longest ``--heartbeat``, a day: libzmq's heartbeat settings (three heartbeats, in
-#: milliseconds, in a C int) overflow past about eight.
-MAX_HEARTBEAT = 86_400.0
 
 DESCRIPTION = """\
 Run a node of the system whose root listens at ADDRESS (its ActorSystem.address, such as

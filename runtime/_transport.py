@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import os
 import resource
 from typing import TYPE_CHECKING
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 
     from ._auth import AddressPolicy, Keys
     from ._protocol import TellHeaders
+
+#: The longest heartbeat, seconds: a day (libzmq's heartbeat settings, three heartbeats in
+#: milliseconds in a C int, overflow past about eight).
+MAX_HEARTBEAT = 86_400.0
 
 
 class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,8 +72,16 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.heartbeat <= 0:
-            raise ValueError(f"heartbeat={self.heartbeat} must be positive")
+        if not 0 < self.heartbeat <= MAX_HEARTBEAT:  # NaN too
+            raise ValueError(
+                f"heartbeat={self.heartbeat}: give seconds above 0 and at most "
+                f"{MAX_HEARTBEAT:g} (a day)"
+            )
+        for name in ("send_timeout", "peer_idle"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(
+                    f"{name}={getattr(self, name)}: give a finite number of seconds above 0"
+                )
         for name in ("hwm", "rcvhwm"):
             value = getattr(self, name)
             if value <= 0:
@@ -78,8 +91,6 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("max_message_size", "mailbox_bytes", "max_peers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if self.peer_idle <= 0:
-            raise ValueError(f"peer_idle={self.peer_idle} must be positive")
         if self.transport not in ("ipc", "tcp"):
             raise ValueError(f"transport={self.transport!r}: choose 'ipc' or 'tcp'")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,13 @@ class TestOptions:
             ({"hwm": 0}, "0 is unbounded"),
             ({"max_message_size": 0}, "must be positive"),
             ({"transport": "udp"}, "choose 'ipc' or 'tcp'"),
+            # Before, NaN passed every range check (a traceback deep in the system's start
+            # for a heartbeat of NaN); past a day, libzmq's heartbeat settings overflow.
+            ({"heartbeat": math.nan}, "heartbeat=nan: give seconds above 0"),
+            ({"heartbeat": 1e7}, "at most 86400"),
+            ({"heartbeat": 0.0}, "heartbeat=0.0"),
+            ({"send_timeout": math.nan}, "send_timeout=nan: give a finite number"),
+            ({"peer_idle": math.inf}, "peer_idle=inf: give a finite number"),
         ],
     )
     def test_unsafe_or_unknown_settings_are_refused(
