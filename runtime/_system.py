@@ -110,7 +110,8 @@ class ActorSystem:
             system's nodes join; 0 (the default) takes any free one.
         heartbeat: Over tcp, seconds a process holding refs owned by another process (a
             node on another host) waits for any answer from it before its actors count as
-            ``Down`` with `Cause.NOCONNECTION` (see docs/guides/multi-host.md).
+            ``Down`` with `Cause.NOCONNECTION` (see docs/guides/multi-host.md); above 0,
+            at most a day.
         root: The address of the system this one is a node of (``python -m runtime node``
             passes it); empty for a system of its own.
 

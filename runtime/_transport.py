@@ -55,7 +55,8 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
             for measuring its cost only: anyone who can reach a port can then send to it.
         heartbeat: Over tcp, seconds without an answer after which a process that holds
             refs owned by another process (a node on another host) counts that owner as
-            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._heartbeat`).
+            lost, and its actors ``Down`` with `Cause.NOCONNECTION` (`runtime._heartbeat`);
+            above 0, at most `MAX_HEARTBEAT` (a day).
     """
 
     hwm: int = 1_000
