@@ -1,4 +1,4 @@
-"""Command-line option types shared by the runtime's commands (and the benchmarks')."""
+"""Command-line option types shared by the runtime's commands."""
 
 from __future__ import annotations
 

@@ -32,6 +32,16 @@ async def health(session: aiohttp.ClientSession, url: str) -> tuple[int, str, st
         return response.status, await response.text(), response.headers.get("Retry-After")
 
 
+async def until_healthy(session: aiohttp.ClientSession, url: str) -> None:
+    """Poll /health until it answers 200 (20 s at most): the engine's READY reaches the
+    scheduler, the supervisor, then each worker, a chain an HTTP client cannot wait on."""
+    for _ in range(400):
+        if (await health(session, url))[0] == 200:
+            return
+        await anyio.sleep(0.05)  # sync-ok: polling the server from outside
+    pytest.fail("/health did not answer 200 within 20 s of the engine's READY")
+
+
 async def test_health_is_503_until_the_engine_attaches_and_200_after() -> None:
     handshake = f"tcp://127.0.0.1:{free_port()}"
     with running_serve("--engine", "vllm", "--engine-handshake", handshake, workers=2) as srv:
@@ -46,14 +56,7 @@ async def test_health_is_503_until_the_engine_attaches_and_200_after() -> None:
             engine = FakeEngine(handshake)
             try:
                 await engine.start()
-                # The engine's READY reaches the scheduler, the supervisor, then each
-                # worker: an HTTP poll cannot wait on that chain's events.
-                for _ in range(400):
-                    if (await health(session, url))[0] == 200:
-                        break
-                    await anyio.sleep(0.05)  # sync-ok: polling the server from outside
-                else:
-                    pytest.fail("/health did not answer 200 within 20 s of the engine's READY")
+                await until_healthy(session, url)
                 for _ in range(4):
                     assert (await health(session, url))[0] == 200
             finally:
@@ -130,12 +133,7 @@ async def test_a_prompt_too_long_for_the_engines_context_is_400_not_503(clients:
 
                 tg.start_soon(before_ready)
                 await engine.start()
-                for _ in range(400):
-                    if (await health(session, url))[0] == 200:
-                        break
-                    await anyio.sleep(0.05)  # sync-ok: polling the server from outside
-                else:
-                    pytest.fail("/health did not answer 200 within 20 s of the engine's READY")
+                await until_healthy(session, url)
                 status, body, retry_after = await completion(session, url, [5] * 600)
                 assert (status, retry_after) == (400, None), body
                 assert "context_length_exceeded" in body

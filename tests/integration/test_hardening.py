@@ -399,23 +399,32 @@ class TestAskersCannotExhaustSockets:
         assert not path.exists()
 
 
+async def flood_a_busy_echo(
+    system: ActorSystem, msg: Blob | Tick, trace: tuple[str, ...], at_most: int
+) -> tuple[ActorRef[Any], int, int, int]:
+    """An Echo kept busy (a 2 s handler) and told ``msg`` with ``trace`` until it pushes
+    back, ``at_most`` times: the Echo, its pid, its resident bytes before, the tells sent."""
+    echo: ActorRef[Any] = await system.spawn(Echo, name="echo")
+    pid = system.pid_of(echo)
+    assert pid is not None
+    baseline = rss_bytes(pid)
+    await echo.tell(Slow(seconds=2.0))  # busy: nothing is handled meanwhile
+    sent = 0
+    with contextlib.suppress(MailboxFullError):
+        for _ in range(at_most):
+            await echo.tell(msg, trace=trace, timeout=0.5)
+            sent += 1
+    return echo, pid, baseline, sent
+
+
 class TestMemoryIsBoundedInBytes:
     async def test_a_flood_into_a_busy_mailbox_holds_no_more_than_its_bound(self) -> None:
-        size = 256 * 1024
+        blob = Blob(data=os.urandom(256 * 1024))
         async with ActorSystem(
             hwm=4, rcvhwm=8, mailbox_bytes=2 * 1024 * 1024, max_message_size=1024 * 1024
         ) as system:
-            echo = await system.spawn(Echo, name="echo")
-            pid = system.pid_of(echo)
-            assert pid is not None
-            baseline = rss_bytes(pid)
-            await echo.tell(Slow(seconds=2.0))  # busy: nothing is handled meanwhile
-            blob = Blob(data=os.urandom(size))
-            sent = 0
-            with contextlib.suppress(MailboxFullError):
-                for _ in range(2000):  # 500 MiB, if nothing pushed back
-                    await echo.tell(blob, timeout=0.5)
-                    sent += 1
+            # 500 MiB, if nothing pushed back
+            echo, pid, baseline, sent = await flood_a_busy_echo(system, blob, (), 2000)
             grown = rss_bytes(pid) - baseline
             bound = system.options.memory_bound()
             assert sent < 100  # the sender was pushed back long before 500 MiB
@@ -433,16 +442,7 @@ class TestMemoryIsBoundedInBytes:
         async with ActorSystem(
             hwm=64, rcvhwm=4, mailbox_bytes=1024 * 1024, max_message_size=1024 * 1024
         ) as system:
-            echo = await system.spawn(Echo, name="echo")
-            pid = system.pid_of(echo)
-            assert pid is not None
-            baseline = rss_bytes(pid)
-            await echo.tell(Slow(seconds=2.0))  # busy: nothing is handled meanwhile
-            sent = 0
-            with contextlib.suppress(MailboxFullError):
-                for _ in range(150):
-                    await echo.tell(Tick(n=sent), trace=trace, timeout=0.5)
-                    sent += 1
+            echo, pid, baseline, sent = await flood_a_busy_echo(system, Tick(n=0), trace, 150)
             count = await echo.ask(GetCount(), timeout=60)
             grown = rss_bytes(pid) - baseline
             bound = system.options.memory_bound()
