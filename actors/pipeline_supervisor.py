@@ -7,6 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
 import msgspec
 
 from runtime import (
@@ -565,14 +566,17 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
             drain = Drain(
                 timeout=0.0, reason=f"the pipeline failed, nothing more is served: {error}"
             )
-            for name in self.worker_ids:
-                ref = self.child(name)
-                if ref is None:
-                    continue
+
+            async def tell_to_drain(name: str, ref: ActorRef[Any]) -> None:
                 try:
                     await ref.ask(drain, timeout=_DRAIN_ASK_TIMEOUT)
                 except TokenyardError as err:  # dead or stuck: its stop ends its requests
                     logger.debug("%s not told to drain: %s", name, err)
+
+            async with anyio.create_task_group() as tg:  # at once: a stuck one holds no other
+                for name in self.worker_ids:
+                    if (ref := self.child(name)) is not None:
+                        tg.start_soon(tell_to_drain, name, ref)
         await super().give_up(error)
 
     async def on_restart_failed(self, name: str, error: Exception) -> None:

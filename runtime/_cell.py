@@ -27,6 +27,7 @@ from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
 from ._protocol import (
     DEFAULT_GATHER_TIMEOUT,
     HANDLED_KINDS,
+    NESTED_GATHER_SHARE,
     ErrorBody,
     Header,
     Kind,
@@ -315,8 +316,8 @@ class Cell:
         elif kind is Kind.METRICS:
             query = item.message
             # A peer's number, kept to what a gathering may take; an empty body (a sender
-            # from before `MetricsQuery`) waits the default itself: three quarters of it.
-            timeout: float | None = DEFAULT_GATHER_TIMEOUT * 0.75
+            # from before `MetricsQuery`) waits the default itself: its share of it.
+            timeout: float | None = DEFAULT_GATHER_TIMEOUT * NESTED_GATHER_SHARE
             if isinstance(query, MetricsQuery):
                 timeout = query.timeout if 0 < query.timeout <= _MOST_GATHER_TIMEOUT else None
             try:

@@ -357,6 +357,9 @@ class MetricsQuery(Message):
 
 #: Seconds each process under a mailbox has to answer its gathering, unless asked otherwise.
 DEFAULT_GATHER_TIMEOUT = 5.0
+#: The share of its own time to answer that a process gives the processes under it (what
+#: is left carries their answers back).
+NESTED_GATHER_SHARE = 0.75
 
 
 class LookupReply(Message):

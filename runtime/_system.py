@@ -29,6 +29,7 @@ from ._metrics import REGISTRY
 from ._nodes import NodeTable, list_nodes
 from ._protocol import (
     DEFAULT_GATHER_TIMEOUT,
+    NESTED_GATHER_SHARE,
     Down,
     ErrorBody,
     Header,
@@ -785,7 +786,7 @@ class ActorSystem:
             timeout = DEFAULT_GATHER_TIMEOUT
         elif not 0 < timeout < math.inf:  # NaN included
             raise ValueError(f"timeout={timeout}: need a finite number of seconds above 0")
-        query = MetricsQuery(timeout=timeout * 0.75)
+        query = MetricsQuery(timeout=timeout * NESTED_GATHER_SHARE)
         started = now()
         children = [
             c
