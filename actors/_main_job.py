@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import ExitStack
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +55,7 @@ except ImportError as err:  # the `bench` extra; `make run` installs it
         " (python -m actors serve, the server, needs only the serve extra)"
     ) from err
 
-from runtime import configure_logging
+from runtime import SpawnError, configure_logging
 
 from ._tokenizer import DEFAULT_TOKENIZER_PATH, tokenizer_option_error
 
@@ -338,9 +338,22 @@ async def run_job(args: argparse.Namespace, console: Console) -> int:
 async def serve_and_load(args: argparse.Namespace, console: Console, engine: dict[str, Any]) -> int:
     """The job proper, on a server started with the ``engine`` arguments."""
     from .http import open_server
+    from .http._serve import cannot_serve, first_failure
 
     t0 = time.perf_counter()
-    async with open_server(args.workers, args.tokenizer, port=args.port, **engine) as server:
+    async with AsyncExitStack() as stack:
+        # What stops the server from starting is one line, as `serve` says it, not the
+        # traceback of a task group: a port in use, a model llama.cpp does not load.
+        try:
+            server = await stack.enter_async_context(
+                open_server(args.workers, args.tokenizer, port=args.port, **engine)
+            )
+        except OSError as err:
+            console.print(f"[red]{escape(cannot_serve('127.0.0.1', args.port, err))}[/]")
+            return 1
+        except SpawnError as err:
+            console.print(f"[red]the pipeline did not start: {escape(first_failure(err))}[/]")
+            return 1
         console.print(
             f"[dim]{server.url}: every worker serves after {time.perf_counter() - t0:.2f} s[/]"
         )
@@ -487,9 +500,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model is llama.cpp's: leave it out with --engine stand-in")
     if args.model is not None and not Path(args.model).is_file():
         parser.error(f"--model {args.model}: no such file (a GGUF)")
-    for flag in ("workers", "requests", "concurrency", "max_tokens"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    from .http._serve import check_gguf, check_port
+
+    problem = check_port(args.port) or (
+        None if args.model is None else check_gguf(Path(args.model))
+    )
+    if problem is not None:
+        parser.error(problem)
+    for flag, dest in (
+        ("--workers", "workers"),
+        ("--requests", "requests"),
+        ("--concurrency", "concurrency"),
+        ("--stream-tokens", "max_tokens"),
+    ):
+        if getattr(args, dest) < 1:
+            parser.error(f"{flag} must be at least 1")
     console = Console(width=None if sys.stdout.isatty() else 100)
     configure_logging(logging.WARNING, "main job", handler=log_handler(console))
     problem = tokenizer_option_error(args.tokenizer)  # here, clearly, not in every worker

@@ -583,16 +583,10 @@ def _check_engine(args: argparse.Namespace) -> str | None:
         if args.tokenizer is None and (path / "tokenizer.json").is_file():
             args.tokenizer = str(path)
         path = path / "model.gguf"
-    if not path.is_file():
-        return f"bad --model: {path} does not exist (python -m actors make-model DIR writes one)"
     args.model = str(path)
-    try:
-        with path.open("rb") as gguf:
-            magic = gguf.read(4)
-    except OSError as err:
-        return f"bad --model: {path} cannot be read ({err})"
-    if magic != b"GGUF":
-        return f"bad --model: {path} is not a GGUF file (it does not start with GGUF)"
+    problem = check_gguf(path)
+    if problem is not None:
+        return problem
     # A context holds a prompt token and a generated one at the least.
     for name, least in (("n_parallel", 1), ("engine_context", 2), ("engine_threads", 1)):
         if getattr(args, name) < least:
@@ -606,7 +600,22 @@ def _check_engine(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _check_port(port: int) -> str | None:
+def check_gguf(path: Path) -> str | None:
+    """Why ``path`` is not a GGUF llama.cpp can be given, or ``None`` (told before any
+    process starts, not as the scheduler's failure to start)."""
+    if not path.is_file():
+        return f"bad --model: {path} does not exist (python -m actors make-model DIR writes one)"
+    try:
+        with path.open("rb") as gguf:
+            magic = gguf.read(4)
+    except OSError as err:
+        return f"bad --model: {path} cannot be read ({err})"
+    if magic != b"GGUF":
+        return f"bad --model: {path} is not a GGUF file (it does not start with GGUF)"
+    return None
+
+
+def check_port(port: int) -> str | None:
     """Why ``--port`` cannot be listened on, or ``None``."""
     if not 0 <= port <= 65535:
         return f"--port {port}: a TCP port is 0 (any free one) to 65535"
@@ -656,12 +665,12 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
         except OSError as err:
             if started:
                 raise
-            sys.stderr.write(_cannot_serve(args.host, args.port, err) + "\n")
+            sys.stderr.write(cannot_serve(args.host, args.port, err) + "\n")
             return 1
         except SpawnError as err:
             if started:
                 raise
-            sys.stderr.write(f"the pipeline did not start: {_first_failure(err)}\n")
+            sys.stderr.write(f"the pipeline did not start: {first_failure(err)}\n")
             return 1
 
 
@@ -709,7 +718,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def _first_failure(err: SpawnError) -> str:
+def first_failure(err: SpawnError) -> str:
     """The first line of the spawn failure that the others follow from (a member's, under
     the pipeline supervisor's): what went wrong, without the tracebacks of every level
     (the member's own log has its traceback)."""
@@ -718,7 +727,7 @@ def _first_failure(err: SpawnError) -> str:
     return str(err).partition("\n")[0]
 
 
-def _cannot_serve(host: str, port: int, err: OSError) -> str:
+def cannot_serve(host: str, port: int, err: OSError) -> str:
     """The one line that says why the server could not start, and what to change."""
     reason = (err.strerror or str(err)).lower()
     if err.errno == errno.EADDRINUSE:
@@ -757,7 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = (
         _check_engine(args)
         or tokenizer_option_error(args.tokenizer)
-        or _check_port(args.port)
+        or check_port(args.port)
         or _check_credentials(args.credentials)
     )
     if problem is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,31 @@ def test_a_model_with_the_stand_in_is_a_usage_error() -> None:
     done = run_main_job("--engine", "stand-in", "--model", str(ROOT / "x.gguf"), timeout=60)
     assert done.returncode == 2
     assert "--model is llama.cpp's" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--port", "70000"), "--port 70000: a TCP port is 0 (any free one) to 65535"),
+        (("--stream-tokens", "0"), "--stream-tokens must be at least 1"),
+        (("--model", str(ROOT / "README.md")), "is not a GGUF file"),
+    ],
+    ids=["port", "stream-tokens", "model"],
+)
+def test_a_bad_option_is_one_line_naming_it_and_status_2(args: tuple[str, ...], says: str) -> None:
+    # Before, a port out of range and a file that is no GGUF were a task group's traceback
+    # and status 1, and --stream-tokens 0 was refused as "--max-tokens".
+    done = run_main_job(*args, timeout=60)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert says in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_a_port_in_use_is_one_line_and_status_1() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = run_main_job("--engine", "stand-in", "--port", str(port), timeout=60)
+    out = " ".join(done.stdout.split())  # the console wraps at 100 columns
+    assert done.returncode == 1, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert f"cannot serve on 127.0.0.1:{port}: address already in use" in out
+    assert "Traceback" not in done.stdout + done.stderr
