@@ -659,6 +659,10 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
         raise ValueError(f"--concurrency {args.concurrency}: it must be at least 1")
     if args.duration is not None and not args.duration > 0:
         raise ValueError(f"--duration {args.duration:g}: it must be more than 0 seconds")
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens {args.max_tokens}: it must be at least 1")
+    if "" in (args.prompt or ()):
+        raise ValueError("--prompt '': a prompt must not be empty")
     _server_address(args.url)
     key = key_given(args.api_key, "send no key")
     return LoadSpec(

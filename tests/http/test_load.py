@@ -287,6 +287,8 @@ class TestRefusedArguments:
             (["--concurrency", "0"], "--concurrency 0: it must be at least 1"),
             (["--duration", "0"], "--duration 0: it must be more than 0 seconds"),
             (["--duration", "nan"], "--duration nan: it must be more than 0 seconds"),
+            (["--max-tokens", "0"], "--max-tokens 0: it must be at least 1"),
+            (["--prompt", ""], "--prompt '': a prompt must not be empty"),
             (["--url", "127.0.0.1:8000"], "url '127.0.0.1:8000': give the server as http://"),
             (["--url", "https://127.0.0.1:8000"], "url 'https://127.0.0.1:8000'"),
             (["--url", "http://127.0.0.1"], "url 'http://127.0.0.1'"),
@@ -303,6 +305,8 @@ class TestRefusedArguments:
             "concurrency-0",
             "duration-0",
             "duration-nan",
+            "max-tokens-0",
+            "prompt-empty",
             "no-scheme",
             "https",
             "no-port",
@@ -323,7 +327,8 @@ class TestRefusedArguments:
     ) -> None:
         """Before, --requests 0 sent 100 requests and --concurrency 0 or a bad port was a
         traceback; a URL without http:// went to port 80 of another host; a --json file
-        that could not be written was a traceback after the whole run, its summary lost."""
+        that could not be written was a traceback after the whole run, its summary lost;
+        --max-tokens 0 or an empty --prompt ran the whole load, every request a 400."""
         monkeypatch.delenv("TOKENYARD_API_KEY", raising=False)
         argv = ["--url", "http://127.0.0.1:8000", *arguments]
         assert actors_main(["load", *argv]) == 2
