@@ -136,3 +136,49 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
     done = run_python(script)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "Pong(n=42)"
+
+
+#: Appended inside the README pipeline example's ``async with``: the titles of the
+#: processes it started, each ``tokenyard::<name>:<pid>``.
+CHILDREN = """
+        children = Path("/proc/self/task").glob("*/children")
+        pids = [pid for path in children for pid in path.read_text().split()]
+        titles = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\\0")[0] for pid in pids]
+        print()
+        print(sorted(title.decode().rpartition(":")[0] for title in titles))
+"""
+
+
+def test_the_readme_pipeline_example_runs_and_starts_what_it_says(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    example = next(block for block in blocks if "Pipeline(" in block)
+    imports = [line for line in example.splitlines() if line.startswith("from ")]
+    body = [line for line in example.splitlines() if not line.startswith("from ")]
+    script = tmp_path / "readme_pipeline.py"
+    script.write_text(
+        "import anyio\nfrom pathlib import Path\n"
+        + "\n".join(imports)
+        + "\n\n\nasync def main() -> None:\n"
+        + "\n".join(f"    {line}" if line else "" for line in body)
+        + CHILDREN
+        + '\n\nif __name__ == "__main__":\n    anyio.run(main)\n',
+        encoding="utf-8",
+    )
+    done = run_python(script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # What its comment says: four workers, the scheduler, a detokenizer and the router in
+    # processes of their own (and the fork server they are forked from); the supervisor in
+    # the caller's. Before, it said two detokenizers and a supervisor process.
+    assert done.stdout.splitlines()[-1] == str(
+        sorted(
+            [
+                "tokenyard::detokenizer:0",
+                "tokenyard::pipeline.fork-server",
+                "tokenyard::router",
+                "tokenyard::scheduler",
+                *(f"tokenyard::tokenizer_worker:{k}" for k in range(4)),
+            ]
+        )
+    )
+    assert "two detokenizers" not in example
