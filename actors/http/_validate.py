@@ -74,6 +74,12 @@ def _bad(message: str, param: str | None, code: str | None = None) -> HTTPError:
     return HTTPError(400, message, param=param, code=code)
 
 
+def _unsupported(message: str, param: str) -> HTTPError:
+    """A 400 for a value this server refuses on purpose (OpenAI's ``unsupported_value``):
+    valid in OpenAI's API, not implemented here, so a client can tell it from a mistake."""
+    return _bad(message, param, "unsupported_value")
+
+
 class Validator:
     """Checks requests against the limits in force in front of one engine.
 
@@ -120,15 +126,15 @@ class Validator:
         self.check_model(req.model)
         _neutral(req.top_p, req.frequency_penalty, req.presence_penalty, req.logit_bias)
         if req.logprobs is not None:
-            raise _bad("logprobs are not supported by this server", "logprobs")
+            raise _unsupported("logprobs are not supported by this server", "logprobs")
         if req.echo:
-            raise _bad("echo is not supported by this server", "echo")
+            raise _unsupported("echo is not supported by this server", "echo")
         if req.best_of is not None and req.best_of != 1:
             if req.best_of < 1:
                 raise _bad(f"best_of must be at least 1, got {req.best_of}", "best_of")
-            raise _bad(f"best_of={req.best_of}: only 1 is supported", "best_of")
+            raise _unsupported(f"best_of={req.best_of}: only 1 is supported", "best_of")
         if req.suffix:
-            raise _bad("suffix is not supported by this server", "suffix")
+            raise _unsupported("suffix is not supported by this server", "suffix")
         ids = await self._completion_prompt(req.prompt)
         return self._prepare(ids, req, req.max_tokens, "max_tokens")
 
@@ -138,21 +144,25 @@ class Validator:
         _neutral(req.top_p, req.frequency_penalty, req.presence_penalty, req.logit_bias)
         if req.logprobs or req.top_logprobs:
             param = "logprobs" if req.logprobs else "top_logprobs"
-            raise _bad("logprobs are not supported by this server", param)
+            raise _unsupported("logprobs are not supported by this server", param)
         if req.response_format is not None and req.response_format.type != "text":
-            raise _bad(
+            raise _unsupported(
                 f"response_format {req.response_format.type!r} is not supported: only 'text'",
                 "response_format",
             )
         for param, value in (("tools", req.tools), ("functions", req.functions)):
             if value:
-                raise _bad(f"{param} are not supported: this server generates text only", param)
+                raise _unsupported(
+                    f"{param} are not supported: this server generates text only", param
+                )
         for param, choice in (
             ("tool_choice", req.tool_choice),
             ("function_call", req.function_call),
         ):
             if choice is not None and choice != "none":
-                raise _bad(f"{param} is not supported: this server generates text only", param)
+                raise _unsupported(
+                    f"{param} is not supported: this server generates text only", param
+                )
         ids = await self._chat_prompt(req.messages, add_generation_prompt=True)
         if req.max_completion_tokens is not None:
             return self._prepare(ids, req, req.max_completion_tokens, "max_completion_tokens")
@@ -208,10 +218,14 @@ class Validator:
                 return await self._text_prompt(only, "prompt")
             if isinstance(only, list):
                 return self._id_prompt(only, "prompt")
+        if all(isinstance(x, str) for x in prompt) or all(isinstance(x, list) for x in prompt):
+            raise _unsupported(
+                "several prompts in one request are not supported: send one prompt (a string "
+                "or a list of token ids) per request",
+                "prompt",
+            )
         raise _bad(
-            "several prompts in one request are not supported: send one prompt (a string or "
-            "a list of token ids) per request",
-            "prompt",
+            "prompt is a string, a list of token ids, or a list of either; not a mix", "prompt"
         )
 
     async def _text_prompt(self, text: str, param: str) -> list[int]:
@@ -290,7 +304,7 @@ class Validator:
         if req.n is not None and req.n != 1:
             if req.n < 1:
                 raise _bad(f"n must be at least 1, got {req.n}", "n")
-            raise _bad(f"n={req.n}: only one choice per request is supported", "n")
+            raise _unsupported(f"n={req.n}: only one choice per request is supported", "n")
         temperature = _DEFAULT_TEMPERATURE if req.temperature is None else req.temperature
         low, high = _TEMPERATURE
         if not low <= temperature <= high:
@@ -374,15 +388,17 @@ def _neutral(
 ) -> None:
     """Refuse the sampling knobs the engine does not implement, unless neutral."""
     if top_p is not None and top_p != 1:
-        raise _bad(f"top_p={top_p} is not supported: only 1 (no nucleus truncation)", "top_p")
+        raise _unsupported(
+            f"top_p={top_p} is not supported: only 1 (no nucleus truncation)", "top_p"
+        )
     for param, value in (
         ("frequency_penalty", frequency_penalty),
         ("presence_penalty", presence_penalty),
     ):
         if value is not None and value != 0:
-            raise _bad(f"{param}={value} is not supported: only 0 (no penalty)", param)
+            raise _unsupported(f"{param}={value} is not supported: only 0 (no penalty)", param)
     if logit_bias:
-        raise _bad("logit_bias is not supported by this server", "logit_bias")
+        raise _unsupported("logit_bias is not supported by this server", "logit_bias")
 
 
 def _message(i: int, message: ChatMessage) -> dict[str, Any]:
@@ -390,7 +406,7 @@ def _message(i: int, message: ChatMessage) -> dict[str, Any]:
     role = _ROLES.get(message.role)
     if role is None:
         if message.role in ("tool", "function"):
-            raise _bad(
+            raise _unsupported(
                 f"messages[{i}]: {message.role!r} messages are not supported: this server "
                 "generates text only",
                 f"messages[{i}].role",
@@ -405,11 +421,15 @@ def _message(i: int, message: ChatMessage) -> dict[str, Any]:
     if not isinstance(content, str):
         texts: list[str] = []
         for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
-                what = f"type {part.type!r}" if part.type != "text" else "a text part without text"
-                raise _bad(
-                    f"messages[{i}].content[{j}]: {what} is not supported: only "
+            if part.type != "text":
+                raise _unsupported(
+                    f"messages[{i}].content[{j}]: type {part.type!r} is not supported: only "
                     '{"type": "text", "text": ...} parts',
+                    f"messages[{i}].content[{j}]",
+                )
+            if part.text is None:
+                raise _bad(
+                    f"messages[{i}].content[{j}]: a text part needs its text",
                     f"messages[{i}].content[{j}]",
                 )
             texts.append(part.text)

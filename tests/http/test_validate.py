@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 ENGINE = PipelineEngine(Pipeline(workers=1), context_length=256)
 MODEL = ENGINE.model
 HELLO = ENGINE.encode("Hello there")
+#: The code of a value OpenAI's API takes and this server refuses on purpose.
+UNSERVED = "unsupported_value"
 
 
 def validator(**config: Any) -> Validator:
@@ -107,45 +109,45 @@ class TestCompletions:
         assert prepared.params.max_new_tokens == 64 - 50
 
     @pytest.mark.parametrize(
-        ("body", "param"),
+        ("body", "param", "code"),
         [
-            ({"prompt": ""}, "prompt"),
-            ({"prompt": []}, "prompt"),
-            ({"prompt": [[]]}, "prompt"),
-            ({"prompt": ["a", "b"]}, "prompt"),
-            ({"prompt": [1, "a"]}, "prompt"),
-            ({"prompt": [1, 99_999]}, "prompt[1]"),
-            ({"prompt": [-1]}, "prompt[0]"),
-            ({"max_tokens": 0}, "max_tokens"),
-            ({"max_tokens": 4097}, "max_tokens"),
-            ({"temperature": -0.1}, "temperature"),
-            ({"temperature": 2.5}, "temperature"),
-            ({"seed": -1}, "seed"),
-            ({"seed": MAX_SEED + 1}, "seed"),
-            ({"n": 0}, "n"),
-            ({"n": 2}, "n"),
-            ({"best_of": 2}, "best_of"),
-            ({"best_of": 0}, "best_of"),
-            ({"logprobs": 0}, "logprobs"),
-            ({"echo": True}, "echo"),
-            ({"suffix": "end"}, "suffix"),
-            ({"top_p": 0.9}, "top_p"),
-            ({"presence_penalty": 0.5}, "presence_penalty"),
-            ({"frequency_penalty": -1}, "frequency_penalty"),
-            ({"logit_bias": {"5": 1.0}}, "logit_bias"),
-            ({"stop": ""}, "stop"),
-            ({"stop": ["x"] * 17}, "stop"),
-            ({"stop": "y" * 257}, "stop"),
-            ({"stop_token_ids": [4096]}, "stop_token_ids[0]"),
-            ({"stop_token_ids": list(range(65))}, "stop_token_ids"),
-            ({"stream_options": {"include_usage": True}}, "stream_options"),
+            ({"prompt": ""}, "prompt", None),
+            ({"prompt": []}, "prompt", None),
+            ({"prompt": [[]]}, "prompt", None),
+            ({"prompt": ["a", "b"]}, "prompt", UNSERVED),
+            ({"prompt": [1, "a"]}, "prompt", None),
+            ({"prompt": [1, 99_999]}, "prompt[1]", None),
+            ({"prompt": [-1]}, "prompt[0]", None),
+            ({"max_tokens": 0}, "max_tokens", None),
+            ({"max_tokens": 4097}, "max_tokens", None),
+            ({"temperature": -0.1}, "temperature", None),
+            ({"temperature": 2.5}, "temperature", None),
+            ({"seed": -1}, "seed", None),
+            ({"seed": MAX_SEED + 1}, "seed", None),
+            ({"n": 0}, "n", None),
+            ({"n": 2}, "n", UNSERVED),
+            ({"best_of": 2}, "best_of", UNSERVED),
+            ({"best_of": 0}, "best_of", None),
+            ({"logprobs": 0}, "logprobs", UNSERVED),
+            ({"echo": True}, "echo", UNSERVED),
+            ({"suffix": "end"}, "suffix", UNSERVED),
+            ({"top_p": 0.9}, "top_p", UNSERVED),
+            ({"presence_penalty": 0.5}, "presence_penalty", UNSERVED),
+            ({"frequency_penalty": -1}, "frequency_penalty", UNSERVED),
+            ({"logit_bias": {"5": 1.0}}, "logit_bias", UNSERVED),
+            ({"stop": ""}, "stop", None),
+            ({"stop": ["x"] * 17}, "stop", None),
+            ({"stop": "y" * 257}, "stop", None),
+            ({"stop_token_ids": [4096]}, "stop_token_ids[0]", None),
+            ({"stop_token_ids": list(range(65))}, "stop_token_ids", None),
+            ({"stream_options": {"include_usage": True}}, "stream_options", None),
         ],
     )
     async def test_a_bad_value_is_a_400_naming_its_field(
-        self, body: dict[str, Any], param: str
+        self, body: dict[str, Any], param: str, code: str | None
     ) -> None:
         err = await refused(completion, **body)
-        assert (err.status, err.param) == (400, param)
+        assert (err.status, err.param, err.code) == (400, param, code)
 
     async def test_another_model_is_not_found(self) -> None:
         err = await refused(completion, model="gpt-4")
@@ -213,37 +215,39 @@ class TestChat:
         assert prepared.params.max_new_tokens > 0
 
     @pytest.mark.parametrize(
-        ("body", "param"),
+        ("body", "param", "code"),
         [
-            ({"messages": []}, "messages"),
-            ({"messages": [{"role": "user"}]}, "messages[0].content"),
-            ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-            ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+            ({"messages": []}, "messages", None),
+            ({"messages": [{"role": "user"}]}, "messages[0].content", None),
+            ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", None),
+            ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", UNSERVED),
             (
                 {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                 "messages[0].content[0]",
+                UNSERVED,
             ),
             (
                 {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
                 "messages[0].content[0]",
+                None,
             ),
-            ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-            ({"tool_choice": "auto"}, "tool_choice"),
-            ({"tool_choice": {"type": "function"}}, "tool_choice"),
-            ({"functions": [{"name": "f"}]}, "functions"),
-            ({"function_call": "auto"}, "function_call"),
-            ({"logprobs": True}, "logprobs"),
-            ({"top_logprobs": 2}, "top_logprobs"),
-            ({"response_format": {"type": "json_object"}}, "response_format"),
-            ({"n": 3}, "n"),
-            ({"top_p": 0.5}, "top_p"),
+            ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", UNSERVED),
+            ({"tool_choice": "auto"}, "tool_choice", UNSERVED),
+            ({"tool_choice": {"type": "function"}}, "tool_choice", UNSERVED),
+            ({"functions": [{"name": "f"}]}, "functions", UNSERVED),
+            ({"function_call": "auto"}, "function_call", UNSERVED),
+            ({"logprobs": True}, "logprobs", UNSERVED),
+            ({"top_logprobs": 2}, "top_logprobs", UNSERVED),
+            ({"response_format": {"type": "json_object"}}, "response_format", UNSERVED),
+            ({"n": 3}, "n", UNSERVED),
+            ({"top_p": 0.5}, "top_p", UNSERVED),
         ],
     )
     async def test_a_bad_or_unserved_value_is_a_400_naming_its_field(
-        self, body: dict[str, Any], param: str
+        self, body: dict[str, Any], param: str, code: str | None
     ) -> None:
         err = await refused(chat, **body)
-        assert (err.status, err.param) == (400, param)
+        assert (err.status, err.param, err.code) == (400, param, code)
 
     async def test_too_many_messages_are_refused(self) -> None:
         v = validator(max_messages=2)
