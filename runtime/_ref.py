@@ -59,6 +59,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             MailboxFullError: The mailbox stayed full for ``timeout`` seconds.
             ActorDeadError: This incarnation is known to be dead.
             ProtocolError: ``trace`` is over its bounds.
+            ValueError: ``timeout`` is NaN (refused when the tell would wait).
         """
         station = current_station()
         frames = station.try_tell(self, msg, trace)
@@ -97,6 +98,7 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             RemoteActorError: The handler raised; carries the remote type, text, traceback.
             ActorDeadError: The actor died before replying.
             ProtocolError: ``trace`` is over its bounds.
+            ValueError: ``timeout`` is NaN.
         """
         reply: R = await current_station().ask(self, msg, timeout, trace)
         return reply

@@ -79,6 +79,7 @@ from ._transport import (
     events,
     recv_frame,
     recv_rest,
+    refuse_nan,
     socket_stem,
 )
 
@@ -336,6 +337,7 @@ class Station:
         self, ref: RefLike, msg: Message, timeout: float, trace: Sequence[str] = ()
     ) -> Any:
         """Send ``msg`` with a correlation id and wait for the matching reply."""
+        refuse_nan(timeout, "ask")
         self.deaths.subscribe(ref)  # first: it learns the death of what a dead owner had
         self.deaths.check_alive(ref)
         if handling_address.get(None) == ref.address:

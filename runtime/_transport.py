@@ -101,6 +101,18 @@ class TransportOptions(msgspec.Struct, frozen=True, kw_only=True):
         return self.mailbox_bytes + (self.rcvhwm + 1) * self.max_message_size
 
 
+def refuse_nan(timeout: float, what: str) -> None:
+    """Refuse a timeout that is NaN before it reaches the event loop: asyncio keeps its
+    timers in a heap ordered by comparison, which NaN answers ``False`` to, so one NaN timer
+    can hold back every timer of the loop scheduled after it (the host's own included).
+
+    Raises:
+        ValueError: ``timeout`` is NaN.
+    """
+    if math.isnan(timeout):
+        raise ValueError(f"{what}(timeout={timeout}): give a number of seconds, not NaN")
+
+
 def bind_pull(
     ctx: zmq.Context[zmq.Socket[bytes]],
     ipc_dir: str,
@@ -785,6 +797,7 @@ class Outbox:
 
     async def _wait_writable(self, address: str, timeout: float | None) -> None:
         limit = self._options.send_timeout if timeout is None else timeout
+        refuse_nan(limit, "tell")
         peer = self._peer(address)
         try:
             await asyncio.wait_for(peer.waiter.wait(POLLOUT), limit)

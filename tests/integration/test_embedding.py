@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import pytest
+import zmq
 
 from runtime import (
     Actor,
@@ -19,12 +21,13 @@ from runtime import (
     ActorSystem,
     Cause,
     MailboxClosedError,
+    MailboxFullError,
     Request,
     SpawnError,
     handler,
 )
 
-from ._actors import Echo, Journal, Ping, Pong, Recorder, Started, StartsThenWaits
+from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
 
 pytestmark = pytest.mark.anyio
 
@@ -291,3 +294,39 @@ class TestAnotherThreadsLoop:
             assert all("another thread" in str(err) for err in errors)
             with anyio.fail_after(10):
                 await still_serves(system)
+
+
+class TestATimeoutThatIsNotANumber:
+    """A NaN timeout went into the host's event loop as a timer: asyncio keeps its timers in
+    a heap ordered by comparisons, which NaN answers ``False`` to, so every timer of the loop
+    scheduled after it could wait forever (the ask itself never timed out)."""
+
+    async def test_an_ask_refuses_it_and_the_hosts_timers_keep_firing(self) -> None:
+        async with ActorSystem(shutdown_timeout=1) as system:
+            echo = await system.spawn(Echo, process=False)
+            with pytest.raises(ValueError, match=r"timeout=nan"):
+                await echo.ask(Slow(seconds=0.01), timeout=math.nan)
+            with anyio.fail_after(10):
+                for _ in range(3):  # each reply waits on a timer of the loop
+                    assert await echo.ask(Slow(seconds=0.01), timeout=5) == Pong(n=0)
+
+    async def test_a_tell_waiting_on_a_full_mailbox_refuses_it(self) -> None:
+        async with ActorSystem(hwm=10) as system:
+            sock = system.station.ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, 10)
+            path = os.path.join(system.ipc_dir, "stuck")
+            sock.bind(f"ipc://{path}")
+            stuck: ActorRef[Tick] = ActorRef("stuck", f"ipc://{path}")
+
+            async def flood() -> None:
+                for i in range(1_000_000):
+                    await stuck.tell(Tick(n=i), timeout=0.2)
+
+            try:
+                with anyio.fail_after(10):
+                    with pytest.raises(MailboxFullError):
+                        await flood()
+                    with pytest.raises(ValueError, match=r"timeout=nan"):
+                        await stuck.tell(Tick(n=-1), timeout=math.nan)
+            finally:
+                sock.close(0)
