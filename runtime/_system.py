@@ -328,6 +328,15 @@ class ActorSystem:
         return Keys.load(source)
 
     async def __aenter__(self) -> ActorSystem:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            # Under anyio's trio backend, say so before anything is made (it failed in the
+            # middle, leaving the directory, the sockets and libzmq's threads behind).
+            raise TokenyardError(
+                "an ActorSystem runs on an asyncio event loop, and none runs here: anyio's "
+                "trio backend is not supported (run anyio on asyncio, its default)"
+            ) from None
         role = self.role
         if role.owns_dir:
             # Created 0700; the pid in the name tells whose it is.
@@ -343,14 +352,19 @@ class ActorSystem:
         except BaseException:
             self._remove_dir()
             raise
-        self._station.open()
-        self._station.on_lookup = self._answer_lookup
-        self._spawner = Spawner(self, self.launcher, self.defaults)
-        if self._keys is not None and role.keeps_nodes:
-            self.node_table = NodeTable(self._station)
-            self._station.on_node_frame = self.node_table.on_frame
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        try:
+            self._station.open()
+            self._station.on_lookup = self._answer_lookup
+            self._spawner = Spawner(self, self.launcher, self.defaults)
+            if self._keys is not None and role.keeps_nodes:
+                self.node_table = NodeTable(self._station)
+                self._station.on_node_frame = self.node_table.on_frame
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+        except BaseException:
+            self._station.close()
+            self._remove_dir()
+            raise
         if self._eager_fork_server and self.launcher.start == FORK_SERVER:
             self.launcher.open_server()
         return self

@@ -24,6 +24,7 @@ from runtime import (
     MailboxFullError,
     Request,
     SpawnError,
+    TokenyardError,
     handler,
 )
 
@@ -330,3 +331,22 @@ class TestATimeoutThatIsNotANumber:
                         await stuck.tell(Tick(n=-1), timeout=math.nan)
             finally:
                 sock.close(0)
+
+
+class TestAnotherAsyncLibrary:
+    def test_under_anyios_trio_backend_a_system_says_so_and_leaves_nothing(self) -> None:
+        """Before, it failed halfway with asyncio's "no running event loop", leaving its
+        directory (the no_leaks fixture checks), sockets and libzmq threads behind."""
+        pytest.importorskip("trio")
+        outcome: list[BaseException] = []
+
+        async def main() -> None:
+            try:
+                async with ActorSystem():
+                    pass
+            except TokenyardError as err:
+                outcome.append(err)
+
+        anyio.run(main, backend="trio")
+        (err,) = outcome
+        assert "trio backend is not supported" in str(err)
