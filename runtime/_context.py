@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,10 +83,31 @@ class Sender(Protocol):
         """Ask ``ref`` to stop gracefully."""
         ...
 
+    def abandon(self) -> None:
+        """In a process forked from the one that opened it: count as closed here, touching
+        nothing (its sockets and their threads are the parent's)."""
+        ...
+
 
 _current: contextvars.ContextVar[Sender] = contextvars.ContextVar("tokenyard_station")
 _thread = threading.get_ident
 _open: list[Sender] = []
+#: Whether this process was forked from one with a system open (then still open there).
+_forked_open = False
+
+
+def _after_fork_in_child() -> None:
+    """A forked process inherits the open systems as copies, without libzmq's threads: a
+    send through one hung on its first socket call (or failed on a future of the parent's
+    loop). They are the parent's: here each counts as closed, and refs say why."""
+    global _forked_open
+    _forked_open = bool(_open)
+    for station in _open:
+        station.abandon()
+    _open.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 #: Address of the mailbox whose handler is running in this task, to refuse a self-ask.
 handling_address: contextvars.ContextVar[str] = contextvars.ContextVar("tokenyard_handling")
@@ -157,6 +179,12 @@ def current_station() -> Sender:
     if station is not None and not station.closed and station.thread == thread:
         return station
     if not _open:
+        if _forked_open:
+            raise MailboxClosedError(
+                "no ActorSystem is open in this process: it was forked from a process with "
+                "one open, whose sockets are that process's alone; send from there, or open "
+                "an ActorSystem in this one"
+            )
         raise MailboxClosedError(
             "no ActorSystem is open in this process: use `async with ActorSystem()`"
         )

@@ -4,10 +4,13 @@ they may not: end the host's task, lose a reply, leave a process or a socket fil
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
 import os
+import signal
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -350,3 +353,63 @@ class TestAnotherAsyncLibrary:
         anyio.run(main, backend="trio")
         (err,) = outcome
         assert "trio backend is not supported" in str(err)
+
+
+def _fork_a_sender(refs: list[ActorRef[Any]]) -> tuple[int, int]:
+    """Fork a child that reports what each send through ``refs`` raises there (``""``:
+    none), one line each, on the pipe whose read end this returns with its pid. A child
+    that hangs is ended by an alarm, and reports nothing."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave, running nothing of the parent's
+        try:
+            os.close(read)
+            signal.alarm(5)
+            outcomes = []
+            for ref in refs:
+                for send in ("try_tell", "ask"):
+                    try:
+                        if send == "try_tell":
+                            ref.try_tell(Tick(n=1))
+                        else:
+                            asyncio.run(ref.ask(Ping(n=1), timeout=2))
+                        outcomes.append("")
+                    except Exception as err:
+                        outcomes.append(f"{type(err).__name__}: {err}")
+            os.write(write, "\n".join(outcomes).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    return pid, read
+
+
+def _report_of(pid: int, read: int) -> list[str]:
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            report = pipe.read().decode()
+    finally:
+        os.waitpid(pid, 0)
+    return report.split("\n") if report else []
+
+
+class TestAHostThatForks:
+    @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
+    async def test_its_child_is_told_the_system_is_the_parents_and_the_parent_carries_on(
+        self,
+    ) -> None:
+        """Before, a send in the child used the parent's sockets, copied without libzmq's
+        threads: a tell hung for good, an ask failed on a future of the parent's loop."""
+        async with ActorSystem() as system:
+            refs = [
+                await system.spawn(Echo, name="process"),
+                await system.spawn(Echo, name="in-process", process=False),
+            ]
+            with anyio.fail_after(30):
+                # Forked from the loop's own thread, as a host's handler would.
+                outcomes = await anyio.to_thread.run_sync(_report_of, *_fork_a_sender(refs))
+                assert len(outcomes) == 4
+                for outcome in outcomes:
+                    assert outcome.startswith("MailboxClosedError: ")
+                    assert "forked from a process with one open" in outcome
+                for ref in refs:
+                    assert await ref.ask(Ping(n=2), timeout=10) == Pong(n=2)
