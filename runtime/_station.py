@@ -289,6 +289,13 @@ class Station:
         unguessable correlation id."""
         if self.closed or self._loop is None:
             raise MailboxClosedError("the actor system is closed")
+        if asyncio.get_running_loop() is not self._loop:
+            # Its replies are read by its own loop's reader: asked from another loop (one
+            # asyncio.run after the one that opened it), the reply could never arrive.
+            raise MailboxClosedError(
+                "the ActorSystem was opened in another event loop of this thread, which "
+                "does not run now: use it from the loop that opened it"
+            )
         corr = new_corr()
         while corr in self._pending:
             corr = new_corr()

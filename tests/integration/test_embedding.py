@@ -392,6 +392,35 @@ def _report_of(pid: int, read: int) -> list[str]:
     return report.split("\n") if report else []
 
 
+class TestAnotherLoopOfTheSameThread:
+    def test_an_ask_from_a_later_loop_says_where_its_system_runs(self) -> None:
+        """A system opened in one loop and asked from the next (a second ``asyncio.run``,
+        a test framework's loop per test): before, asyncio's "attached to a different
+        loop" RuntimeError, after the request had gone out."""
+        opened = asyncio.new_event_loop()
+        refs: asyncio.Future[ActorRef[Any]] = opened.create_future()
+        done = asyncio.Event()
+
+        async def host() -> None:  # opens and closes the system in one task, as it must
+            async with ActorSystem() as system:
+                refs.set_result(await system.spawn(Echo, process=False))
+                await done.wait()
+
+        async def ask_from_the_next_loop(echo: ActorRef[Any]) -> None:
+            with pytest.raises(MailboxClosedError, match="opened in another event loop"):
+                await echo.ask(Ping(n=1), timeout=5)
+
+        try:
+            hosting = opened.create_task(host())
+            echo = opened.run_until_complete(asyncio.wait_for(refs, 10))
+            asyncio.run(asyncio.wait_for(ask_from_the_next_loop(echo), 10))
+            assert opened.run_until_complete(echo.ask(Ping(n=2), timeout=5)) == Pong(n=2)
+            done.set()
+            opened.run_until_complete(asyncio.wait_for(hosting, 10))
+        finally:
+            opened.close()
+
+
 class TestAHostThatForks:
     @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
     async def test_its_child_is_told_the_system_is_the_parents_and_the_parent_carries_on(
