@@ -237,11 +237,14 @@ class ChildTable:
         return child.down
 
     def _escalate(self, child: Child, signum: int) -> None:
+        in_process = child.process is None and child.remote is None
+        if in_process and child.escalated:
+            return  # cancelled already: the cancellation is all there is to send it
         logger.warning(
-            "actor %s did not stop in %g s: sending %s",
+            "actor %s did not stop in %g s: %s",
             child.ref.name,
             child.shutdown_timeout,
-            signal.Signals(signum).name,
+            "cancelling it" if in_process else f"sending {signal.Signals(signum).name}",
         )
         if child.process is not None:
             child.process.signal(signum)

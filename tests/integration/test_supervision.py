@@ -403,7 +403,9 @@ class TestShutdownTimeout:
             assert TERM_GRACE <= elapsed < 0.3 + TERM_GRACE + 3.0
             assert not still_running(pid)
 
-    async def test_an_in_process_child_that_does_not_stop_in_time_is_cancelled(self) -> None:
+    async def test_an_in_process_child_that_does_not_stop_in_time_is_cancelled(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
         spec = ChildSpec(Stubborn, name="stubborn", process=False, shutdown_timeout=0.3)
         async with ActorSystem(shutdown_timeout=30.0) as system:
             sup = await system.spawn(Supervisor, children=[spec], name="sup", process=False)
@@ -417,6 +419,10 @@ class TestShutdownTimeout:
             assert down.reason == "cancelled: it did not stop in time"
             assert (down.exitcode, down.signal) == (None, None)
             assert 0.3 <= elapsed < TERM_GRACE  # cancelled at once, not waited on
+        # The log says what was done to it: no signal reaches an actor of this process.
+        said = [r.getMessage() for r in caplog.records if ": cancelling" in r.getMessage()]
+        assert not [r for r in caplog.records if "SIGTERM" in r.getMessage()]
+        assert said == ["actor stubborn did not stop in 0.3 s: cancelling it"]
 
 
 class TestSupervisionEvents:
