@@ -17,6 +17,11 @@ __all__ = (
     "DETOKENIZER_LIVE_STATES",
     "E2E_LATENCY",
     "GENERATION_TOKENS",
+    "HTTP_DISCONNECTS",
+    "HTTP_ERRORS",
+    "HTTP_REQUESTS",
+    "HTTP_REQUESTS_ACTIVE",
+    "HTTP_STREAMS",
     "INTER_TOKEN_LATENCY",
     "MEMBER_RESTARTS",
     "NUM_REQUESTS_RUNNING",
@@ -82,6 +87,36 @@ REQUEST_SUCCESS = metrics.counter(
 WORKER_REQUESTS = metrics.counter(
     f"{PREFIX}worker_requests_total",
     "Requests a tokenizer worker served to their end, by worker index.",
+    (*MODEL, "worker"),
+)
+
+# -- read from each serving worker's HTTP app when gathered (`actors.http.HTTPStatistics`) --
+
+HTTP_REQUESTS = metrics.counter(
+    f"{PREFIX}http_requests_total",
+    "HTTP requests a serving worker's app received, by worker (refusals of its HTTP parser, "
+    "before the app, aside).",
+    (*MODEL, "worker"),
+)
+HTTP_REQUESTS_ACTIVE = metrics.gauge(
+    f"{PREFIX}http_requests_active",
+    "HTTP requests a serving worker is answering now, by worker.",
+    (*MODEL, "worker"),
+)
+HTTP_STREAMS = metrics.counter(
+    f"{PREFIX}http_streams_total",
+    "Streamed answers a serving worker began (status 200 sent), by worker.",
+    (*MODEL, "worker"),
+)
+HTTP_ERRORS = metrics.counter(
+    f"{PREFIX}http_errors_total",
+    "Error answers of a serving worker, by worker and status class: 4xx, or 5xx (streams "
+    "ended by an error event included).",
+    (*MODEL, "worker", "status_class"),
+)
+HTTP_DISCONNECTS = metrics.counter(
+    f"{PREFIX}http_disconnects_total",
+    "HTTP requests a serving worker abandoned because their client disconnected, by worker.",
     (*MODEL, "worker"),
 )
 

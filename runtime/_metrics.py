@@ -27,8 +27,8 @@ from ._throttle import Throttle
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-#: A gauge whose function fails, logged at most once per few seconds a process.
-_failed_gauges = Throttle(logging.getLogger("tokenyard.metrics"))
+#: A series whose function fails, logged at most once per few seconds a process.
+_failed_functions = Throttle(logging.getLogger("tokenyard.metrics"))
 
 #: Whether handler times and ask round trips are measured (``TOKENYARD_METRICS=off``: not).
 ENABLED = os.environ.get("TOKENYARD_METRICS", "on").strip().lower() not in {
@@ -156,12 +156,14 @@ class FamilySnapshot(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Counter:
-    """A monotonic count (one series of a counter family)."""
+    """A monotonic count (one series of a counter family), or one read from a function
+    when snapshotted."""
 
-    __slots__ = ("value",)
+    __slots__ = ("function", "value")
 
     def __init__(self) -> None:
         self.value = 0.0
+        self.function: Callable[[], float] | None = None
 
     def inc(self, amount: float = 1.0) -> None:
         """Add ``amount``.
@@ -172,6 +174,16 @@ class Counter:
         if not amount >= 0:  # NaN included: it would be the counter's value for good
             raise ValueError(f"a counter only goes up by a number: inc({amount})")
         self.value += amount
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        """Read the value from ``function`` at each snapshot instead (a count kept
+        elsewhere, which only goes up; costs nothing meanwhile). A snapshot in which it
+        raises, or returns what is not a number, leaves the series out (logged)."""
+        self.function = function
+
+    def read(self) -> float:
+        """The value now."""
+        return self.value if self.function is None else float(self.function())
 
 
 class Gauge:
@@ -251,17 +263,21 @@ class Family:
         for key, child in sorted(self._series.items()):
             if isinstance(child, Histogram):
                 series.append(SeriesSnapshot(key, child.total, child.snapshot()))
-            elif isinstance(child, Gauge):
+            elif child.function is None:
+                series.append(SeriesSnapshot(key, child.value))
+            else:
                 try:
                     value = child.read()
                 except Exception as err:  # noqa: BLE001 - code of any kind: the series is left out
-                    _failed_gauges.error(
-                        "gauge %s%s left out: its function raised", self.name, key, exc_info=err
+                    _failed_functions.error(
+                        "%s %s%s left out: its function raised",
+                        self.kind,
+                        self.name,
+                        key,
+                        exc_info=err,
                     )
                     continue
                 series.append(SeriesSnapshot(key, value))
-            else:
-                series.append(SeriesSnapshot(key, child.value))
         return FamilySnapshot(self.name, self.kind, self.help, self.labelnames, tuple(series))
 
 

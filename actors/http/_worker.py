@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgspec
 
+from actors import _metrics
 from actors._limits import RequestLimits  # noqa: TC001 -- a spawn argument's type
 from actors.engines import EngineClient  # noqa: TC001 -- a spawn argument's type
 
@@ -140,10 +141,9 @@ class HttpWorker(TokenizerWorker):
             max_stream_buffer=http.max_stream_buffer,
         )
         metrics = None if self.collector is None else self._metrics
-        app = _Labelled(
-            OpenAIApp(self.engine, config=http.config, metrics=metrics, created=http.created),
-            self.worker_id,
-        )
+        openai = OpenAIApp(self.engine, config=http.config, metrics=metrics, created=http.created)
+        _count_http(openai, self.engine.model, self.worker_id)
+        app = _Labelled(openai, self.worker_id)
         self.server = ConnectionServer(
             app, http.channel, limits=http.config, log_level=http.log_level
         )
@@ -222,6 +222,19 @@ class HttpWorker(TokenizerWorker):
         if rendered is None or rendered[0] != gathered.gathered_at:
             rendered = self._rendered = (gathered.gathered_at, render(gathered))
         return rendered[1], CONTENT_TYPE
+
+
+def _count_http(app: OpenAIApp, model: str, worker: int) -> None:
+    """The app's counters as this process's series (`actors._metrics`), read when gathered:
+    nothing is added to a request's path."""
+    read = app.statistics
+    _metrics.HTTP_REQUESTS.labels(model, worker).set_function(lambda: read().requests)
+    _metrics.HTTP_REQUESTS_ACTIVE.labels(model, worker).set_function(lambda: read().active)
+    _metrics.HTTP_STREAMS.labels(model, worker).set_function(lambda: read().streams)
+    _metrics.HTTP_DISCONNECTS.labels(model, worker).set_function(lambda: read().disconnects)
+    errors = _metrics.HTTP_ERRORS
+    errors.labels(model, worker, "4xx").set_function(lambda: read().client_errors)
+    errors.labels(model, worker, "5xx").set_function(lambda: read().server_errors)
 
 
 #: Seconds the answers of requests ended at a drain's deadline get to go out.

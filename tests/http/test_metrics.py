@@ -35,6 +35,11 @@ PIPELINE_NAMES = (
     "tokenyard:member_restarts",
     "tokenyard:resubmissions",
     "tokenyard:worker_died_errors",
+    "tokenyard:http_requests",
+    "tokenyard:http_requests_active",
+    "tokenyard:http_streams",
+    "tokenyard:http_errors",
+    "tokenyard:http_disconnects",
 )
 
 
@@ -47,6 +52,17 @@ async def scrape(url: str) -> tuple[int, str]:
         assert response.status == 200, await response.text()
         assert response.headers["content-type"].startswith("text/plain")
         return int(response.headers[WORKER_HEADER.decode()]), await response.text()
+
+
+async def unknown_model(url: str) -> int:
+    """A completion for a model not served (404): the worker that refused it."""
+    body = {"model": "no-such-model", "prompt": "hi", "max_tokens": 1}
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+        session.post(f"{url}/v1/completions", json=body) as response,
+    ):
+        assert response.status == 404, await response.text()
+        return int(response.headers[WORKER_HEADER.decode()])
 
 
 def families(text: str) -> dict[str, Metric]:
@@ -110,6 +126,7 @@ class TestMetricsOfARealServer:
             spec = LoadSpec(url=server.url, concurrency=6, requests=48, max_tokens=6)
             load = await run_load(spec)
             assert all(r.ok for r in load.records), [r.error for r in load.records]
+            refused_by = await unknown_model(server.url)
             gathered = value(before, "tokenyard_metrics_gathered_timestamp_seconds")
             texts = await from_both_workers(server.url, after=gathered)
         assert texts[0] == texts[1]
@@ -135,6 +152,17 @@ class TestMetricsOfARealServer:
         for worker, count in per_worker.items():
             counted = value(fams, "tokenyard:worker_requests_total", worker=str(worker))
             assert counted == count
+        # The workers' HTTP apps: each load request a stream; the one refusal a 4xx; the
+        # scrapes plain answers (each worker's requests count them too).
+        for worker in (0, 1):
+            labels = {"worker": str(worker), **model}
+            assert added("tokenyard:http_streams_total", **labels) == per_worker[worker]
+            requests = added("tokenyard:http_requests_total", **labels)
+            assert requests >= per_worker[worker] + (worker == refused_by)
+            client_errors = added("tokenyard:http_errors_total", status_class="4xx", **labels)
+            assert client_errors == (worker == refused_by)
+            assert added("tokenyard:http_errors_total", status_class="5xx", **labels) == 0
+            assert added("tokenyard:http_disconnects_total", **labels) == 0
         generated = sum(r.output_tokens for r in load.records)
         assert added("tokenyard:generation_tokens_total", **model) == generated
         assert value(fams, "tokenyard:num_requests_running", **model) == 0

@@ -104,6 +104,20 @@ class TestFamilies:
         (family,) = registry.snapshot()
         assert family.series[0].value == 7
 
+    def test_a_counter_with_a_function_is_read_when_snapshotted_and_left_out_when_it_fails(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        registry = Registry()
+        counts: dict[str, int] = {"kept": 4}
+        family = registry.counter("c_total", "help", ["what"])
+        family.labels("kept").set_function(lambda: counts["kept"])
+        family.labels("broken").set_function(lambda: counts["broken"])
+        family.labels("plain").inc(2)
+        counts["kept"] = 9
+        (snapshot,) = registry.snapshot()
+        assert {s.labels: s.value for s in snapshot.series} == {("kept",): 9, ("plain",): 2}
+        assert "counter c_total('broken',) left out" in caplog.text
+
     def test_families_of_several_processes_add_up_by_labels(self) -> None:
         one, two = Registry(), Registry()
         for registry, n in ((one, 1), (two, 2)):
