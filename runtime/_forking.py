@@ -104,10 +104,15 @@ class ForkServer:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._ready: asyncio.Future[Reply] | None = None
+        #: Held by the request waiting for room on the socket (`_send`), and its wait.
+        self._sending = asyncio.Lock()
+        self._room: asyncio.Future[None] | None = None
         #: Set once the socket reached end of file (the server exited or was killed).
         self.gone = False
         #: Actor processes it forked.
         self.forked = 0
+        #: Set when a request's timeout passed without its answer, and it was killed.
+        self.stuck = False
 
     @property
     def pid(self) -> int | None:
@@ -179,7 +184,13 @@ class ForkServer:
     def _lost(self) -> None:
         self.gone = True
         if self._sock is not None:
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self._sock.fileno())
+            # The request waiting for room sends now, and fails: the socket's number must
+            # not stay watched once it is closed (a new server's socket may take it).
+            loop.remove_writer(self._sock.fileno())
+            if self._room is not None and not self._room.done():
+                self._room.set_result(None)
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -242,14 +253,19 @@ class ForkServer:
         if self.gone:
             raise ForkServerGone()
         self._pending[request_id] = future
-        try:
-            await self._send(encoder.encode(request), [theirs.fileno(), *fds])
-        except OSError:
-            self._pending.pop(request_id, None)
-            raise ForkServerGone() from None
-        theirs.close()  # the child's copy is all that must remain
         reply: Reply | None = None
+        sent = False
+        # The timeout bounds the wait for room on the socket too: a server that takes no
+        # request (stuck in an import, the requests before this one filling its socket's
+        # buffer) must not hold a spawn for longer than its timeout.
         with anyio.move_on_after(timeout) as deadline:
+            try:
+                await self._send(encoder.encode(request), [theirs.fileno(), *fds])
+            except OSError:
+                self._pending.pop(request_id, None)
+                raise ForkServerGone() from None
+            sent = True
+            theirs.close()  # the child's copy is all that must remain
             try:
                 reply = await future
             except ForkServerGone:
@@ -257,8 +273,9 @@ class ForkServer:
         if reply is None:
             if deadline.cancelled_caught:  # it did not answer in time: it is stuck, end it
                 self._pending.pop(request_id, None)
+                self.stuck = True
                 self.kill()
-            pid = await _self_reported(ours)
+            pid = await _self_reported(ours) if sent else 0
             if pid:
                 self.forked += 1
                 return pid
@@ -281,12 +298,30 @@ class ForkServer:
     async def _send(self, data: bytes, fds: list[int]) -> None:
         sock = self._sock
         assert sock is not None
-        while True:
-            try:
-                socket.send_fds(sock, [data], fds)
-                return
-            except BlockingIOError:
-                await _writable(sock)
+        # One sender waits for room at a time: the event loop keeps one writer callback per
+        # descriptor, so a second would replace the first's, whose wait would never end.
+        async with self._sending:
+            while True:
+                try:
+                    socket.send_fds(sock, [data], fds)
+                    return
+                except BlockingIOError:
+                    await self._wait_for_room(sock)
+
+    async def _wait_for_room(self, sock: socket.socket) -> None:
+        """Until ``sock`` has room for a request, or the server is gone (`_lost`)."""
+        if self.gone:
+            return  # the next send says how
+        loop = asyncio.get_running_loop()
+        fd = sock.fileno()
+        room = self._room = loop.create_future()
+        loop.add_writer(fd, _resolve, room)
+        try:
+            await room
+        finally:
+            self._room = None
+            if not self.gone:  # else `_lost` stopped the watch, before the socket closed
+                loop.remove_writer(fd)
 
     def kill(self) -> None:
         """SIGKILL the server (its children, the actors, are not its own: they live on)."""
@@ -345,11 +380,6 @@ async def _self_reported(sock: socket.socket) -> int:
     return int(pid)
 
 
-async def _writable(sock: socket.socket) -> None:
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[None] = loop.create_future()
-    loop.add_writer(sock.fileno(), future.set_result, None)
-    try:
-        await future
-    finally:
-        loop.remove_writer(sock.fileno())
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # not given up meanwhile (cancelled in the same turn)
+        future.set_result(None)

@@ -121,6 +121,12 @@ class Launcher:
             except ForkRefused as refusal:
                 server.kill()  # it says it exits; make sure
                 return self._refused(spec, refusal)
+        if server.stuck:  # killed here, for a request that outlasted its timeout
+            raise SpawnError(
+                f"the fork server was killed twice while starting actor {spec.target.name!r}, "
+                f"the second time stuck past a spawn's timeout (importing {_module(spec)!r} "
+                "hangs?); a slow import needs a larger spawn(spawn_timeout=...), or start='spawn'"
+            )
         raise SpawnError(
             f"the fork server died twice while starting actor {spec.target.name!r} (importing "
             f"{_module(spec)!r} kills it?); spawn it with start='spawn'"

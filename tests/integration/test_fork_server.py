@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -216,6 +217,59 @@ class TestForkServerDeath:
                 assert server.pid is not None
                 assert exits_within(server.pid, 5.0)  # killed, as stuck
                 assert actor_pids() - {server.pid} == set()  # it forked nothing
+
+    async def test_spawns_queued_behind_a_busy_fork_server_all_start_once_it_is_free(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Each request carries sys.path: made long, a few requests fill the socket's send
+        # buffer while the server is held in an import, and the rest wait for room at once.
+        monkeypatch.setattr(sys, "path", [*sys.path, LONG_PATH])
+        with import_gate(monkeypatch) as gate:
+            async with ActorSystem() as system:
+                spawned: list[ActorRef[Any]] = []
+
+                async def spawn(i: int) -> None:
+                    spawned.append(await system.spawn(Forked, name=f"queued-{i}"))
+
+                with anyio.fail_after(30):
+                    async with anyio.create_task_group() as tg:
+                        for i in range(QUEUED):
+                            tg.start_soon(spawn, i)
+                        writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
+                        await anyio.wait_all_tasks_blocked()  # every request sent, or waiting
+                        os.unlink(gate)
+                        os.close(writer)
+                assert len(spawned) == QUEUED
+                assert len(actor_pids() - {server_of(system).pid}) == QUEUED
+
+    async def test_a_spawn_that_finds_no_room_on_a_stuck_fork_server_fails_in_its_timeout(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(sys, "path", [*sys.path, LONG_PATH])
+        with import_gate(monkeypatch):
+            async with ActorSystem() as system:
+                failed: list[str] = []
+
+                async def spawn(i: int) -> None:
+                    with pytest.raises(SpawnError, match=r"spawn_timeout") as info:
+                        await system.spawn(Forked, name=f"stuck-{i}", spawn_timeout=2.0)
+                    failed.append(str(info.value))
+
+                with anyio.fail_after(20):
+                    async with anyio.create_task_group() as tg:
+                        for i in range(QUEUED):
+                            tg.start_soon(spawn, i)
+                assert len(failed) == QUEUED
+                server = server_of(system)
+                assert server.pid is not None
+                assert exits_within(server.pid, 5.0)  # killed, as stuck
+                assert actor_pids() - {server.pid} == set()  # it forked nothing
+
+
+#: A ``sys.path`` entry (of no directory) that makes each fork request about 32 KiB: a few
+#: fill the fork server's socket buffer. ``QUEUED`` spawns at once then wait for room.
+LONG_PATH = "/nonexistent/" + "/".join(["x" * 200] * 160)
+QUEUED = 24
 
 
 class TestThreads:
