@@ -53,7 +53,7 @@ from ._spawn import SpawnSpec, decode_arguments
 from ._spawner import Spawner, enter_parent
 from ._station import Station
 from ._stats import ProcessMetrics, ProcessResources, SystemMetrics, now
-from ._transport import TransportOptions, bind_pull, ipc_path
+from ._transport import TransportOptions, bind_pull, ipc_path, raise_fd_limit
 from ._watch import Watch
 
 if TYPE_CHECKING:
@@ -338,6 +338,10 @@ class ActorSystem:
                 "trio backend is not supported (run anyio on asyncio, its default)"
             ) from None
         role = self.role
+        # Each child process, and each process that asks or tells this one, connects to its
+        # reply inbox: a descriptor each, and libzmq aborts a process whose listener cannot
+        # accept one (a root at the common soft limit of 1,024 did at about 330 children).
+        raise_fd_limit()
         if role.owns_dir:
             # Created 0700; the pid in the name tells whose it is.
             self.ipc_dir = tempfile.mkdtemp(prefix=f"tokenyard-{os.getpid()}-")

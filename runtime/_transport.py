@@ -351,11 +351,13 @@ FDS_PER_PEER = 2
 def raise_fd_limit() -> None:
     """Take the hard ``RLIMIT_NOFILE`` as the soft one, in this process.
 
-    Every process that connects to an actor's mailbox costs the actor's process a
-    descriptor, and libzmq aborts a process whose listener cannot accept one (the common
-    soft limit of 1,024 is far below the usual hard one): every actor process does this as
-    it starts. A server that holds thousands of connections (``python -m actors serve``)
-    calls it too. A limit the system refuses to raise is left as it is.
+    Every process that connects to an actor's mailbox or a process's reply inbox costs the
+    listening process a descriptor (a child process costs its parent three: its pidfd, its
+    stdin and its connection), and libzmq aborts a process whose listener cannot accept one
+    (the common soft limit of 1,024 is far below the usual hard one): every process does
+    this as its ``ActorSystem`` opens, the root's and every actor process's. A server that
+    holds thousands of connections (``python -m actors serve``) calls it too. A limit the
+    system refuses to raise is left as it is.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:

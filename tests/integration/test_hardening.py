@@ -4,6 +4,7 @@ and what holds now. Real processes, real sockets; the attacker is a plain pyzmq 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import resource
@@ -301,6 +302,28 @@ class TestAskersCannotExhaustSockets:
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert (limits.soft, limits.hard) == (hard, hard)
+
+    def test_a_root_with_more_children_than_its_soft_fd_limit_has_room_for_serves_them(
+        self,
+    ) -> None:
+        # Each child costs the root three descriptors: 100 of them, 300, past a soft limit
+        # of 256. Left there, the root ran out and libzmq aborted it as a child connected.
+        soft, children = 256, 100
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if hard < 4 * soft:
+            pytest.skip(f"the hard RLIMIT_NOFILE is {hard}: nothing to raise")
+        script = ROOT / "tests/integration/scripts/many_children.py"
+        done = subprocess.run(
+            [sys.executable, str(script), str(soft), str(children)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout) == {"soft": hard, "answered": children}
 
     async def test_an_idle_outgoing_socket_is_closed_after_peer_idle_and_reopened_on_demand(
         self, monkeypatch: pytest.MonkeyPatch
