@@ -78,9 +78,11 @@ def encode_spawn_value(value: object, what: str) -> bytes:
     """Encode a spawn argument, naming it when it cannot be encoded.
 
     Raises:
-        TypeError: With the argument's name and type when msgspec cannot encode it.
+        TypeError: With the argument's name and type when msgspec cannot encode it: a type
+            it does not know, an int outside 64 bits, or nesting deeper than the
+            interpreter's recursion limit.
     """
     try:
         return _spawn_encoder.encode(value)
-    except (TypeError, msgspec.EncodeError) as err:
+    except (TypeError, msgspec.EncodeError, OverflowError, RecursionError) as err:
         raise TypeError(f"{what} ({type(value).__name__}) is not msgspec-encodable: {err}") from err

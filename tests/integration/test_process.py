@@ -182,6 +182,23 @@ class TestFailures:
                 await system.spawn(Echo, object(), name="echo")
             assert actor_pids() == set()
 
+    async def test_an_out_of_range_or_too_deep_spawn_argument_is_a_spawn_error_too(
+        self,
+    ) -> None:
+        deep: list[Any] = []
+        for _ in range(100_000):
+            deep = [deep]
+        async with ActorSystem() as system:
+            for bad in (2**64, -(2**63) - 1, deep):
+                with pytest.raises(SpawnError, match=r"argument 0 of Echo .* not msgspec-enc"):
+                    await system.spawn(Echo, bad, name="echo")
+                with pytest.raises(SpawnError, match=r"argument 'factor' of Echo"):
+                    await system.spawn(Echo, factor=bad, name="echo")
+            assert actor_pids() == set()
+            assert await (await system.spawn(Echo, 2**63 - 1, name="echo")).ask(Ping(n=1)) == Pong(
+                n=2**63 - 1
+            )
+
     async def test_an_on_start_failure_is_a_spawn_error_with_the_remote_text(self) -> None:
         async with ActorSystem() as system:
             with pytest.raises(SpawnError, match="on_start refuses"):
