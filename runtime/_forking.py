@@ -281,7 +281,8 @@ class ForkServer:
                 return pid
             if deadline.cancelled_caught:
                 raise SpawnError(
-                    f"the fork server did not fork actor {spec.target.name!r} within {timeout:g} s "
+                    f"the fork server did not fork actor {spec.target.name!r} within the "
+                    f"{timeout:.3g} s left of its spawn_timeout "
                     f"(importing {spec.target.actor.partition(':')[0]!r} hangs?); a slow import "
                     "needs a larger spawn(spawn_timeout=...), or start='spawn'"
                 )

@@ -139,7 +139,8 @@ class Launcher:
             server.kill()
             raise SpawnError(
                 f"the fork server did not finish importing preload={list(self.preload)} "
-                f"within {timeout:g} s, so actor {spec.target.name!r} could not start; a slow "
+                f"within the {timeout:.3g} s left of the spawn_timeout, so actor "
+                f"{spec.target.name!r} could not start; a slow "
                 "import needs a larger spawn_timeout, or start='spawn'"
             )
 
