@@ -105,6 +105,11 @@ class WorkerChannels(Protocol):
         why: it is killed, so that stuck ends as dead does."""
         ...
 
+    def fail(self, reason: str) -> None:
+        """The pipeline failed and its workers are stopped: answer every connection no
+        worker took with ``reason``, and take no more."""
+        ...
+
 
 class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """How to build the pipeline (travels to the supervisor as one value).
@@ -561,11 +566,11 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
     async def give_up(self, error: Exception) -> None:
         """Fail (see `runtime.Supervisor.give_up`); before the members stop, the workers
         that serve HTTP end what they serve with the reason (503, or a stream's error
-        event) rather than close its connection unanswered."""
+        event) rather than close its connection unanswered, and once they stopped, the
+        port's owner answers the connections none of them took the same way."""
+        reason = f"the pipeline failed, nothing more is served: {error}"
         if self.channels is not None:
-            drain = Drain(
-                timeout=0.0, reason=f"the pipeline failed, nothing more is served: {error}"
-            )
+            drain = Drain(timeout=0.0, reason=reason)
 
             async def tell_to_drain(name: str, ref: ActorRef[Any]) -> None:
                 try:
@@ -578,6 +583,9 @@ class PipelineSupervisor(Supervisor[RegisterWorker | MemberStuck | EngineState])
                     if (ref := self.child(name)) is not None:
                         tg.start_soon(tell_to_drain, name, ref)
         await super().give_up(error)
+        if self.channels is not None:
+            # The workers are stopped: what none of them took is answered by the owner.
+            self.channels.fail(reason)
 
     async def on_restart_failed(self, name: str, error: Exception) -> None:
         # A scheduler whose start fails (its engine does not load: llama.cpp's model is

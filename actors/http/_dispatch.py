@@ -178,6 +178,8 @@ class Dispatcher:
         self._waiting: collections.deque[socket.socket] = collections.deque()
         self._channels: dict[int, _Channel] = {}
         self._refuser = Refuser(BUSY)
+        #: Answers what no worker took once the pipeline failed (`fail`).
+        self._failure: Refuser | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._accepting = False
         #: Connections wait in the listen backlog until `release` (the server is ready).
@@ -220,7 +222,7 @@ class Dispatcher:
     def up(self, origin: Origin) -> None:
         """Worker incarnation ``origin`` registered: it gets connections from now on."""
         pending = self._pending.pop(origin.worker, None)
-        if pending is None or self.closed:
+        if pending is None or self.closed or self._failure is not None:
             return
         mine, theirs = pending
         theirs.close()  # the worker holds its end: its death is an EOF here
@@ -241,6 +243,50 @@ class Dispatcher:
         pending = self._pending.get(origin.worker)
         if pending is not None and channel is None:
             self._drop_pending(origin.worker)
+
+    def fail(self, reason: str) -> None:
+        """The pipeline failed and its workers are stopped: nothing more is served. What
+        waits in the listen backlog is accepted and the listener closed (new clients are
+        refused by the kernel, as in a drain), and every connection no worker took
+        (waiting here, or handed and never taken) is answered 503 with ``reason`` rather
+        than left unanswered until `close` resets it."""
+        if self.closed or self._failure is not None:
+            return
+        error = HTTPError(
+            503, reason, code="service_unavailable", headers=((b"retry-after", b"1"),)
+        )
+        failure = self._failure = Refuser(error)
+        self._stop_accepting()
+        if self._listening:
+            self._accept_backlog()
+        self.stop_listening()
+        untaken: list[socket.socket] = []
+        for worker, channel in list(self._channels.items()):
+            del self._channels[worker]
+            with contextlib.suppress(ValueError, OSError):
+                self._running_loop().remove_reader(channel.sock.fileno())
+            channel.sock.close()
+            untaken.extend(channel.untaken)
+            channel.untaken.clear()
+        untaken.extend(self._waiting)
+        self._waiting.clear()
+        for conn in untaken:
+            failure.refuse(conn)
+        self._check_idle()
+
+    def _accept_backlog(self) -> None:
+        """Accept every connection in the listen backlog into the waiting queue."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return  # no descriptor for it: the kernel resets it with the listener
+                continue  # the client gave up while it waited
+            self.accepted += 1
+            self._waiting.append(conn)
 
     # -- accepting ------------------------------------------------------------------------
 
@@ -516,6 +562,8 @@ class Dispatcher:
             conn.close()
         self._waiting.clear()
         self._refuser.close()
+        if self._failure is not None:
+            self._failure.close()
         for worker in list(self._pending):
             self._drop_pending(worker)
         if self._idle is not None:

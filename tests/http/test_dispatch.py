@@ -267,6 +267,37 @@ class TestManyConnections:
                     pass
 
 
+class TestThePipelineFails:
+    async def test_connections_no_worker_took_are_answered_503_not_reset(self) -> None:
+        """Past its restart intensity the pipeline gives up: the connections that waited
+        here for a worker (handed to a stopped one, moved back here when it died) get a
+        503 naming the failure, as the requests inside the workers do, not a reset."""
+        async with open_server(workers=1, port=0, max_restarts=0) as server:
+            pid = worker_pid(server, 0)
+            os.kill(pid, signal.SIGSTOP)
+            clients = [await connect(server) for _ in range(3)]
+            try:
+                for _, writer in clients:
+                    writer.write(HEALTH)
+                await until(lambda: server.statistics().handed.get(0, 0) == 3)
+                # Its death is one restart more than max_restarts=0 allows.
+                os.kill(pid, signal.SIGKILL)
+                with anyio.fail_after(30):
+                    reason = await server.pipeline.until_failed()
+                    answers = [await read_answer(reader) for reader, _ in clients]
+            finally:
+                for _, writer in clients:
+                    writer.close()
+            assert "restarts" in reason
+            for status, headers, body in answers:
+                assert status == 503, body
+                assert headers["retry-after"] == "1"
+                error = refusal(headers, body)
+                assert error["code"] == "service_unavailable"
+                assert "the pipeline failed" in error["message"]
+                assert "more than 0 restarts" in error["message"]
+
+
 class TestTheOwnersDescriptors:
     def test_out_of_descriptors_the_owner_neither_spins_nor_floods_the_log(self) -> None:
         limit = 200
