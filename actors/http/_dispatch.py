@@ -94,6 +94,9 @@ class DispatchStatistics(msgspec.Struct, frozen=True, kw_only=True):
         refused: Connections answered 503 because no worker could take them.
         stuck: Workers reported stuck (connections left untaken past take_timeout).
         fd_pauses: Times accepting paused for want of a descriptor.
+        dropped: Connections a worker had taken that were still open when its channel
+            closed: the worker died with them (a request in flight on one ended
+            unanswered), or closed them at its drain's deadline.
     """
 
     accepted: int
@@ -104,6 +107,7 @@ class DispatchStatistics(msgspec.Struct, frozen=True, kw_only=True):
     refused: int = 0
     stuck: int = 0
     fd_pauses: int = 0
+    dropped: int = 0
 
 
 @dataclass(eq=False)
@@ -195,6 +199,7 @@ class Dispatcher:
         self.rehanded = 0
         self.stuck = 0
         self.fd_pauses = 0
+        self.dropped = 0
         self.handed: collections.Counter[int] = collections.Counter()
         #: The latest connections handed: (the client's port, the worker incarnation).
         self.recent: collections.deque[tuple[int, Origin]] = collections.deque(maxlen=RECENT)
@@ -446,6 +451,8 @@ class Dispatcher:
     def _remove(self, channel: _Channel) -> None:
         if self._channels.get(channel.origin.worker) is channel:
             del self._channels[channel.origin.worker]
+        self.dropped += channel.open  # they closed with it
+        channel.open = 0
         with contextlib.suppress(ValueError, OSError):
             self._running_loop().remove_reader(channel.sock.fileno())
         channel.sock.close()
@@ -537,6 +544,7 @@ class Dispatcher:
             refused=self._refuser.refused,
             stuck=self.stuck,
             fd_pauses=self.fd_pauses,
+            dropped=self.dropped,
         )
 
     def close(self) -> None:

@@ -97,7 +97,8 @@ class Server:
             timeout: Seconds the requests get (None: ``ServeConfig.drain_timeout``).
 
         Returns:
-            Whether every request finished in time (nothing had to be ended).
+            Whether every request finished in time (nothing had to be ended, and no
+            worker died while it served a connection).
         """
         if timeout is None:
             timeout = self.dispatcher.config.drain_timeout
@@ -113,6 +114,7 @@ class Server:
             await self._drained.wait()
             return self._clean
         self._cut_at = cut_at
+        dropped = self.dispatcher.dropped
         try:
             self.dispatcher.stop_listening()
             async with anyio.create_task_group() as tg:
@@ -127,6 +129,9 @@ class Server:
                 # the deadline (no CPU for a while) sees the connections close before it
                 # delivers the cancellation, and the wait ends with none to catch.
                 self._clean = not waiting.cancelled_caught and anyio.current_time() < self._cut_at
+                # Connections that closed with their channel before the deadline: their worker
+                # died with them (a worker closes its own only at its cut, past the deadline).
+                lost = self.dispatcher.dropped - dropped
                 if not self._clean:
                     # The workers end what still runs; its last answers go out.
                     with anyio.move_on_after(CUT_GRACE + 1.0):
@@ -135,6 +140,13 @@ class Server:
                     # (an idle keep-alive one, drained with no time given): clean if no
                     # worker ended a request.
                     self._clean = await self._none_cut()
+                if lost:
+                    self._clean = False
+                    logger.warning(
+                        "%d connection(s) closed with their worker, which died during the "
+                        "drain: the requests on them ended unanswered",
+                        lost,
+                    )
                 tg.cancel_scope.cancel()
             return self._clean
         finally:

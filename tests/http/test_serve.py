@@ -368,6 +368,23 @@ class TestDraining:
                 writer.close()
         assert drained == [True]
 
+    async def test_a_worker_that_dies_with_a_stream_during_a_drain_makes_it_not_clean(
+        self,
+    ) -> None:
+        # The worker serving a stream is killed while the drain waits for it: the stream
+        # ends without [DONE], its connection closes, and nothing else is open. Before, the
+        # drain then found every connection closed in time and said clean: `serve` exited
+        # 0, as if every request had finished.
+        with anyio.fail_after(30):
+            async with _one_long_stream() as (server, tg, r):
+                drained = _start_drain(tg, server, 30.0)
+                while server.dispatcher._idle is None:  # told the worker; waiting
+                    await anyio.lowlevel.checkpoint()
+                server.pipeline.kill_worker(0)
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.content.read()
+        assert drained == [False]
+
     async def test_a_drain_that_ends_no_request_is_clean_though_a_connection_stays_open(
         self,
     ) -> None:
