@@ -39,6 +39,8 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _IPC_NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 #: How many judged addresses a policy remembers.
 _KNOWN_KEPT = 4096
+#: The characters of Z85 (ZeroMQ RFC 32), in which `Keys` are written.
+_Z85 = frozenset(zmq.utils.z85.Z85CHARS)
 _TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
 
 
@@ -51,6 +53,22 @@ class Keys(msgspec.Struct, frozen=True):
 
     public: bytes
     secret: bytes
+
+    def __post_init__(self) -> None:
+        # A key libzmq cannot use fails far from its cause (a bind's "Invalid argument", a
+        # KeyError inside Z85), and a public key that is not the secret's (another system's,
+        # pasted in) completes no handshake, in silence: both are refused where they are read.
+        for role, key in (("public", self.public), ("secret", self.secret)):
+            if len(key) != 40 or not set(key) <= _Z85:
+                raise ValueError(
+                    f"its {role} key is not a CURVE key (40 characters of Z85, not "
+                    f"{len(key)}): is the file truncated or edited?"
+                )
+        if zmq.curve_public(self.secret) != self.public:
+            raise ValueError(
+                "its public key is not its secret key's (another system's, or swapped): use "
+                "the system's own key file, unedited"
+            )
 
     @classmethod
     def new(cls) -> Keys:
@@ -65,6 +83,8 @@ class Keys(msgspec.Struct, frozen=True):
 
         Raises:
             PermissionError: The key file is readable by others than its owner.
+            ValueError: The file holds no key pair the system can use (truncated, edited,
+                its public key not its secret's), naming the file.
         """
         path = os.path.join(os.fspath(directory), "system.key")
         try:
@@ -82,7 +102,11 @@ class Keys(msgspec.Struct, frozen=True):
                 "secret key must be mode 0600; chmod 600 it"
             )
         with open(path, "rb") as f:
-            return msgspec.json.decode(f.read(), type=cls)
+            text = f.read()
+        try:
+            return msgspec.json.decode(text, type=cls)
+        except msgspec.DecodeError as err:  # __post_init__'s ValueError comes as one too
+            raise ValueError(f"{path} holds no system key: {err}") from None
 
 
 class AddressPolicy:

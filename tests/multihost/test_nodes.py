@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
+import msgspec
 import pytest
 
 from runtime import (
@@ -505,6 +506,45 @@ class TestTheNodeCommand:
         readable = node(keys)
         assert readable.returncode == 2
         assert "Traceback" not in readable.stderr
+
+    @pytest.mark.parametrize(
+        ("damage", "named"),
+        [
+            ("cut", "system.key holds no system key: Input data was truncated"),
+            ("short-secret", "its secret key is not a CURVE key (40 characters of Z85, not"),
+            ("bad-public", "its public key is not a CURVE key (40 characters of Z85, not"),
+            ("foreign-public", "its public key is not its secret key's (another system's"),
+        ],
+    )
+    def test_a_key_file_it_cannot_use_exits_2_naming_what_is_wrong(
+        self, tmp_path: Path, damage: str, named: str
+    ) -> None:
+        # Before, each of these started the node: a bad key failed its first bind with a
+        # traceback ("Invalid argument", a KeyError in Z85) and a public key not the
+        # secret's completed no handshake, the node asking for ever in silence.
+        keys = tmp_path / "keys"
+        Keys.load(keys)
+        key_file = keys / "system.key"
+        text = key_file.read_bytes()
+        pair = msgspec.json.decode(text)
+        if damage == "cut":
+            key_file.write_bytes(text[: len(text) // 2])
+        elif damage == "short-secret":
+            pair["secret"] = pair["secret"][:20]
+        elif damage == "bad-public":
+            pair["public"] = "x" * 40  # base64 of bytes outside Z85
+        else:
+            pair["public"] = msgspec.json.decode(msgspec.json.encode(Keys.new()))["public"]
+        if damage != "cut":
+            key_file.write_bytes(msgspec.json.encode(pair))
+        command = [sys.executable, "-m", "runtime", "node", "--system", "tcp://127.0.0.1:9"]
+        command += ["--keys", str(keys), "--name", "b", "--host", "127.0.0.1"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert named in done.stderr.splitlines()[-1], done.stderr
+        with pytest.raises(ValueError, match=r"system\.key holds no system key"):
+            Keys.load(keys)  # a root given the directory is told the same
 
     @pytest.mark.parametrize(
         ("option", "value", "named"),
