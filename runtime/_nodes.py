@@ -182,7 +182,10 @@ class NodeTable:
 
     def listing(self) -> NodeList:
         """The nodes now."""
-        return NodeList(root=self.station.reply_address, nodes=list(self.nodes.values()))
+        station = self.station
+        return NodeList(
+            station.reply_address, list(self.nodes.values()), station.heartbeat.heartbeat
+        )
 
     def on_frame(self, header: Header, body: bytes) -> None:
         """JOIN and NODES (the root answers nothing else of the node protocol)."""
@@ -308,8 +311,15 @@ class NodeService:
                     continue
                 # The root's own address, as its pings name it: the one this node was given
                 # may be spelled otherwise (a host name), and would never match them.
+                # And the root's heartbeat, which paces its pings: judged by this node's own,
+                # a root with a longer one seemed silent between two pings (the node joined
+                # again and again), and one with a shorter one dropped this node after a
+                # cut that this node took up to its own heartbeat to notice.
+                root_beat = beat
                 with contextlib.suppress(msgspec.DecodeError):
-                    self.root = nodes_decoder.decode(answer).root or self.root
+                    listing = nodes_decoder.decode(answer)
+                    self.root = listing.root or self.root
+                    root_beat = listing.heartbeat or beat
                 lost = asyncio.Event()
                 station.heartbeat.link(self.root, _setter(lost))
                 self._root_pinged = time.monotonic()
@@ -318,8 +328,8 @@ class NodeService:
                     self.on_joined()
                 # The root pings its nodes; one that stopped has dropped this node (it
                 # counted it lost while this side still heard it): join again.
-                while not lost.is_set() and time.monotonic() - self._root_pinged < beat:
-                    with anyio.move_on_after(beat / BEATS):
+                while not lost.is_set() and time.monotonic() - self._root_pinged < root_beat:
+                    with anyio.move_on_after(root_beat / BEATS):
                         await lost.wait()
                 station.heartbeat.unlink(self.root)
                 logger.warning("node %s lost the root: joining again", self.name)

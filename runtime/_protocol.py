@@ -393,10 +393,17 @@ class NodeInfo(msgspec.Struct, array_like=True, frozen=True):
 
 
 class NodeList(msgspec.Struct, array_like=True, frozen=True):
-    """The system's nodes now, as its root knows them (the answer to JOIN and NODES)."""
+    """The system's nodes now, as its root knows them (the answer to JOIN and NODES).
+
+    Attributes:
+        root: The root's reply inbox, as its pings name it.
+        nodes: The nodes.
+        heartbeat: The root's heartbeat (it pings its nodes every eighth of it); 0: unsaid.
+    """
 
     root: str
     nodes: list[NodeInfo]
+    heartbeat: float = 0.0
 
 
 StartMethod = Literal["fork-server", "spawn"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+import selectors
 import signal
 import subprocess
 import sys
@@ -65,15 +66,19 @@ pytestmark = pytest.mark.timeout(90)
 
 @asynccontextmanager
 async def two_hosts(
-    hosts: Hosts, tmp_path: Path, node_heartbeat: float = HEARTBEAT, **options: Any
+    hosts: Hosts,
+    tmp_path: Path,
+    node_heartbeat: float = HEARTBEAT,
+    heartbeat: float = HEARTBEAT,
+    **options: Any,
 ) -> AsyncIterator[tuple[ActorSystem, NodeProcess]]:
-    """A root on host A and node "b" on host B (whose own heartbeat is ``node_heartbeat``),
-    joined."""
+    """A root on host A (its heartbeat ``heartbeat``) and node "b" on host B (whose own
+    heartbeat is ``node_heartbeat``), joined."""
     keys = tmp_path / "keys"
     node: NodeProcess | None = None
     try:
         async with ActorSystem(
-            name="root", transport="tcp", tcp_host=hosts.a, keys=keys, heartbeat=HEARTBEAT,
+            name="root", transport="tcp", tcp_host=hosts.a, keys=keys, heartbeat=heartbeat,
             **options,
         ) as system:  # fmt: skip
             node = await hosts.start_node(
@@ -344,6 +349,36 @@ class TestDeathAcrossHosts:
                 hosts.restore()
             assert down.cause is Cause.NOCONNECTION, down
 
+    async def test_a_node_whose_heartbeat_is_longer_joins_again_soon_after_a_cut(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        # The root (1 s) drops the node during the cut; the node notices that the root's
+        # pings stopped within the root's heartbeat, not its own (60 s: before, it stayed
+        # out of the table for that long after the link came back).
+        async with two_hosts(hosts, tmp_path, node_heartbeat=60.0) as (system, node):
+            first = await system.spawn(Echo, 1, node="b", name="first")
+            watch = system.watch(first)
+            hosts.cut()
+            try:
+                with anyio.fail_after(10):
+                    await watch  # the root counted the node lost, and dropped it
+            finally:
+                hosts.restore()
+            assert await system.nodes() == []
+            await anyio.to_thread.run_sync(node.wait_joined, 10.0)
+            again = await system.spawn(Echo, 2, node="b", name="again")
+            assert await again.ask(Ping(n=4)) == Pong(n=8)
+
+    async def test_a_node_whose_heartbeat_is_shorter_joins_once(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        # The root (16 s) pings every 2 s: judged by the node's own heartbeat (1 s), it
+        # seemed lost between two pings, and the node joined again every second, saying so.
+        async with two_hosts(hosts, tmp_path, heartbeat=16.0) as (system, node):
+            joined_again = await anyio.to_thread.run_sync(says_a_line_within, node, 5.0)
+            assert not joined_again, joined_again
+            assert [n.name for n in await system.nodes()] == ["b"]
+
     async def test_connections_from_a_host_that_vanished_are_closed(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
@@ -364,6 +399,17 @@ class TestDeathAcrossHosts:
                     pytest.fail(f"still established from {hosts.b}: {established_from(hosts.b)}")
             finally:
                 hosts.restore()
+
+
+def says_a_line_within(node: NodeProcess, timeout: float) -> str:
+    """The next line the node writes on its standard output within ``timeout`` seconds
+    (``""``: none)."""
+    assert node.proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(node.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            return ""
+    return node.proc.stdout.readline().decode()
 
 
 def established_from(host: str) -> list[str]:
