@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
+import zmq.utils.monitor
 import zmq.utils.z85
 
 from ._throttle import Throttle
@@ -175,12 +176,25 @@ def make_client(sock: zmq.Socket[bytes], keys: Keys | None) -> None:
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
 
 
+#: Why libzmq failed a CURVE server's handshake before asking ZAP, by its protocol error.
+_BROKEN_HANDSHAKES: dict[int, str] = {
+    zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC: (
+        "its CURVE keys are not this system's (a node given another system's system.key?)"
+    ),
+    zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "it does not use CURVE",
+}
+
+
 class ZapHandler:
     """Answers libzmq's authentication requests for one context: the system's key only.
 
     It must exist before the first CURVE server socket binds (libzmq fails handshakes when
     no handler listens), and answers from the event loop once `start` has run; requests that
     arrive before wait in its socket.
+
+    A peer with another system's keys never gets as far as a request: its first box does
+    not open with this system's key, and libzmq drops it on its own. `watch` has a server
+    socket's monitor report those handshakes, and this says them on the log too.
 
     Args:
         ctx: The process's zmq context.
@@ -197,13 +211,50 @@ class ZapHandler:
         self.allowed = 0
         #: Handshakes refused: a peer without the system's key (libzmq drops its frames).
         self.denied = 0
+        #: Handshakes libzmq failed before a request: another system's keys, no CURVE, a
+        #: handshake broken off or not finished in time (`watch`).
+        self.broken = 0
         self._throttle = Throttle(logger)
+        #: One throttle per reason (each of `_BROKEN_HANDSHAKES`, and 0 for the rest).
+        self._broken_throttles = {reason: Throttle(logger) for reason in (0, *_BROKEN_HANDSHAKES)}
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._monitor_fd = -1
+        self._watched = ""
+
+    def watch(self, sock: zmq.Socket[bytes], address: str) -> None:
+        """Count and log the handshakes that the CURVE server ``sock`` (bound at
+        ``address``) fails before any request reaches this handler."""
+        self._monitor = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        self._monitor_fd = int(self._monitor.getsockopt(zmq.FD))
+        self._watched = address
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answer requests from ``loop`` (and any already waiting)."""
         self._loop = loop
         loop.add_reader(self._fd, self._answer)
         loop.call_soon(self._answer)
+        if self._monitor is not None:
+            loop.add_reader(self._monitor_fd, self._broken)
+            loop.call_soon(self._broken)
+
+    def _broken(self) -> None:
+        monitor = self._monitor
+        while monitor is not None and int(monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                event = zmq.utils.monitor.parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            self.broken += 1
+            reason = event["value"] if event["value"] in _BROKEN_HANDSHAKES else 0
+            why = _BROKEN_HANDSHAKES.get(
+                reason, "it broke off its handshake or did not finish it in time"
+            )
+            self._broken_throttles[reason].warning(
+                "refused a connection to %s: %s", self._watched, why
+            )
 
     def _answer(self) -> None:
         sock = self.sock
@@ -229,5 +280,10 @@ class ZapHandler:
         """Stop answering and close the socket."""
         if self._loop is not None:
             self._loop.remove_reader(self._fd)
+            if self._monitor is not None:
+                self._loop.remove_reader(self._monitor_fd)
             self._loop = None
+        if self._monitor is not None:
+            self._monitor.close(0)
+            self._monitor = None
         self.sock.close(0)

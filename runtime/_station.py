@@ -166,6 +166,8 @@ class Station:
         except ProtocolError:
             self._close_context()
             raise
+        if self.zap is not None:  # a node with another system's key joins here first
+            self.zap.watch(self.reply_sock, self.reply_address)
         self._bound_by = os.getpid()
         #: The thread whose event loop it runs in (set by `open`).
         self.thread = threading.get_ident()

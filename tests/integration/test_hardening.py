@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -509,6 +510,47 @@ class TestTcpIsAuthenticated:
             stats = await system.statistics(echo)
             # Only our own asks ever arrived: not one of the 40 tells and stops.
             assert (stats.received, stats.handled, stats.rejected) == (asks + 1, asks + 1, 0)
+
+    async def test_the_root_says_which_handshakes_it_refused_before_asking_zap(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # Another system's keys (its first box does not open with this system's key), no
+        # CURVE at all, a greeting left half sent: libzmq drops each before any ZAP
+        # request, and before, the root said nothing of any (a node with the wrong
+        # system.key asked for ever, and its root's log was silent).
+        other = Keys.new()
+        # Half a second's heartbeat: a handshake gets two of them.
+        async with ActorSystem(transport="tcp", heartbeat=0.5) as system:
+            zap = system.station.zap
+            assert zap is not None
+            host, port = system.address.removeprefix("tcp://").rsplit(":", 1)
+            with (
+                caplog.at_level(logging.WARNING, logger="tokenyard.auth"),
+                attacker(
+                    system.address,
+                    CURVE_SERVERKEY=other.public,
+                    CURVE_PUBLICKEY=other.public,
+                    CURVE_SECRETKEY=other.secret,
+                ),
+                attacker(system.address),
+                socket.create_connection((host, int(port))) as half,
+            ):
+                half.sendall(b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f")  # of 64 bytes
+                where = f"refused a connection to {system.address}: "
+                whys = {
+                    "its CURVE keys are not this system's",
+                    "it does not use CURVE",
+                    "it broke off its handshake or did not finish it in time",
+                }
+                for _ in range(1000):  # 10 s
+                    said = [r.getMessage() for r in caplog.records if r.name == "tokenyard.auth"]
+                    if all(any(line.startswith(where + why) for line in said) for why in whys):
+                        break
+                    await anyio.sleep(0.01)  # sync-ok: polling the log the monitor writes
+                else:
+                    pytest.fail(f"not said of each: {said}")
+            assert zap.broken >= 3
+            assert zap.denied == 0  # none of them got as far as a ZAP request
 
     async def test_another_local_user_cannot_drive_a_tcp_system(self) -> None:
         if os.geteuid() != 0 or not Path(SYSTEM_PYTHON).exists():
