@@ -393,7 +393,13 @@ class NodeService:
             self._root_pinged = time.monotonic()
         lease = self._leases.get(address)
         if lease is not None:
-            lease.heard = time.monotonic()
+            now = time.monotonic()
+            # A lease that ran out is not renewed: only the watchdog was late (this process
+            # stopped, or starved), and its requester counts these actors lost. Renewed by
+            # the pings that waited out the stop, or by those of the root that this node
+            # then joined again, they ran on for ever as ghosts of a restarted incarnation.
+            if now - lease.heard <= lease.bound:
+                lease.heard = now
 
     def _watch_leases(self) -> None:
         """The watchdog thread: end every actor whose requester went silent. It looks every

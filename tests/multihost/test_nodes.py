@@ -349,6 +349,30 @@ class TestDeathAcrossHosts:
                 hosts.restore()
             assert down.cause is Cause.NOCONNECTION, down
 
+    async def test_a_node_stopped_past_the_lease_ends_its_actors_when_it_resumes(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        # A stopped node stops its watchdog too (a known gap), but once it resumes the
+        # lease has run out and its actors end at once. Before, when its loop read the
+        # pings queued during the stop before the watchdog looked, they renewed the lease,
+        # and the pings of the root it then joined again kept renewing it: the incarnation
+        # the root counted lost ran on for good (a race at the resume: five rounds).
+        async with two_hosts(hosts, tmp_path) as (system, node):
+            for i in range(5):
+                worker = await system.spawn(Worker, node="b", name=f"w{i}")
+                pid = await pid_of(worker)
+                watch = system.watch(worker)
+                os.kill(node.pid, signal.SIGSTOP)
+                try:
+                    with anyio.fail_after(10):
+                        down = await watch
+                finally:
+                    os.kill(node.pid, signal.SIGCONT)
+                assert down.cause is Cause.NOCONNECTION, down
+                ended = await anyio.to_thread.run_sync(exits_within, pid, 2 * HEARTBEAT)
+                assert ended, f"round {i}: the lost incarnation runs on after the resume"
+                await anyio.to_thread.run_sync(node.wait_joined, 10.0)  # back for the next
+
     async def test_a_node_whose_heartbeat_is_longer_joins_again_soon_after_a_cut(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
