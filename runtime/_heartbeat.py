@@ -42,6 +42,8 @@ class Heartbeat:
         heartbeat: Seconds within which a silent peer is lost (`TransportOptions.heartbeat`).
         deaths: Where the owners of watched refs are read, and a loss is reported.
         notify: Sends a control frame (address, kind, body, correlation id) without waiting.
+        incarnation: What tells this process from another one later at its address, sent in
+            each answer to a ping (empty: nothing).
     """
 
     def __init__(
@@ -51,8 +53,10 @@ class Heartbeat:
         heartbeat: float,
         deaths: Deaths,
         notify: Callable[[str, Kind, bytes, int], None],
+        incarnation: bytes = b"",
     ) -> None:
         self.name = name
+        self.incarnation = incarnation
         self.reply_address = reply_address
         self.heartbeat = heartbeat
         self._deaths = deaths
@@ -60,6 +64,10 @@ class Heartbeat:
         #: The peers this process keeps a heartbeat with, by reply address: when each last
         #: answered.
         self._heard: dict[str, float] = {}
+        #: The incarnation each peer first answered as: a process started again at the
+        #: same address (a node restarted on its fixed port) answers as another, and the
+        #: one that was there is lost, though the address answers.
+        self._answered_as: dict[str, bytes] = {}
         #: Called when a linked process stops answering, by its address (`link`).
         self._links: dict[str, list[Callable[[str], None]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -98,14 +106,28 @@ class Heartbeat:
     def pinged(self, header: Header, _: bytes) -> None:
         """Answer a PING at once, from the event loop: its answer is the proof of life."""
         if header.reply_to:
-            self._notify(header.reply_to, Kind.PONG, b"", header.corr)
+            self._notify(header.reply_to, Kind.PONG, self.incarnation, header.corr)
             if self.on_ping is not None:
                 self.on_ping(header.reply_to)
 
-    def answered(self, address: str) -> None:
-        """A heartbeat ping's PONG came back from ``address``."""
-        if address in self._heard:
-            self._heard[address] = time.monotonic()
+    def answered_as(self, address: str) -> bytes:
+        """The incarnation the peer at ``address`` first answered as (empty: none yet)."""
+        return self._answered_as.get(address, b"")
+
+    def answered(self, address: str, incarnation: bytes = b"") -> None:
+        """A heartbeat ping's PONG came back from ``address``, sent by ``incarnation``."""
+        if address not in self._heard:
+            return
+        if incarnation:
+            first = self._answered_as.setdefault(address, incarnation)
+            if first != incarnation:
+                self._lost(
+                    address,
+                    f"{address} answers as another process: the one there ended "
+                    "(restarted) (noconnection)",
+                )
+                return
+        self._heard[address] = time.monotonic()
 
     def _beat(self) -> None:
         """Every eighth of the heartbeat: ping each owner of a watched ref and each linked
@@ -127,16 +149,17 @@ class Heartbeat:
         peers.discard(self.reply_address)
         for gone in self._heard.keys() - peers:
             del self._heard[gone]
+            self._answered_as.pop(gone, None)
         for peer in peers:
             heard = self._heard.setdefault(peer, now)
             if now - heard > limit:
-                self._lost(peer, now - heard)
+                self._lost(peer, f"no answer from {peer} for {now - heard:.1f} s (noconnection)")
             else:
                 self._notify(peer, Kind.PING, b"", BEAT_CORR)
 
-    def _lost(self, address: str, silent: float) -> None:
+    def _lost(self, address: str, reason: str) -> None:
         del self._heard[address]
-        reason = f"no answer from {address} for {silent:.1f} s (noconnection)"
+        self._answered_as.pop(address, None)
         logger.warning("%s: %s: its actors count as dead", self.name, reason)
         self._deaths.owner_died(address, address, Cause.NOCONNECTION, reason)
         for on_lost in self._links.pop(address, []):

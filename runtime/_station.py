@@ -182,7 +182,12 @@ class Station:
         #: Over tcp, the pings to the owners of watched refs and to linked processes; on
         #: any transport, the answers to pings.
         self.heartbeat = Heartbeat(
-            name, self.reply_address, options.heartbeat, self.deaths, self.notify
+            name,
+            self.reply_address,
+            options.heartbeat,
+            self.deaths,
+            self.notify,
+            f"{os.getpid()}:{self._nonce}".encode(),
         )
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._headers: dict[tuple[Kind, str], HeaderTemplate] = {}
@@ -647,7 +652,7 @@ class Station:
 
     def _on_pong(self, header: Header, body: bytes) -> None:
         if header.corr == BEAT_CORR:
-            self.heartbeat.answered(header.reply_to)
+            self.heartbeat.answered(header.reply_to, body)
         else:
             self._on_answer(header, body)
 

@@ -373,6 +373,42 @@ class TestDeathAcrossHosts:
                 assert ended, f"round {i}: the lost incarnation runs on after the resume"
                 await anyio.to_thread.run_sync(node.wait_joined, 10.0)  # back for the next
 
+    async def test_a_node_restarted_on_its_port_within_the_heartbeat_ends_the_old_ones(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        # A node SIGKILLed and started again on the same --port before the root's
+        # heartbeat (5 s) ran out: the new process answered the pings sent to the old one's
+        # address, so the old one's actors were never Down (a supervisor kept a dead child
+        # for good). Its answers say it is another process: the old one is lost at once.
+        keys = tmp_path / "keys"
+        nodes: list[NodeProcess] = []
+        try:
+            async with ActorSystem(
+                name="root", transport="tcp", tcp_host=hosts.a, keys=keys, heartbeat=5.0
+            ) as system:
+                port = str(hosts.free_port())
+                nodes.append(await hosts.start_node(system.address, keys, "b", "--port", port))
+                worker = await system.spawn(Worker, node="b", name="w")
+                watch = system.watch(worker)
+                heartbeat = system.station.heartbeat
+                address = (await system.nodes())[0].address
+                for _ in range(1000):  # 10 s: until the old node has answered a ping
+                    if heartbeat.answered_as(address):
+                        break
+                    await anyio.sleep(0.01)  # sync-ok: polling what the heartbeat heard
+                nodes[0].kill()
+                nodes.append(await hosts.start_node(system.address, keys, "b", "--port", port))
+                with anyio.fail_after(10):
+                    down = await watch
+                assert down.cause is Cause.NOCONNECTION, down
+                assert "answers as another process" in down.reason, down
+                await anyio.to_thread.run_sync(nodes[1].wait_joined, 10.0)  # dropped, back
+                again = await system.spawn(Echo, 2, node="b", name="again")
+                assert await again.ask(Ping(n=4)) == Pong(n=8)
+        finally:
+            for node in nodes:
+                node.stop()
+
     async def test_a_node_whose_heartbeat_is_longer_joins_again_soon_after_a_cut(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
