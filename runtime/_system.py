@@ -212,6 +212,8 @@ class ActorSystem:
         self._station: Station | None = None
         self._spawner: Spawner | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        #: The task that opened it: the one that may close it (`_check_closer`).
+        self._opener: asyncio.Task[Any] | None = None
         self._cells: dict[str, Cell] = {}
         #: Lookups this process answers for its parent right now (`_answer_lookup`).
         self._lookups = 0
@@ -365,6 +367,7 @@ class ActorSystem:
                 self._station.on_node_frame = self.node_table.on_frame
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
+            self._opener = asyncio.current_task()
         except BaseException:
             self._station.close()
             self._remove_dir()
@@ -379,6 +382,7 @@ class ActorSystem:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._check_closer()
         self.closing = True
         try:
             with anyio.CancelScope(shield=True):
@@ -394,6 +398,36 @@ class ActorSystem:
             station = self.station
             station.close(self.options.linger_ms if self.role.in_actor_process else 0)
             self._remove_dir()
+
+    def _check_closer(self) -> None:
+        """Refuse to close from any task but the one that opened the system, touching nothing.
+
+        Its task group can only be left by the task that entered it: closed from another
+        loop (a second ``asyncio.run``), cancelling its tasks spun for ever, as their loop
+        does not run; from another task, it failed half way, its sockets open and its
+        directory left.
+
+        Raises:
+            TokenyardError: This is not the task that opened it (it stays open).
+        """
+        opener = self._opener
+        if opener is None or opener is asyncio.current_task():
+            return
+        loop = opener.get_loop()
+        if loop.is_closed():
+            where = (
+                "in an event loop that has closed since (an asyncio.run that ended?), its "
+                "in-process actors with it; its processes and its directory go when this "
+                "process exits"
+            )
+        elif loop is not asyncio.get_running_loop():
+            where = "in another event loop; close it there, from that task"
+        else:
+            where = "by another task; close it from that one"
+        raise TokenyardError(
+            f"cannot close ActorSystem {self.name!r} here: it was opened {where} "
+            "(a system is closed by the task that opened it, as `async with` does)"
+        )
 
     def _remove_dir(self) -> None:
         for path, (guardian, identity) in self._saved.items():

@@ -421,6 +421,65 @@ class TestAnotherLoopOfTheSameThread:
             opened.close()
 
 
+class TestClosedByAnotherTask:
+    """A system's task group is left by the task that entered it; closing from any other
+    task is refused, with the system left open for its own task to close."""
+
+    def test_from_a_later_loop_it_says_so_and_its_own_loop_still_closes_it(self) -> None:
+        """Before, with the opening loop still open, the close spun for ever: cancelling
+        the system's tasks waited for a loop that did not run."""
+        opened = asyncio.new_event_loop()
+        system = ActorSystem(shutdown_timeout=2)
+        refs: asyncio.Future[list[ActorRef[Any]]] = opened.create_future()
+        done = asyncio.Event()
+
+        async def host() -> None:
+            async with system:
+                refs.set_result([await system.spawn(Echo, process=False), await system.spawn(Echo)])
+                await done.wait()
+
+        async def close_from_the_next_loop() -> None:
+            with pytest.raises(TokenyardError, match="opened in another event loop"):
+                await system.__aexit__(None, None, None)
+
+        try:
+            hosting = opened.create_task(host())
+            echoes = opened.run_until_complete(asyncio.wait_for(refs, 20))
+            asyncio.run(asyncio.wait_for(close_from_the_next_loop(), 10))
+            for n, echo in enumerate(echoes):  # still open, and serving
+                assert opened.run_until_complete(echo.ask(Ping(n=n), timeout=5)) == Pong(n=n)
+            done.set()
+            opened.run_until_complete(asyncio.wait_for(hosting, 20))
+        finally:
+            opened.close()
+
+    def test_after_its_loop_closed_it_says_so(self) -> None:
+        """Before, asyncio.run then asyncio.run: anyio's RuntimeError about cancel scopes."""
+        system = ActorSystem()
+
+        async def close() -> None:
+            with pytest.raises(TokenyardError, match="event loop that has closed since"):
+                await system.__aexit__(None, None, None)
+
+        asyncio.run(system.__aenter__())
+        try:
+            asyncio.run(asyncio.wait_for(close(), 10))
+        finally:  # what nothing can close now but the end of the process
+            system.station.close()
+            system._remove_dir()
+
+    async def test_from_another_task_it_says_so_and_leaves_it_open(self) -> None:
+        """Before, another task's close stopped every actor, then failed on the task group,
+        leaving the sockets open and the directory behind."""
+        async with ActorSystem(shutdown_timeout=2) as system:
+            echo = await system.spawn(Echo, process=False)
+            with anyio.fail_after(10):
+                closing = asyncio.ensure_future(system.__aexit__(None, None, None))
+                with pytest.raises(TokenyardError, match="opened by another task"):
+                    await closing
+                assert await echo.ask(Ping(n=1), timeout=5) == Pong(n=1)
+
+
 class TestAHostThatForks:
     @pytest.mark.filterwarnings("ignore:.*multi-threaded.*:DeprecationWarning")
     async def test_its_child_is_told_the_system_is_the_parents_and_the_parent_carries_on(
