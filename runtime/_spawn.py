@@ -32,7 +32,7 @@ from ._codec import encode_spawn_value
 from ._errors import RemoteActorError, SpawnError
 from ._message import type_path
 from ._protocol import Header, Kind, ReadyBody, SpawnOptions, SpawnTarget, ready_decoder
-from ._transport import TransportOptions
+from ._transport import TransportOptions, unwatch
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -250,12 +250,15 @@ class ChildProcess:
             self._pidfd = os.pidfd_open(popen.pid)
         self._exited = asyncio.Event()
         self._watching = False
+        #: The process that added the pidfd's reader (`unwatch`).
+        self._watched_by = 0
 
     def _watch(self) -> None:
         """Start the one watch (pidfd reader, or a waiting thread) that sets ``_exited``."""
         if self._watching:
             return
         self._watching = True
+        self._watched_by = os.getpid()
         loop = asyncio.get_running_loop()
         pidfd = self._pidfd
         if pidfd is not None:
@@ -338,7 +341,7 @@ class ChildProcess:
         """Release the pidfd and the stdin pipe (the child sees EOF if still alive)."""
         if self._pidfd is not None:
             if self._watching and self.popen.returncode is None:
-                asyncio.get_running_loop().remove_reader(self._pidfd)
+                unwatch(asyncio.get_running_loop(), self._pidfd, self._watched_by)
             os.close(self._pidfd)
             self._pidfd = None
         if self.popen.stdin is not None:

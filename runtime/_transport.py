@@ -202,6 +202,16 @@ def remove_sockets_of(directory: str, pid: int) -> None:
                     os.unlink(entry.path)
 
 
+def unwatch(loop: asyncio.AbstractEventLoop, fd: int, pid: int) -> None:
+    """Remove ``loop``'s reader of ``fd``, which process ``pid`` added; in a process forked
+    from it, nothing: the child's copy of the loop shares its epoll set with the parent, and
+    removing the reader there (as cancelling an in-process actor's task did, when the
+    child's ``asyncio.run`` unwound) removed it from the parent's, whose actor never woke
+    again."""
+    if os.getpid() == pid:
+        loop.remove_reader(fd)
+
+
 class ReadinessWaiter:
     """Lets any number of tasks wait until a zmq socket is readable or writable.
 
@@ -219,6 +229,8 @@ class ReadinessWaiter:
         self._fd = int(sock.getsockopt(zmq.FD))
         self._waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The process that added the loop's reader (`unwatch`).
+        self._pid = 0
         self._closed = False
         #: The fd fired while nobody waited, since `rearmed` was last called.
         self._fired = False
@@ -286,8 +298,9 @@ class ReadinessWaiter:
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not None:
-            self._loop.remove_reader(self._fd)
+            unwatch(self._loop, self._fd, self._pid)
         self._loop = loop
+        self._pid = os.getpid()
         loop.add_reader(self._fd, self._wake)
 
     def close(self) -> None:
@@ -295,7 +308,7 @@ class ReadinessWaiter:
         self._closed = True
         self._release()
         if self._loop is not None:
-            self._loop.remove_reader(self._fd)
+            unwatch(self._loop, self._fd, self._pid)
             self._loop = None
 
 

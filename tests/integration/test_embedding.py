@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import math
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,6 +38,8 @@ from runtime import (
 from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
 
 pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Gate:
@@ -501,3 +507,20 @@ class TestAHostThatForks:
                     assert "forked from a process with one open" in outcome
                 for ref in refs:
                     assert await ref.ask(Ping(n=2), timeout=10) == Pong(n=2)
+
+    def test_a_child_that_unwinds_its_loop_leaves_the_parents_actors_serving(self) -> None:
+        """Before, the child's ``asyncio.run``, cancelling its copy of an in-process
+        actor's task, removed the mailbox's reader from the epoll set it shares with the
+        parent: the parent's actor never answered again (and the child exited 1, its
+        ``async with`` failing with no running loop)."""
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "tests/integration/scripts/forks_and_exits.py")],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout) == {"child": 0, "in-process": 1, "process": 1}
