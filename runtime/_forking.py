@@ -271,11 +271,21 @@ class ForkServer:
             except ForkServerGone:
                 reply = None
         if reply is None:
+            if deadline.cancelled_caught and not sent:
+                # Queued behind requests that fill its socket: the server may be busy, not
+                # stuck; a request it took and did not answer in time tells (below).
+                self._pending.pop(request_id, None)
+                raise SpawnError(
+                    f"the fork server took no request for actor {spec.target.name!r} within "
+                    f"the {timeout:.3g} s left of its spawn_timeout: the requests before it "
+                    "fill its socket (too many spawns at once for that timeout, or a server "
+                    "stuck in an import); a larger spawn(spawn_timeout=...), or start='spawn'"
+                )
             if deadline.cancelled_caught:  # it did not answer in time: it is stuck, end it
                 self._pending.pop(request_id, None)
                 self.stuck = True
                 self.kill()
-            pid = await _self_reported(ours) if sent else 0
+            pid = await _self_reported(ours)
             if pid:
                 self.forked += 1
                 return pid

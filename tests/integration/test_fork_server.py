@@ -242,6 +242,34 @@ class TestForkServerDeath:
                 assert len(spawned) == QUEUED
                 assert len(actor_pids() - {server_of(system).pid}) == QUEUED
 
+    async def test_a_spawn_that_times_out_queued_fails_alone_and_leaves_the_server_serving(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A request that was never sent says nothing of the server: it may be busy with
+        # the ones before it. Only this spawn fails; the server and the queue carry on.
+        monkeypatch.setattr(sys, "path", [*sys.path, LONG_PATH])
+        with import_gate(monkeypatch) as gate:
+            async with ActorSystem() as system:
+                spawned: list[ActorRef[Any]] = []
+
+                async def spawn(i: int) -> None:
+                    spawned.append(await system.spawn(Forked, name=f"queued-{i}"))
+
+                with anyio.fail_after(30):
+                    async with anyio.create_task_group() as tg:
+                        for i in range(QUEUED):
+                            tg.start_soon(spawn, i)
+                        writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
+                        await anyio.wait_all_tasks_blocked()  # the socket is full
+                        server = server_of(system).pid
+                        with pytest.raises(SpawnError, match=r"took no request.*spawn_timeout"):
+                            await system.spawn(Forked, name="impatient", spawn_timeout=0.5)
+                        os.unlink(gate)
+                        os.close(writer)
+                assert len(spawned) == QUEUED
+                assert server_of(system).pid == server  # not killed as stuck
+                assert len(actor_pids() - {server}) == QUEUED
+
     async def test_a_spawn_that_finds_no_room_on_a_stuck_fork_server_fails_in_its_timeout(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
