@@ -252,8 +252,11 @@ class ZapHandler:
             why = _BROKEN_HANDSHAKES.get(
                 reason, "it broke off its handshake or did not finish it in time"
             )
-            self._broken_throttles[reason].warning(
-                "refused a connection to %s: %s", self._watched, why
+            # A connection closed before its greeting is also any TCP probe or port scan,
+            # and a link cut mid-handshake: said, but not as a warning.
+            level = logging.WARNING if reason else logging.INFO
+            self._broken_throttles[reason].log(
+                level, "refused a connection to %s: %s", self._watched, why
             )
 
     def _answer(self) -> None:
