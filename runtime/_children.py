@@ -240,6 +240,8 @@ class ChildTable:
         in_process = child.process is None and child.remote is None
         if in_process and child.escalated:
             return  # cancelled already: the cancellation is all there is to send it
+        if in_process:
+            child.escalated = True
         logger.warning(
             "actor %s did not stop in %g s: %s",
             child.ref.name,
@@ -251,7 +253,6 @@ class ChildTable:
         elif child.remote is not None:
             child.remote.signal(signum)
         elif child.scope is not None:
-            child.escalated = True
             child.scope.cancel()
 
     async def stop_all(self, parent: str | None = None) -> None:

@@ -421,7 +421,13 @@ class ActorSystem:
         if opener is None or opener is asyncio.current_task():
             return
         loop = opener.get_loop()
-        if loop.is_closed():
+        if opener.done() and not loop.is_closed():
+            where = (
+                "by a task that has ended since, and only that task could close it: its "
+                "processes and its directory go when this process exits; open a system in "
+                "the task that will close it (async with)"
+            )
+        elif loop.is_closed():
             where = (
                 "in an event loop that has closed since (an asyncio.run that ended?), its "
                 "in-process actors with it; its processes and its directory go when this "

@@ -474,6 +474,21 @@ class TestClosedByAnotherTask:
             system.station.close()
             system._remove_dir()
 
+    def test_after_its_task_ended_it_says_so(self) -> None:
+        """A system opened in a helper task that returned: no task can close it now."""
+        system = ActorSystem()
+
+        async def main() -> None:
+            await asyncio.create_task(system.__aenter__())
+            with pytest.raises(TokenyardError, match="task that has ended since"):
+                await system.__aexit__(None, None, None)
+
+        try:
+            asyncio.run(asyncio.wait_for(main(), 10))
+        finally:  # what nothing can close now but the end of the process
+            system.station.close()
+            system._remove_dir()
+
     async def test_from_another_task_it_says_so_and_leaves_it_open(self) -> None:
         """Before, another task's close stopped every actor, then failed on the task group,
         leaving the sockets open and the directory behind."""
