@@ -377,14 +377,15 @@ class TestDeathAcrossHosts:
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
         # A node SIGKILLed and started again on the same --port before the root's
-        # heartbeat (5 s) ran out: the new process answered the pings sent to the old one's
+        # heartbeat ran out: the new process answered the pings sent to the old one's
         # address, so the old one's actors were never Down (a supervisor kept a dead child
         # for good). Its answers say it is another process: the old one is lost at once.
+        # A heartbeat of 8 s: a restart slowed by a loaded machine is still within it.
         keys = tmp_path / "keys"
         nodes: list[NodeProcess] = []
         try:
             async with ActorSystem(
-                name="root", transport="tcp", tcp_host=hosts.a, keys=keys, heartbeat=5.0
+                name="root", transport="tcp", tcp_host=hosts.a, keys=keys, heartbeat=8.0
             ) as system:
                 port = str(hosts.free_port())
                 nodes.append(await hosts.start_node(system.address, keys, "b", "--port", port))
@@ -402,7 +403,7 @@ class TestDeathAcrossHosts:
                     down = await watch
                 assert down.cause is Cause.NOCONNECTION, down
                 assert "answers as another process" in down.reason, down
-                await anyio.to_thread.run_sync(nodes[1].wait_joined, 10.0)  # dropped, back
+                await anyio.to_thread.run_sync(nodes[1].wait_joined, 20.0)  # dropped, back
                 again = await system.spawn(Echo, 2, node="b", name="again")
                 assert await again.ask(Ping(n=4)) == Pong(n=8)
         finally:
