@@ -434,9 +434,9 @@ class TestDeathAcrossHosts:
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
         # The root (16 s) pings every 2 s: judged by the node's own heartbeat (1 s), it
-        # seemed lost between two pings, and the node joined again every second, saying so.
+        # seemed lost between two pings, and the node joined again every 2 s, saying so.
         async with two_hosts(hosts, tmp_path, heartbeat=16.0) as (system, node):
-            joined_again = await anyio.to_thread.run_sync(says_a_line_within, node, 5.0)
+            joined_again = await anyio.to_thread.run_sync(says_a_line_within, node, 3.0)
             assert not joined_again, joined_again
             assert [n.name for n in await system.nodes()] == ["b"]
 
