@@ -223,6 +223,8 @@ class TestForkServerDeath:
     ) -> None:
         # Each request carries sys.path: made long, a few requests fill the socket's send
         # buffer while the server is held in an import, and the rest wait for room at once.
+        # One whose timeout ends while it waits fails alone: a request never sent says
+        # nothing of the server (busy with the ones before it), which is not killed.
         monkeypatch.setattr(sys, "path", [*sys.path, LONG_PATH])
         with import_gate(monkeypatch) as gate:
             async with ActorSystem() as system:
@@ -237,30 +239,6 @@ class TestForkServerDeath:
                             tg.start_soon(spawn, i)
                         writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
                         await anyio.wait_all_tasks_blocked()  # every request sent, or waiting
-                        os.unlink(gate)
-                        os.close(writer)
-                assert len(spawned) == QUEUED
-                assert len(actor_pids() - {server_of(system).pid}) == QUEUED
-
-    async def test_a_spawn_that_times_out_queued_fails_alone_and_leaves_the_server_serving(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        # A request that was never sent says nothing of the server: it may be busy with
-        # the ones before it. Only this spawn fails; the server and the queue carry on.
-        monkeypatch.setattr(sys, "path", [*sys.path, LONG_PATH])
-        with import_gate(monkeypatch) as gate:
-            async with ActorSystem() as system:
-                spawned: list[ActorRef[Any]] = []
-
-                async def spawn(i: int) -> None:
-                    spawned.append(await system.spawn(Forked, name=f"queued-{i}"))
-
-                with anyio.fail_after(30):
-                    async with anyio.create_task_group() as tg:
-                        for i in range(QUEUED):
-                            tg.start_soon(spawn, i)
-                        writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
-                        await anyio.wait_all_tasks_blocked()  # the socket is full
                         server = server_of(system).pid
                         with pytest.raises(SpawnError, match=r"took no request.*spawn_timeout"):
                             await system.spawn(Forked, name="impatient", spawn_timeout=0.5)
