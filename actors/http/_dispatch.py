@@ -280,18 +280,27 @@ class Dispatcher:
         self._check_idle()
 
     def _accept_backlog(self) -> None:
-        """Accept every connection in the listen backlog into the waiting queue."""
+        """Accept every connection in the listen backlog into the waiting queue (one left
+        for want of a descriptor is reset by the kernel with the listener)."""
+        while isinstance(conn := self._accept_one(), socket.socket):
+            self._waiting.append(conn)
+
+    def _accept_one(self) -> socket.socket | OSError | None:
+        """The next connection of the listen backlog: ``None`` when there is none now, the
+        error when there is no descriptor for it."""
         while True:
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                return None
             except OSError as err:
                 if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return  # no descriptor for it: the kernel resets it with the listener
-                continue  # the client gave up while it waited
+                    return err
+                # The client gave up while it waited (ECONNABORTED, ...): the next one.
+                logger.debug("accept failed: %s", err)
+                continue
             self.accepted += 1
-            self._waiting.append(conn)
+            return conn
 
     # -- accepting ------------------------------------------------------------------------
 
@@ -328,18 +337,11 @@ class Dispatcher:
 
     def _on_accept(self) -> None:
         while self._accepting:
-            try:
-                conn, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
+            conn = self._accept_one()
+            if not isinstance(conn, socket.socket):
+                if conn is not None:
+                    self._pause_accepting(conn)
                 return
-            except OSError as err:
-                if err.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._pause_accepting(err)
-                    return
-                # The client gave up while it waited (ECONNABORTED, ...): the next one.
-                logger.debug("accept failed: %s", err)
-                continue
-            self.accepted += 1
             with contextlib.suppress(OSError):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._place(conn)
