@@ -4,6 +4,7 @@ restarts the dead, kills the stuck, and makes sure no request waits on a dead me
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -192,6 +193,10 @@ class PipelineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"workers={self.workers}: a pipeline needs at least one worker")
         if self.detokenizers < 1:
             raise ValueError(f"detokenizers={self.detokenizers}: a pipeline needs at least one")
+        if self.max_restarts < 0:
+            raise ValueError(f"PipelineConfig.max_restarts={self.max_restarts} is below 0")
+        if not (math.isfinite(self.period) and self.period > 0):
+            raise ValueError(f"PipelineConfig.period={self.period} must be finite and above 0")
         for name in (
             "stall_timeout",
             "deliver_timeout",

@@ -273,6 +273,21 @@ def _parser() -> argparse.ArgumentParser:
         "--detokenizers", type=int, default=None, help="detokenizers (default: one per two workers)"
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=20,
+        metavar="N",
+        help="give up (exit 1) past N restarts of the pipeline's members within "
+        "--restart-period (default %(default)s)",
+    )
+    parser.add_argument(
+        "--restart-period",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds over which --max-restarts counts (default %(default)s)",
+    )
+    parser.add_argument(
         "--served-model-name",
         metavar="NAME",
         help="the model id in /v1/models and every answer (default: from the tokenizer)",
@@ -576,6 +591,10 @@ def _check_engine(args: argparse.Namespace) -> str | None:
         return "--engine-handshake and vLLM arguments after -- are for --engine vllm"
     if args.engine_start_tries < 1:
         return "--engine-start-tries must be at least 1"
+    if args.max_restarts < 0:
+        return f"--max-restarts {args.max_restarts}: it must be at least 0"
+    if not (math.isfinite(args.restart_period) and args.restart_period > 0):
+        return f"--restart-period {args.restart_period:g}: it must be a number of seconds above 0"
     if args.engine == "stand-in":
         if args.model is not None:
             return "--model is for --engine llamacpp or vllm (the stand-in has no model)"
@@ -662,6 +681,8 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                 config=config,
                 model=args.served_model_name,
                 engine_start_tries=args.engine_start_tries,
+                max_restarts=args.max_restarts,
+                period=args.restart_period,
                 credentials=args.credentials or None,
                 **_engine_options(args),
             ) as server:

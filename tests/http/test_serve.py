@@ -512,6 +512,9 @@ class TestTheAccessFlags:
             (["--port", "70000"], None, "--port 70000: a TCP port is 0"),
             (["--port", "-1"], None, "--port -1: a TCP port is 0"),
             (["--engine-start-tries", "0"], None, "--engine-start-tries must be at least 1"),
+            (["--max-restarts", "-1"], None, "--max-restarts -1: it must be at least 0"),
+            (["--restart-period", "0"], None, "--restart-period 0: it must be a number of"),
+            (["--restart-period", "nan"], None, "--restart-period nan: it must be a number of"),
             (["--max-body-bytes", str(1 << 64)], None, "max_body_bytes=18446744073709551616"),
             (["--max-waiting", str(1 << 63)], None, "at most 9223372036854775807"),
             (["--max-prompt-tokens", "8192"], None, "leaves no room to generate"),
@@ -803,6 +806,16 @@ class TestTheCommand:
         assert not credentials.exists()
         with socket.socket() as again, pytest.raises(ConnectionRefusedError):
             again.connect(("127.0.0.1", run.port))
+
+    def test_past_max_restarts_within_the_period_it_gives_up_and_exits_1(self) -> None:
+        with running_serve("--max-restarts", "0", "--restart-period", "60", stderr=True) as run:
+            (worker,) = [p for p in _children(run.proc.pid) if "tokenizer_worker:0" in _title(p)]
+            os.kill(worker, signal.SIGKILL)  # one restart more than --max-restarts 0 allows
+            _, err = run.proc.communicate(timeout=60)
+            assert run.proc.returncode == 1, err
+        last = err.strip().splitlines()[-1]
+        assert "the pipeline failed" in last, err
+        assert "more than 0 restarts in 60 s" in last, err
 
     def test_requests_past_the_drain_timeout_end_with_an_error_event_and_done(self) -> None:
         options = ("--step-time", "0.01", "--drain-timeout", "0.5")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from actors import PipelineConfig
@@ -76,3 +78,20 @@ class TestWhatNoEngineRuns:
         )
         assert context_refusal(10**6, None) is None  # not known: the engine bounds it
         assert context_refusal(10**6, 0) is None
+
+
+class TestTheRestartIntensity:
+    @pytest.mark.parametrize(
+        ("settings", "message"),
+        [
+            ({"max_restarts": -1}, "max_restarts=-1 is below 0"),
+            ({"period": 0.0}, "period=0.0 must be finite and above 0"),
+            ({"period": math.nan}, "period=nan must be finite and above 0"),
+            ({"period": math.inf}, "period=inf must be finite and above 0"),
+        ],
+    )
+    def test_a_setting_it_cannot_count_by_is_refused(
+        self, settings: dict[str, float], message: str
+    ) -> None:
+        with pytest.raises(ValueError, match=message):
+            PipelineConfig(**settings)  # type: ignore[arg-type]
