@@ -30,7 +30,7 @@ from setproctitle import setproctitle
 
 from ._logging import configure_logging
 from ._spawn import SpawnSpec, read_spec, resolve_class
-from ._transport import raise_fd_limit, remove_sockets_of
+from ._transport import remove_sockets_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -169,7 +169,6 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _die_by_signal)
     if not _alive(spec.root_pid):
         sys.exit(1)
-    raise_fd_limit()
     threading.Thread(
         target=_watch_parent_pipe, args=(sys.stdin.fileno(),), name="parent-pipe", daemon=True
     ).start()

@@ -19,7 +19,7 @@ from ._logging import configure_logging
 from ._nodes import NodeService
 from ._options import seconds
 from ._system import ActorSystem
-from ._transport import MAX_HEARTBEAT, bracketed, raise_fd_limit
+from ._transport import MAX_HEARTBEAT, bracketed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,7 +89,6 @@ def node_main(argv: list[str]) -> int:
             f"{where}: this host cannot bind there ({problem}); give one of its own "
             "addresses (or an interface's name)"
         )
-    raise_fd_limit()  # every connection to its inbox, a stranger's included, is a descriptor
     configure_logging(logging.INFO, f"node {args.name}")
     try:
         anyio.run(_serve_node, args)

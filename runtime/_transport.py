@@ -368,8 +368,8 @@ def raise_fd_limit() -> None:
     listening process a descriptor (a child process costs its parent three: its pidfd, its
     stdin and its connection), and libzmq aborts a process whose listener cannot accept one
     (the common soft limit of 1,024 is far below the usual hard one): every process does
-    this as its ``ActorSystem`` opens, the root's and every actor process's. A server that
-    holds thousands of connections (``python -m actors serve``) calls it too. A limit the
+    this as its ``ActorSystem`` opens, the root's, every actor process's and a node's (and
+    so ``python -m actors serve``, whose connections are descriptors too). A limit the
     system refuses to raise is left as it is.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -29,7 +29,7 @@ from actors._vllm_args import max_model_len, overridden
 from actors.engines import LlamaCpp, StandIn, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
-from runtime import ActorRef, SpawnError, TokenyardError, configure_logging, raise_fd_limit
+from runtime import ActorRef, SpawnError, TokenyardError, configure_logging
 
 from ._auth import API_KEY_ENV, ApiKey, key_given
 from ._config import ServeConfig
@@ -817,5 +817,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         # /proc/<pid>/cmdline: the process's title replaces it from here on.
         setproctitle(f"tokenyard::serve:{os.getpid()}")
     configure_logging(args.log_level, "serve")
-    raise_fd_limit()  # connections waiting here, and the workers', are descriptors
     return anyio.run(_serve, args, config)
