@@ -720,6 +720,11 @@ class Station:
                 "%s: could not send %s to %s: %s", self.name, kind.name, address, err
             )
 
+    @property
+    def inherited(self) -> bool:
+        """Whether this process is one forked from the station's, which owns it."""
+        return self._bound_by != os.getpid()
+
     def abandon(self) -> None:
         """In a process forked from this station's: closed here, with nothing touched (its
         sockets, its context and the loop's readers are the parent's; closing them here

@@ -214,8 +214,6 @@ class ActorSystem:
         self._tg: anyio.abc.TaskGroup | None = None
         #: The task that opened it: the one that may close it (`_check_closer`).
         self._opener: asyncio.Task[Any] | None = None
-        #: The process that opened it (a process forked from it has nothing to close).
-        self._opened_by = 0
         self._cells: dict[str, Cell] = {}
         #: Lookups this process answers for its parent right now (`_answer_lookup`).
         self._lookups = 0
@@ -370,7 +368,6 @@ class ActorSystem:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
             self._opener = asyncio.current_task()
-            self._opened_by = os.getpid()
         except BaseException:
             self._station.close()
             self._remove_dir()
@@ -385,7 +382,7 @@ class ActorSystem:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._opened_by and self._opened_by != os.getpid():
+        if self._station is not None and self._station.inherited:
             # A process forked inside `async with`, leaving it (a sys.exit): everything of
             # the system is its parent's, its station abandoned (`runtime._context`).
             return
