@@ -266,13 +266,8 @@ class Dispatcher:
             self._accept_backlog()
         self.stop_listening()
         untaken: list[socket.socket] = []
-        for worker, channel in list(self._channels.items()):
-            del self._channels[worker]
-            with contextlib.suppress(ValueError, OSError):
-                self._running_loop().remove_reader(channel.sock.fileno())
-            channel.sock.close()
-            untaken.extend(channel.untaken)
-            channel.untaken.clear()
+        for channel in list(self._channels.values()):
+            untaken += self._detach(channel)
         untaken.extend(self._waiting)
         self._waiting.clear()
         for conn in untaken:
@@ -450,15 +445,21 @@ class Dispatcher:
         if room:
             self._flush()
 
-    def _remove(self, channel: _Channel) -> None:
+    def _detach(self, channel: _Channel) -> collections.deque[socket.socket]:
+        """Forget ``channel`` and close this end of it: the connections its worker never
+        took are returned."""
         if self._channels.get(channel.origin.worker) is channel:
             del self._channels[channel.origin.worker]
-        self.dropped += channel.open  # they closed with it
-        channel.open = 0
         with contextlib.suppress(ValueError, OSError):
             self._running_loop().remove_reader(channel.sock.fileno())
         channel.sock.close()
-        untaken, channel.untaken = list(channel.untaken), collections.deque()
+        untaken, channel.untaken = channel.untaken, collections.deque()
+        return untaken
+
+    def _remove(self, channel: _Channel) -> None:
+        self.dropped += channel.open  # they closed with it
+        channel.open = 0
+        untaken = self._detach(channel)
         # It never took them: their clients are still waiting, and have waited longest.
         self.rehanded += len(untaken)
         self._waiting.extendleft(reversed(untaken))
@@ -561,12 +562,7 @@ class Dispatcher:
         self._listening = False
         self.listener.close()
         for channel in list(self._channels.values()):
-            if self._channels.get(channel.origin.worker) is channel:
-                del self._channels[channel.origin.worker]
-            with contextlib.suppress(ValueError, OSError):
-                self._running_loop().remove_reader(channel.sock.fileno())
-            channel.sock.close()
-            for conn in channel.untaken:
+            for conn in self._detach(channel):
                 conn.close()
         for conn in self._waiting:
             conn.close()
