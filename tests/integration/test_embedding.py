@@ -11,9 +11,6 @@ import logging
 import math
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -36,10 +33,9 @@ from runtime import (
 )
 
 from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
+from ._scripts import run_script_to_end
 
 pytestmark = pytest.mark.anyio
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Gate:
@@ -528,14 +524,6 @@ class TestAHostThatForks:
         actor's task, removed the mailbox's reader from the epoll set it shares with the
         parent: the parent's actor never answered again (and the child exited 1, its
         ``async with`` failing with no running loop)."""
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "tests/integration/scripts/forks_and_exits.py")],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            timeout=60,
-            check=False,
-        )
+        done = run_script_to_end("forks_and_exits.py", timeout=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout) == {"child": 0, "in-process": 1, "process": 1}

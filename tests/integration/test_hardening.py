@@ -9,8 +9,6 @@ import logging
 import os
 import resource
 import socket
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,11 +45,12 @@ from ._actors import (
     TellTo,
     Tick,
 )
+from ._scripts import run_script, run_script_to_end
 
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Iterator, Sequence
 
-ROOT = Path(__file__).resolve().parents[2]
 
 #: The system's own interpreter, which another user (nobody) may run.
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -313,16 +312,7 @@ class TestAskersCannotExhaustSockets:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if hard < 4 * soft:
             pytest.skip(f"the hard RLIMIT_NOFILE is {hard}: nothing to raise")
-        script = ROOT / "tests/integration/scripts/many_children.py"
-        done = subprocess.run(
-            [sys.executable, str(script), str(soft), str(children)],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            timeout=120,
-            check=False,
-        )
+        done = run_script_to_end("many_children.py", str(soft), str(children), timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout) == {"soft": hard, "answered": children}
 
@@ -711,14 +701,7 @@ class TestRootKills:
     def run_root(self, shape: str, start: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
         import json
 
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/integration/scripts/parent.py"), shape, start],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env=env,
-        )
+        proc = run_script("parent.py", shape, start)
         assert proc.stdout is not None
         report: dict[str, Any] = json.loads(proc.stdout.readline())
         return proc, report

@@ -6,8 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,21 +18,7 @@ from runtime._children import TERM_GRACE
 from tests.conftest import exits_within
 
 from ._actors import Echo, Ping, Pong, Slow
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def run_script(name: str, *args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPTS / name), *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
-
+from ._scripts import run_script
 
 #: The start methods every root-death test runs under.
 STARTS = ("fork-server", "spawn")
