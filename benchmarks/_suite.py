@@ -8,6 +8,7 @@ bar, the summary table, ``--json`` and ``plot`` without further edits.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -117,6 +118,23 @@ class Suite:
     options: tuple[Option, ...] = field(default=())
     check: Callable[[argparse.Namespace], str | None] = field(default=lambda _: None)
     rounds: bool = True
+
+
+def positive_seconds(text: str) -> float:
+    """An option's value in seconds: a finite number above zero.
+
+    Raises:
+        argparse.ArgumentTypeError: It is not.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds above 0, got {text!r}"
+        )
+    return value
 
 
 def pick(args: argparse.Namespace, name: str, quick: int, full: int) -> int:

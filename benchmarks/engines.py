@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING
 import anyio
 
 from actors.http.load import LoadResult, LoadSpec, run_load
-from runtime._options import seconds
 
 from . import _vllm_frontend as vllm
 from ._frontend import (
@@ -72,7 +71,7 @@ from ._frontend import (
 from ._proc import BenchmarkError
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
 from ._stats import RULE, nearest_rank_quantile
-from ._suite import Option, Suite, pick
+from ._suite import Option, Suite, pick, positive_seconds
 from .serve import PROMPTS
 
 if TYPE_CHECKING:
@@ -120,7 +119,7 @@ OPTIONS = (
     Option(
         "--duration",
         "seconds of timed load per variant (quick 5, full 20)",
-        type=seconds,
+        type=positive_seconds,
         metavar="S",
     ),
     Option(

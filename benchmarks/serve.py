@@ -70,14 +70,13 @@ import msgspec
 from actors._tracing import SETUP_ENV
 from actors.http._serve import default_detokenizers
 from actors.http.load import LoadResult, LoadSpec, run_load
-from runtime._options import seconds
 
 from ._messages import TRACEPARENT
 from ._proc import BenchmarkError, _env, reap
 from ._results import BASELINE, INFO, SUBJECT, Chart, Figure, Ratio, SuiteResult, Target
 from ._serve_peer import PeerReport
 from ._stats import RULE, nearest_rank_quantile
-from ._suite import Option, Suite, pick
+from ._suite import Option, Suite, pick, positive_seconds
 from ._tracing import SETUP as TRACING_SETUP
 from .pipeline import WORKER_COUNTS, worker_counts
 
@@ -98,7 +97,7 @@ OPTIONS = (
     Option(
         "--duration",
         "seconds of timed load per variant (quick 5, full 20)",
-        type=seconds,
+        type=positive_seconds,
         metavar="S",
     ),
     Option("--worker-kills", f"worker SIGKILLs under load ({KILLS})"),
