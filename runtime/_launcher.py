@@ -111,10 +111,13 @@ class Launcher:
         payload = spec_payload(spec)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        for _ in range(2):
+        for attempt in range(2):
             server = await self._server()
             try:
-                await self._ready(server, spec, deadline - loop.time())
+                # Only the server a spawn began on is killed for not getting ready in its
+                # time: a retry (its first server died) has what is left, which may be too
+                # little for any new server to start, and fails alone.
+                await self._ready(server, spec, deadline - loop.time(), judge=attempt == 0)
                 return await server.fork(spec, payload, max(deadline - loop.time(), 0.01))
             except ForkServerGone:
                 continue  # nothing was forked: once more, on a new server
@@ -132,10 +135,18 @@ class Launcher:
             f"{_module(spec)!r} kills it?); spawn it with start='spawn'"
         )
 
-    async def _ready(self, server: ForkServer, spec: SpawnSpec, timeout: float) -> None:
+    async def _ready(
+        self, server: ForkServer, spec: SpawnSpec, timeout: float, *, judge: bool
+    ) -> None:
         with anyio.move_on_after(max(timeout, 0.01)) as scope:
             await server.ready()
         if scope.cancelled_caught:
+            if not judge:
+                raise SpawnError(
+                    f"the fork server died while starting actor {spec.target.name!r}, and "
+                    f"the one that replaced it was not ready within the {timeout:.3g} s left "
+                    "of its spawn_timeout; a larger spawn(spawn_timeout=...), or start='spawn'"
+                )
             server.kill()
             raise SpawnError(
                 f"the fork server did not finish importing preload={list(self.preload)} "

@@ -166,6 +166,20 @@ def import_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                 os.unlink(gate)
 
 
+def live_actor_pids() -> set[int]:
+    """`actor_pids` but zombies: a killed fork server not yet reaped is one (and its command
+    line, which names it a fork server, is empty by then)."""
+    return {pid for pid in actor_pids() if _state(pid) != "Z"}
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat.rpartition(")")[2].split()[0]
+
+
 class TestForkServerDeath:
     async def test_a_killed_fork_server_is_replaced_and_its_actors_live_on(self) -> None:
         async with ActorSystem() as system:
@@ -253,7 +267,8 @@ class TestForkServerDeath:
     ) -> None:
         monkeypatch.setattr(sys, "path", [*sys.path, LONG_PATH])
         with import_gate(monkeypatch):
-            async with ActorSystem() as system:
+            async with ActorSystem(eager_fork_server=True) as system:
+                stuck = server_of(system)
                 failed: list[str] = []
 
                 async def spawn(i: int) -> None:
@@ -266,10 +281,47 @@ class TestForkServerDeath:
                         for i in range(QUEUED):
                             tg.start_soon(spawn, i)
                 assert len(failed) == QUEUED
-                server = server_of(system)
-                assert server.pid is not None
-                assert exits_within(server.pid, 5.0)  # killed, as stuck
-                assert actor_pids() - {server.pid} == set()  # it forked nothing
+                assert stuck.pid is not None
+                assert exits_within(stuck.pid, 5.0)  # killed, as stuck
+                # Spawns retried on a new server (also stuck, or given too little time by
+                # them to get ready) forked nothing either.
+                assert live_actor_pids() == set()
+
+    async def test_a_retried_spawn_fails_alone_when_the_new_server_is_not_ready_in_its_time(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The first server dies while a spawn waits for it to preload; the spawn's time runs
+        # out while the server that replaced it still preloads. That server is not killed
+        # for it: it was not given a whole spawn_timeout. A spawn that began on it judges it.
+        with import_gate(monkeypatch) as gate:
+            async with ActorSystem(
+                preload=("tests.integration._forked",), eager_fork_server=True
+            ) as system:
+                first = server_of(system)
+                assert first.pid is not None
+                # Returns once the first server is inside its preload; held open, it keeps
+                # the next server's preload waiting too.
+                writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
+                try:
+                    async with anyio.create_task_group() as tg:
+
+                        async def spawn() -> None:
+                            with pytest.raises(SpawnError, match=r"replaced it was not ready"):
+                                await system.spawn(Forked, name="retried", spawn_timeout=2.0)
+
+                        tg.start_soon(spawn)
+                        await anyio.wait_all_tasks_blocked()  # waiting for the preload
+                        os.kill(first.pid, signal.SIGKILL)
+                    second = server_of(system)
+                    assert second.pid is not None and second.pid != first.pid
+                    assert not second.gone
+                    os.kill(second.pid, 0)  # alive: not killed by the retry
+                    with pytest.raises(SpawnError, match=r"did not finish importing preload"):
+                        await system.spawn(Forked, name="judge", spawn_timeout=0.5)
+                    assert exits_within(second.pid, 5.0)
+                finally:
+                    os.close(writer)
+                assert live_actor_pids() == set()
 
 
 #: A ``sys.path`` entry (of no directory) that makes each fork request about 32 KiB: a few
