@@ -313,7 +313,8 @@ class TestForkServerDeath:
                         await anyio.wait_all_tasks_blocked()  # waiting for the preload
                         os.kill(first.pid, signal.SIGKILL)
                     second = server_of(system)
-                    assert second.pid is not None and second.pid != first.pid
+                    assert second.pid is not None
+                    assert second.pid != first.pid
                     assert not second.gone
                     os.kill(second.pid, 0)  # alive: not killed by the retry
                     with pytest.raises(SpawnError, match=r"did not finish importing preload"):
