@@ -53,7 +53,7 @@ from ._spawn import SpawnSpec, decode_arguments
 from ._spawner import Spawner, enter_parent
 from ._station import Station
 from ._stats import ProcessMetrics, ProcessResources, SystemMetrics, now
-from ._transport import TransportOptions, bind_pull, ipc_path, raise_fd_limit
+from ._transport import TransportOptions, bind_pull, check_ipc_dir, ipc_path, raise_fd_limit
 from ._watch import Watch
 
 if TYPE_CHECKING:
@@ -349,6 +349,8 @@ class ActorSystem:
             self.ipc_dir = tempfile.mkdtemp(prefix=f"tokenyard-{os.getpid()}-")
             self._guardian = _start_guardian(self.ipc_dir)
         try:
+            if self.options.transport == "ipc":
+                check_ipc_dir(self.ipc_dir)
             self._keys = self._resolve_keys()
             if self._keys is not None and role.owns_dir:
                 self._cookie = cookie_of(self._keys)  # the same on every node

@@ -186,6 +186,29 @@ def socket_stem(prefix: str, pid: int, nonce: str, n: int) -> str:
     return f"{prefix}{pid}-{nonce}-{n}"
 
 
+#: The longest socket file name `socket_stem` makes: the largest pid Linux gives
+#: (``pid_max`` at most 2**22), a station's nonce (8 hex digits) and a count of 10 digits.
+LONGEST_STEM = len(socket_stem("r", 2**22, "0" * 8, 10**9))
+
+
+def check_ipc_dir(directory: str) -> None:
+    """Refuse a system directory under which no socket file fits: an ipc path is at most
+    ``zmq.IPC_PATH_MAX_LEN`` bytes (the size of ``sockaddr_un.sun_path``, 107 on Linux).
+
+    Raises:
+        ProtocolError: Naming the temporary directory, which ``TMPDIR`` sets.
+    """
+    longest = len(os.fsencode(os.path.join(directory, "x" * LONGEST_STEM)))
+    limit = zmq.IPC_PATH_MAX_LEN
+    if limit and longest > limit:
+        parent = os.path.dirname(directory)
+        raise ProtocolError(
+            f"the temporary directory {parent!r} is too long for ipc sockets: their paths "
+            f"are at most {limit} bytes, and one under it takes {longest}; set TMPDIR to a "
+            f"directory at least {longest - limit} bytes shorter"
+        )
+
+
 def remove_sockets_of(directory: str, pid: int) -> None:
     """Remove every ipc socket file the dead process ``pid`` bound in ``directory`` (its
     system's; ``""``: none, tcp only): a process that ends by a signal cannot remove its

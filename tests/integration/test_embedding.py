@@ -11,6 +11,8 @@ import logging
 import math
 import os
 import signal
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,11 +28,13 @@ from runtime import (
     Cause,
     MailboxClosedError,
     MailboxFullError,
+    ProtocolError,
     Request,
     SpawnError,
     TokenyardError,
     handler,
 )
+from runtime._transport import LONGEST_STEM
 
 from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
 from ._scripts import run_script_to_end
@@ -355,6 +359,39 @@ class TestAnotherAsyncLibrary:
         anyio.run(main, backend="trio")
         (err,) = outcome
         assert "trio backend is not supported" in str(err)
+
+
+class TestATemporaryDirectoryTooLong:
+    async def test_a_system_refuses_it_naming_tmpdir_and_leaves_nothing(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Before, the first bind failed with libzmq's message about sun_path, after the
+        directory and its guardian were made."""
+        long = tmp_path / ("d" * 100)
+        long.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(long))
+        with pytest.raises(ProtocolError, match=r"too long for ipc sockets.*set TMPDIR"):
+            async with ActorSystem():
+                pass
+        assert list(long.iterdir()) == []
+
+    async def test_the_longest_it_lets_through_serves_a_process_actor(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # Every socket file a system and its children bind fits under the longest temporary
+        # directory the check lets through.
+        with tempfile.TemporaryDirectory(prefix="ty-") as base:
+            system_dir = len(f"/tokenyard-{os.getpid()}-") + 8  # mkdtemp's 8 characters
+            pad = zmq.IPC_PATH_MAX_LEN - len(base) - 1 - system_dir - 1 - LONGEST_STEM
+            long = Path(base) / ("d" * pad)
+            long.mkdir()
+            monkeypatch.setattr(tempfile, "tempdir", str(long))
+            async with ActorSystem() as system:
+                assert len(os.path.join(system.ipc_dir, "x" * LONGEST_STEM)) == 107
+                ref = await system.spawn(Echo, name="echo", start="spawn")
+                forked = await system.spawn(Echo, name="forked")
+                assert await ref.ask(Ping(n=1)) == Pong(n=1)
+                assert await forked.ask(Ping(n=2)) == Pong(n=2)
 
 
 def _fork_a_sender(refs: list[ActorRef[Any]]) -> tuple[int, int]:
