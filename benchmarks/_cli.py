@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -268,8 +269,21 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)
-    else:  # SIGINT ignored (a background job of a script): unwind all the same
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        return
+    # SIGINT ignored (a background job of a script, `nohup`): no runner installed its
+    # handler, so unwind all the same. Inside an event loop, from a callback of the loop,
+    # not from the task that runs now: it leaves run_forever, and the runner then cancels
+    # and awaits every task, where raised in a task it would be that task's exception only.
+    interrupt = KeyboardInterrupt(signal.Signals(signum).name)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise interrupt from None
+    loop.call_soon_threadsafe(_raise, interrupt)  # wakes a loop waiting in select()
+
+
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def main(argv: list[str] | None = None) -> int:
