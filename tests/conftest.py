@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import select
 import socket
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+import zmq
+
+from runtime import ActorRef
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
+
+    from runtime import ActorSystem
 
 
 def exits_within(pid: int, timeout: float) -> bool:
@@ -29,6 +35,20 @@ def exits_within(pid: int, timeout: float) -> bool:
         return bool(select.select([fd], [], [], timeout)[0])
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def unread_mailbox(system: ActorSystem, hwm: int = 10) -> Iterator[ActorRef[Any]]:
+    """A ref to a mailbox nobody reads: a bare PULL socket in ``system``'s directory, taking
+    ``hwm`` messages, then full for good (closed on the way out)."""
+    sock = system.station.ctx.socket(zmq.PULL)
+    try:
+        sock.setsockopt(zmq.RCVHWM, hwm)
+        path = os.path.join(system.ipc_dir, "stuck")
+        sock.bind(f"ipc://{path}")
+        yield ActorRef("stuck", f"ipc://{path}")
+    finally:
+        sock.close(0)
 
 
 def free_port() -> int:

@@ -35,6 +35,7 @@ from runtime import (
     handler,
 )
 from runtime._transport import LONGEST_STEM
+from tests.conftest import unread_mailbox
 
 from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
 from ._scripts import run_script_to_end
@@ -322,24 +323,17 @@ class TestATimeoutThatIsNotANumber:
 
     async def test_a_tell_waiting_on_a_full_mailbox_refuses_it(self) -> None:
         async with ActorSystem(hwm=10) as system:
-            sock = system.station.ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, 10)
-            path = os.path.join(system.ipc_dir, "stuck")
-            sock.bind(f"ipc://{path}")
-            stuck: ActorRef[Tick] = ActorRef("stuck", f"ipc://{path}")
+            with unread_mailbox(system) as stuck:
 
-            async def flood() -> None:
-                for i in range(1_000_000):
-                    await stuck.tell(Tick(n=i), timeout=0.2)
+                async def flood() -> None:
+                    for i in range(1_000_000):
+                        await stuck.tell(Tick(n=i), timeout=0.2)
 
-            try:
                 with anyio.fail_after(10):
                     with pytest.raises(MailboxFullError):
                         await flood()
                     with pytest.raises(ValueError, match=r"timeout=nan"):
                         await stuck.tell(Tick(n=-1), timeout=math.nan)
-            finally:
-                sock.close(0)
 
 
 class TestAnotherAsyncLibrary:

@@ -33,6 +33,7 @@ from runtime._protocol import (
     decode_header,
     encode_header,
 )
+from tests.conftest import unread_mailbox
 
 from ._actors import GetTraces, Relay, Traced, TraceRecorder
 
@@ -112,17 +113,12 @@ class TestOnTheWire:
 
     async def test_a_traced_tell_to_a_full_mailbox_waits_its_timeout_then_fails(self) -> None:
         async with ActorSystem(hwm=10, send_timeout=0.2, shutdown_timeout=0.3) as system:
-            sock = system.station.ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, 10)
-            path = os.path.join(system.ipc_dir, "stuck")
-            sock.bind(f"ipc://{path}")
-            stuck: ActorRef[Traced] = ActorRef("stuck", f"ipc://{path}")
+            with unread_mailbox(system) as stuck:
 
-            async def flood() -> None:
-                for i in range(1_000_000):
-                    await stuck.tell(Traced(n=i), trace=(PARENT,))
+                async def flood() -> None:
+                    for i in range(1_000_000):
+                        await stuck.tell(Traced(n=i), trace=(PARENT,))
 
-            try:
                 with pytest.raises(MailboxFullError, match=r"stayed full"):
                     await flood()
                 assert not stuck.try_tell(Traced(n=-1), trace=(PARENT,))
@@ -130,8 +126,6 @@ class TestOnTheWire:
                 with pytest.raises(MailboxFullError):
                     await stuck.tell(Traced(n=-1), trace=(PARENT,))
                 assert anyio.current_time() - started >= 0.2
-            finally:
-                sock.close(0)
 
 
 class TestFromAPeer:

@@ -41,6 +41,7 @@ from runtime._protocol import (
     trace_chars,
 )
 from runtime._transport import POLLIN, Outbox, ReadinessWaiter, TransportOptions
+from tests.conftest import unread_mailbox
 
 from ._messages import Counter, Ping, Point, Pong
 
@@ -75,18 +76,12 @@ class TestFullMailbox:
     async def test_a_tell_to_a_mailbox_that_stays_full_fails_after_its_timeout(self) -> None:
         # A bare socket never acknowledges the exit's flush: a short shutdown_timeout.
         async with ActorSystem(hwm=10, send_timeout=0.2, shutdown_timeout=0.3) as system:
-            # A mailbox nobody reads: a bare PULL socket in the system's directory.
-            sock = system.station.ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, 10)
-            path = os.path.join(system.ipc_dir, "stuck")
-            sock.bind(f"ipc://{path}")
-            stuck: ActorRef[Ping] = ActorRef("stuck", f"ipc://{path}")
+            with unread_mailbox(system) as stuck:
 
-            async def flood() -> None:
-                for i in range(1_000_000):
-                    await stuck.tell(Ping(n=i))
+                async def flood() -> None:
+                    for i in range(1_000_000):
+                        await stuck.tell(Ping(n=i))
 
-            try:
                 with pytest.raises(MailboxFullError, match=r"stayed full \(hwm=10\) for 0.2 s"):
                     await flood()
                 # The failing tell waited its whole timeout first.
@@ -94,8 +89,6 @@ class TestFullMailbox:
                 with pytest.raises(MailboxFullError):
                     await stuck.tell(Ping(n=-1))
                 assert anyio.current_time() - started >= 0.2
-            finally:
-                sock.close(0)
 
     async def test_a_tell_waiting_on_a_full_mailbox_goes_through_once_there_is_room(
         self,
