@@ -191,9 +191,28 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
     )
 
 
+def check(args: argparse.Namespace) -> str | None:
+    """Why ``--before`` cannot be profiled (``None``: it can), found before any suite runs:
+    a revision git does not know, or one without a ``runtime`` package."""
+    before: str | None = getattr(args, "before", None)
+    if not before:
+        return None
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{before}^{{commit}}:runtime"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if found.returncode != 0:
+        return f"--before {before}: git knows no commit of that name holding runtime/"
+    return None
+
+
 SUITE = Suite(
     name="profile",
     help="where a small tell's CPU time goes, part by part (and before a given commit)",
     run=run,
     options=OPTIONS,
+    check=check,
 )

@@ -700,6 +700,24 @@ class TestAll:
         assert "Traceback" not in err
         assert list(tmp_path.iterdir()) == []
 
+    @pytest.mark.parametrize("rev", ["no-such-revision", "0" * 40, "HEAD:docs"])
+    def test_a_before_revision_git_cannot_give_stops_all_before_the_first_suite(
+        self, fake_suites: FakeSuites, cli: Callable[..., tuple[int, str, str]], rev: str
+    ) -> None:
+        # Before, it failed at the profile suite's turn, after the suites ahead of it ran.
+        code, _, err = cli("all", "--before", rev)
+        assert code == 2
+        assert fake_suites.seen == {}
+        assert f"--before {rev}" in err
+        assert len(err.splitlines()) == 1
+
+    def test_a_before_revision_of_this_repository_runs(
+        self, fake_suites: FakeSuites, cli: Callable[..., tuple[int, str, str]]
+    ) -> None:
+        code, _, err = cli("profile", "--before", "HEAD")
+        assert (code, err) == (0, "")
+        assert fake_suites.seen["profile"].before == "HEAD"
+
     @pytest.mark.parametrize("where", ["a file", "a directory"])
     def test_an_unwritable_json_path_is_refused_before_anything_runs(
         self,
