@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
+import tempfile
 from typing import TYPE_CHECKING
 
 import msgspec
+import zmq
 from rich.console import Console
 
 from . import (
@@ -189,6 +192,8 @@ def run_suites(
         for name in names
         if (problem := SUITES[name].check(suite_args(args, SUITES[name])))
     ]
+    if (problem := temporary_directory_problem()) is not None:
+        problems.append(problem)
     if problems:
         raise CommandError("; ".join(problems))
     if args.json:
@@ -259,6 +264,27 @@ def plot(args: argparse.Namespace, console: Console) -> int:
     for path in paths:
         console.print(f"wrote {path}", markup=False)
     return 0
+
+
+#: The longest tail a suite puts after the temporary directory in an ipc socket's path: the
+#: dispatch suite's control socket, in its private directory (an actor system's directory
+#: and socket, under the runtime's own check, are shorter).
+IPC_TAIL = len(f"/tokenyard-bench-{'x' * 8}/sglang-{'9' * 20}-ctl")
+
+
+def temporary_directory_problem() -> str | None:
+    """Why the suites' ipc sockets cannot be bound under the temporary directory (``None``:
+    they can): their paths are at most ``zmq.IPC_PATH_MAX_LEN`` bytes (107 on Linux)."""
+    directory = tempfile.gettempdir()
+    longest = len(os.fsencode(directory)) + IPC_TAIL
+    limit = zmq.IPC_PATH_MAX_LEN
+    if not limit or longest <= limit:
+        return None
+    return (
+        f"the temporary directory {directory!r} is too long for the suites' ipc sockets "
+        f"(paths of at most {limit} bytes; theirs would take {longest}): set TMPDIR to a "
+        f"directory at least {longest - limit} bytes shorter"
+    )
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -700,6 +700,23 @@ class TestAll:
         assert "Traceback" not in err
         assert list(tmp_path.iterdir()) == []
 
+    def test_a_temporary_directory_too_long_for_ipc_sockets_stops_all_before_the_first_suite(
+        self,
+        fake_suites: FakeSuites,
+        cli: Callable[..., tuple[int, str, str]],
+        monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path,
+    ) -> None:
+        # Before, a suite failed at its turn with libzmq's "longer than 107 characters".
+        long = tmp_path / ("d" * 100)
+        long.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(long))
+        code, _, err = cli("all")
+        assert code == 2
+        assert fake_suites.seen == {}
+        assert "set TMPDIR" in err
+        assert len(err.splitlines()) == 1
+
     @pytest.mark.parametrize("rev", ["no-such-revision", "0" * 40, "HEAD:docs"])
     def test_a_before_revision_git_cannot_give_stops_all_before_the_first_suite(
         self, fake_suites: FakeSuites, cli: Callable[..., tuple[int, str, str]], rev: str
