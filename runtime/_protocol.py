@@ -454,7 +454,9 @@ class SpawnOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     Raises:
         ValueError: An option that the others rule out (``stall_timeout``, ``node`` or
-            ``inherit`` across hosts without ``process``...), naming the knob.
+            ``inherit`` across hosts without ``process``...), or a timeout that is NaN,
+            negative, or 0 where a wait is needed (``spawn_timeout``, ``stall_timeout``),
+            naming the knob.
     """
 
     process: bool = True
@@ -469,14 +471,23 @@ class SpawnOptions(msgspec.Struct, frozen=True, kw_only=True):
         self.check("")
 
     def check(self, where: str) -> None:
-        """Refuse options that rule each other out, each error starting with ``where``.
+        """Refuse options that rule each other out, and timeouts out of their bounds, each
+        error starting with ``where``.
 
         Raises:
             ValueError: As the class says.
         """
         stall, node = self.stall_timeout, self.node
-        if stall is not None and stall <= 0:
+        # NaN fails every comparison: each bound is written so that it is refused too (a
+        # NaN deadline raises in the event loop later, far from here, and a NaN stall
+        # timeout did so in the task that probes the child, ending the whole system).
+        if stall is not None and not stall > 0:
             raise ValueError(f"{where}stall_timeout={stall} must be positive (or None)")
+        spawn, shutdown = self.spawn_timeout, self.shutdown_timeout
+        if spawn is not None and not spawn > 0:
+            raise ValueError(f"{where}spawn_timeout={spawn} must be positive (or None)")
+        if shutdown is not None and not shutdown >= 0:
+            raise ValueError(f"{where}shutdown_timeout={shutdown} must be 0 or more (or None)")
         if self.process:
             if node is not None and self.inherit:
                 raise ValueError(f"{where}inherit= cannot cross to another host (node=...)")

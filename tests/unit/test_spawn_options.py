@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 from pathlib import Path
 
 import msgspec
@@ -127,6 +128,14 @@ class TestOptionsRuleEachOtherOut:
         ("options", "match"),
         [
             ({"stall_timeout": 0.0}, "must be positive"),
+            # NaN: the probe's deadline raised in the system's task group, ending the system.
+            ({"stall_timeout": math.nan}, "stall_timeout=nan must be positive"),
+            ({"spawn_timeout": math.nan}, "spawn_timeout=nan must be positive"),
+            ({"spawn_timeout": -1.0}, "spawn_timeout=-1.0 must be positive"),
+            ({"spawn_timeout": 0.0}, "spawn_timeout=0.0 must be positive"),
+            # NaN: the stop's deadline raised when the system closed, ending it with an error.
+            ({"shutdown_timeout": math.nan}, "shutdown_timeout=nan must be 0 or more"),
+            ({"shutdown_timeout": -1.0}, "shutdown_timeout=-1.0 must be 0 or more"),
             ({"stall_timeout": 1.0, "process": False}, "stall_timeout is for actor processes"),
             ({"node": "n", "process": False}, "node= starts a process on another host"),
             ({"node": "n", "inherit": (3,)}, "inherit= cannot cross to another host"),
