@@ -99,6 +99,12 @@ class ChildSpec(SpawnOptions, frozen=True, kw_only=False):
             raise TypeError(f"ChildSpec.actor must be an Actor class, got {self.actor!r}")
         if not self.name:
             msgspec.structs.force_setattr(self, "name", str(self.actor).rpartition(":")[2])
+        # A restart type given by its value ("transient") is that type, as it is once the
+        # spec has travelled to a supervisor's process; compared by identity, the string
+        # would have read as PERMANENT in this one.
+        msgspec.structs.force_setattr(
+            self, "restart", _enum(Restart, self.restart, f"ChildSpec {self.name!r}")
+        )
         self.check(f"ChildSpec {self.name!r}: ")
 
 
@@ -194,6 +200,11 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             window (doubled each time, with jitter of +/-50%); the first is immediate.
         backoff_max: Cap of that delay.
 
+    Raises:
+        ValueError: Two children share a name, a strategy that is none, or a number out of
+            its bounds (NaN included).
+        TypeError: ``max_restarts`` is not a whole number.
+
     Example:
         >>> sup = await system.spawn(
         ...     Supervisor,
@@ -213,10 +224,19 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         names = [c.name for c in children]
         if len(set(names)) != len(names):
             raise ValueError(f"child names must be unique under a supervisor: {names}")
-        if max_restarts < 0 or period <= 0:
+        # Each bound is written so that NaN, which fails every comparison, is refused too: a
+        # NaN backoff had the second restart of a child wait for ever, its supervisor's
+        # mailbox with it.
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int):
+            raise TypeError(f"max_restarts={max_restarts!r}: give a whole number of restarts")
+        if max_restarts < 0 or not period > 0:
             raise ValueError(f"max_restarts={max_restarts}, period={period}: need >= 0 and > 0")
+        if not backoff >= 0 or not backoff_max >= 0:
+            raise ValueError(f"backoff={backoff}, backoff_max={backoff_max}: need >= 0 seconds")
         self.entries = [_Entry(spec) for spec in children]
-        self.strategy = strategy
+        # By its value too ("one_for_all"), as in a supervisor's own process; compared by
+        # identity, a string read as REST_FOR_ONE in this one.
+        self.strategy = _enum(Strategy, strategy, "strategy")
         self.max_restarts = max_restarts
         self.period = period
         self.backoff = backoff
@@ -433,6 +453,22 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
     def which_children(self, msg: WhichChildren) -> Children:
         """The live incarnation of each child."""
         return Children(refs={e.spec.name: e.ref for e in self.entries})
+
+
+_Enum = TypeVar("_Enum", bound=enum.Enum)
+
+
+def _enum(kind: type[_Enum], value: object, where: str) -> _Enum:
+    """``value`` as a member of ``kind``: a member, or a member's value.
+
+    Raises:
+        ValueError: It is neither, naming ``where`` and the choices.
+    """
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(m.name for m in kind)
+        raise ValueError(f"{where}: {value!r} is not a {kind.__name__} ({choices})") from None
 
 
 def _count_in_window(times: deque[float], period: float) -> int:

@@ -3,6 +3,7 @@ how an exit status (and the cgroup's OOM-kill counter) becomes a ``Down`` reason
 
 from __future__ import annotations
 
+import math
 import random
 import signal
 import time
@@ -18,7 +19,9 @@ from runtime import (
     ChildSpec,
     GetSupervisorStatistics,
     Message,
+    Restart,
     RestartIntensityError,
+    Strategy,
     Supervisor,
     handler,
 )
@@ -133,6 +136,40 @@ class TestIntensity:
         sup._count_restart("idle")
         assert len(sup.intensity) == 2
         assert sup.statistics(GetSupervisorStatistics()).intensity_exceeded == 0
+
+
+class TestArgumentsAreCheckedWhereTheyAreGiven:
+    @pytest.mark.parametrize(
+        ("knobs", "error", "match"),
+        [
+            # NaN: the second restart of a child waited for ever, and the supervisor with it.
+            ({"backoff": math.nan}, ValueError, "backoff=nan"),
+            ({"backoff": -1.0}, ValueError, "backoff=-1.0"),
+            ({"backoff_max": math.nan}, ValueError, "backoff_max=nan"),
+            ({"backoff_max": -1.0}, ValueError, "backoff_max=-1.0"),
+            ({"period": math.nan}, ValueError, "period=nan"),
+            ({"max_restarts": math.nan}, TypeError, "max_restarts=nan"),
+            ({"max_restarts": 1.5}, TypeError, "max_restarts=1.5"),
+            ({"strategy": "one_for_none"}, ValueError, "'one_for_none' is not a Strategy"),
+        ],
+    )
+    def test_a_supervisor_refuses_knobs_out_of_their_bounds(
+        self, knobs: dict[str, Any], error: type[Exception], match: str
+    ) -> None:
+        with pytest.raises(error, match=match):
+            Supervisor([ChildSpec(Idle, name="idle")], **knobs)
+
+    def test_a_strategy_or_restart_type_given_by_its_value_is_that_one(self) -> None:
+        # As in a supervisor's own process, where the arguments arrive decoded: compared by
+        # identity, "one_for_all" read as REST_FOR_ONE here, and "transient" as PERMANENT.
+        sup: Supervisor[Any] = Supervisor(
+            [ChildSpec(Idle, name="idle", restart="transient")],  # type: ignore[arg-type]
+            strategy="one_for_all",  # type: ignore[arg-type]
+        )
+        assert sup.strategy is Strategy.ONE_FOR_ALL
+        assert sup.entries[0].spec.restart is Restart.TRANSIENT
+        with pytest.raises(ValueError, match="ChildSpec 'idle': 'sometimes' is not a Restart"):
+            ChildSpec(Idle, name="idle", restart="sometimes")  # type: ignore[arg-type]
 
 
 class Cgroup:
