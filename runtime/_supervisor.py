@@ -340,7 +340,21 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
 
     @handler
     async def down(self, msg: Down) -> None:
-        """A child died: restart what the strategy says, or fail past the intensity."""
+        """A child died: restart what the strategy says, or fail past the intensity.
+
+        A hook that raises here (``on_child_died``, ``on_restart_failed``) makes the
+        supervisor give up with its error: a handler's error fails only its message, and this
+        message is a death, so the child would otherwise stay down, unsupervised, under a
+        supervisor that looks healthy.
+        """
+        try:
+            await self._handle_down(msg)
+        except Exception as err:
+            if not self.stopping:
+                logger.exception("%s: handling the death of %s raised", self.ref.name, msg.ref)
+                await self.give_up(err)
+
+    async def _handle_down(self, msg: Down) -> None:
         index = next(
             (i for i, e in enumerate(self.entries) if e.ref is not None and e.ref == msg.ref),
             None,

@@ -21,6 +21,7 @@ from runtime import (
     ActorSystem,
     Children,
     ChildSpec,
+    Down,
     GetSupervisorStatistics,
     Restart,
     Strategy,
@@ -630,6 +631,51 @@ class TestFailedRestarts:
             assert "the registry is gone" in reason
             assert [name for name, _ in fail.failed] == ["w", "w"]
             assert len(fail.starts) == 3  # the first start and the two failed attempts
+
+
+class DiedHookRaises(Supervisor[Any]):
+    """Its ``on_child_died`` raises, as a hook that publishes a death to a gone registry
+    would."""
+
+    async def on_child_died(self, name: str, down: Down) -> None:
+        raise ActorDeadError("the registry is gone")
+
+
+class RestartFailedHookRaises(HookFails):
+    """A `HookFails` whose ``on_restart_failed`` raises too."""
+
+    async def on_restart_failed(self, name: str, error: Exception) -> None:
+        raise RuntimeError(f"cannot count the failure of {name}")
+
+
+class TestHooksThatRaise:
+    """A handler's error fails its message only; a supervisor's message here is a death, so
+    the dead child stayed down for good under a supervisor that looked healthy (no restart,
+    no Down of its own). Now the supervisor gives up with the hook's error."""
+
+    async def test_an_on_child_died_that_raises_fails_the_supervisor(self) -> None:
+        children = [ChildSpec(Worker, name="w", process=False), ChildSpec(Worker, name="other")]
+        async with ActorSystem() as system:
+            sup = await system.spawn(DiedHookRaises, children, process=False)
+            worker, other = await system.lookup("w"), await system.lookup("other")
+            sup_down, other_down = system.watch(sup), system.watch(other)
+            await worker.tell(Crash())
+            with anyio.fail_after(20):
+                reason = (await sup_down).reason
+                assert (await other_down).normal  # stopped by the supervisor, gracefully
+            assert reason == "exception: runtime.ActorDeadError: the registry is gone"
+
+    async def test_an_on_restart_failed_that_raises_fails_the_supervisor(self) -> None:
+        fail = FailOnce()
+        async with ActorSystem() as system:
+            sup, first = await hook_fails(system, fail, RestartFailedHookRaises)
+            fail.failures = 1_000
+            down = system.watch(sup)
+            await first.tell(Crash())
+            with anyio.fail_after(20):
+                reason = (await down).reason
+            assert reason == "exception: builtins.RuntimeError: cannot count the failure of w"
+            assert len(fail.starts) == 2  # the first start and the one failed attempt
 
 
 class TestWatchesAndOwners:
