@@ -475,8 +475,21 @@ class SpawnOptions(msgspec.Struct, frozen=True, kw_only=True):
         error starting with ``where``.
 
         Raises:
+            TypeError: An option of another type than its own (``process="no"``,
+                ``kwargs=None`` of a `ChildSpec`), naming it.
             ValueError: As the class says.
         """
+        # Not checked by the constructor (msgspec checks types when it decodes only): a
+        # wrong one failed later, a ChildSpec's at each of its restarts. ``start`` is
+        # checked where it is used, naming the methods this platform has (check_start).
+        for info in msgspec.structs.fields(self):
+            if info.name == "start":
+                continue
+            value = getattr(self, info.name)
+            try:
+                msgspec.convert(value, info.type, strict=True)
+            except msgspec.ValidationError as err:
+                raise TypeError(f"{where}{info.name}={value!r}: {err}") from None
         stall, node = self.stall_timeout, self.node
         # NaN fails every comparison: each bound is written so that it is refused too (a
         # NaN deadline raises in the event loop later, far from here, and a NaN stall

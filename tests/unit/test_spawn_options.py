@@ -147,6 +147,43 @@ class TestOptionsRuleEachOtherOut:
         with pytest.raises(ValueError, match=f"ChildSpec 'c': .*{match}"):
             ChildSpec("m:C", name="c", **options)  # type: ignore[arg-type]
 
+    @pytest.mark.parametrize(
+        ("options", "match"),
+        [
+            ({"process": "no"}, r"process='no': Expected `bool`"),
+            ({"spawn_timeout": "5"}, r"spawn_timeout='5': Expected `float \| null`"),
+            ({"inherit": (3, "4")}, r"inherit=\(3, '4'\): Expected `int`"),
+            ({"node": 5}, r"node=5: Expected `str \| array \| null`"),
+        ],
+    )
+    def test_an_option_of_another_type_is_refused_naming_it(
+        self, options: dict[str, object], match: str
+    ) -> None:
+        # msgspec checks a struct's types when it decodes it only: before, `spawn` went on
+        # with process='no' (truthy), and a ChildSpec's failed at each restart.
+        with pytest.raises(TypeError, match=match):
+            SpawnOptions.take(options)
+        with pytest.raises(TypeError, match=f"ChildSpec 'c': {match}"):
+            ChildSpec("m:C", name="c", **options)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        ("fields", "match"),
+        [
+            ({"kwargs": None}, r"kwargs=None: Expected `object`, got `null`"),
+            ({"args": 5}, r"args=5: Expected `array`"),
+            ({"kwargs": {1: "x"}}, r"kwargs=\{1: 'x'\}: Expected `str`"),
+        ],
+    )
+    def test_a_child_spec_field_of_another_type_is_refused(
+        self, fields: dict[str, object], match: str
+    ) -> None:
+        with pytest.raises(TypeError, match=f"ChildSpec 'c': {match}"):
+            ChildSpec("m:C", name="c", **fields)  # type: ignore[arg-type]
+
+    def test_what_a_user_writes_for_a_sequence_or_a_number_is_taken(self) -> None:
+        spec = ChildSpec("m:C", name="c", args=[1, 2], inherit=[3], spawn_timeout=5)  # type: ignore[arg-type]
+        assert spec.spawn_timeout == 5
+
     def test_none_is_filled_in_from_the_defaults_and_nothing_else(self) -> None:
         defaults = SpawnOptions(spawn_timeout=30.0, shutdown_timeout=5.0, start="spawn")
         given = SpawnOptions(shutdown_timeout=1.0, stall_timeout=2.0)
