@@ -114,7 +114,8 @@ class SupervisorStatistics(Message):
     Attributes:
         started: Child starts (first starts and restarts).
         died: Child deaths seen (deliberate stops for a restart excluded).
-        restarted: Restarts done.
+        restarted: Children restarted, each counted: a restart of three children under
+            ``ONE_FOR_ALL`` counts 3 (the restart intensity counts it once).
         intensity_exceeded: Times the restart intensity was exceeded (then it failed).
         last_restart_ms: How long the last restart took, death seen to child ready.
         children: Names of the children, in start order.
@@ -330,7 +331,11 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         failures and `give_up` when another attempt cannot help."""
 
     def child(self, name: str) -> ActorRef[Any] | None:
-        """The live incarnation of the child ``name`` (None while it is down)."""
+        """The live incarnation of the child ``name`` (None while it is down).
+
+        Raises:
+            KeyError: This supervisor has no child of that name.
+        """
         for entry in self.entries:
             if entry.spec.name == name:
                 return entry.ref
