@@ -516,7 +516,9 @@ class Station:
         """Send a handler's return value back to an asker.
 
         Raises:
-            ProtocolError: ``result`` is not a ``Message`` (or ``None``), or too large.
+            ProtocolError: ``result`` is not a ``Message`` (or ``None``), cannot be encoded
+                (a field holding a type msgspec does not know, an int outside 64 bits), or
+                is too large.
         """
         if not header.reply_to:
             return
@@ -525,7 +527,13 @@ class Station:
                 f"a handler returned {type(result).__name__}; handlers return a Message or None"
             )
         body_type = "" if result is None else type_path(type(result))
-        frames = (self.header(Kind.REPLY, header.corr, body_type), _encode(result))
+        try:
+            body = _encode(result)
+        except (TypeError, msgspec.EncodeError, OverflowError, RecursionError) as err:
+            raise ProtocolError(
+                f"a handler returned a {type(result).__name__} that msgspec cannot encode: {err}"
+            ) from err
+        frames = (self.header(Kind.REPLY, header.corr, body_type), body)
         if not self.outbox.try_send_frames(header.reply_to, frames):
             await self.outbox.send_frames(header.reply_to, frames, timeout)
 

@@ -42,6 +42,16 @@ class BadReturn(Request[Any]):
     """Answered with a value that is not a message (a protocol error)."""
 
 
+class Opaque(Message):
+    """A reply whose field holds anything, encodable or not."""
+
+    value: Any = None
+
+
+class AskOpaque(Request[Opaque]):
+    """Answered with an `Opaque` holding an object msgspec cannot encode."""
+
+
 class Counter(Actor[Ping | Point | AskSelf | BadReturn]):
     """Counts pings; misbehaves on demand."""
 

@@ -19,7 +19,7 @@ from runtime import (
 from runtime._actor import handler_table
 from runtime._cell import Cell
 
-from ._messages import AskSelf, BadReturn, Counter, Other, Ping, Point, Pong
+from ._messages import AskOpaque, AskSelf, BadReturn, Counter, Opaque, Other, Ping, Point, Pong
 
 
 class TestHandlerDiscovery:
@@ -131,6 +131,24 @@ class TestInProcessActors:
             with pytest.raises(RemoteActorError) as info:
                 await ref.ask(BadReturn())
             assert info.value.type_name == "runtime.ProtocolError"
+
+    async def test_a_reply_msgspec_cannot_encode_fails_the_ask_not_the_actor(self) -> None:
+        class Leaky(Actor[AskOpaque | Ping]):
+            @handler
+            def opaque(self, msg: AskOpaque) -> Opaque:
+                return Opaque(value=object())
+
+            @handler
+            def ping(self, msg: Ping) -> Pong:
+                return Pong(n=msg.n + 1)
+
+        async with ActorSystem() as system:
+            ref = await system.spawn(Leaky, process=False)
+            with pytest.raises(RemoteActorError, match="cannot encode") as info:
+                await ref.ask(AskOpaque(), timeout=5)
+            assert info.value.type_name == "runtime.ProtocolError"
+            assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=2)
+            assert not system.is_dead(ref)
 
     async def test_an_actor_without_handlers_cannot_be_spawned(self) -> None:
         class Mute(Actor[Any]):
