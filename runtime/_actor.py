@@ -96,6 +96,11 @@ def _message_types(
     params = list(inspect.signature(fn).parameters.values())[1:]
     if len(params) != 1:
         raise TypeError(f"{klass.__qualname__}.{attr}: a handler takes exactly one message")
+    if params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise TypeError(
+            f"{klass.__qualname__}.{attr}: the message is passed positionally; make "
+            f"{params[0].name!r} a plain parameter (not keyword-only, *args or **kwargs)"
+        )
     annotation = hints.get(params[0].name)
     found = _members(annotation)
     if not found or not all(isinstance(t, type) and issubclass(t, Message) for t in found):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
@@ -20,6 +21,21 @@ from runtime._actor import handler_table
 from runtime._cell import Cell
 
 from ._messages import AskOpaque, AskSelf, BadReturn, Counter, Opaque, Other, Ping, Point, Pong
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _keyword_only(self: object, *, msg: Ping) -> Pong:
+    return Pong(n=1)
+
+
+def _star_args(self: object, *msg: Ping) -> Pong:
+    return Pong(n=1)
+
+
+def _star_kwargs(self: object, **msg: Ping) -> Pong:
+    return Pong(n=1)
 
 
 class TestHandlerDiscovery:
@@ -46,6 +62,14 @@ class TestHandlerDiscovery:
             class Untyped(Actor[Any]):
                 @handler
                 def a(self, msg: int) -> None: ...
+
+    @pytest.mark.parametrize("method", [_keyword_only, _star_args, _star_kwargs])
+    def test_a_handler_whose_message_is_not_positional_is_refused(
+        self, method: Callable[..., Pong]
+    ) -> None:
+        # The cell calls fn(msg): each of these would fail (or get a tuple) for every message.
+        with pytest.raises(TypeError, match="passed positionally"):
+            types.new_class("Bad", (Actor[Ping],), {}, lambda ns: ns.update(a=handler(method)))
 
     def test_a_subclass_inherits_and_extends_handlers(self) -> None:
         class More(Counter):
