@@ -61,6 +61,8 @@ def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
         TypeError: A handler's parameter is not annotated with Message subclasses, two
             handlers claim the same type, a handler of a ``Request[R]`` does not return
             ``R``, or a message type the class declares has no handler.
+        NameError: A handler's annotation names a type that is not defined in its module
+            (yet: `Actor.__init_subclass__` lets this pass, for types defined further down).
     """
     table = _tables.get(cls)
     if table is not None:
@@ -70,7 +72,16 @@ def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
         for attr, fn in vars(klass).items():
             if not isinstance(fn, types.FunctionType) or fn not in _marked:
                 continue
-            hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
+            try:
+                hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
+            except NameError as err:
+                raise NameError(
+                    f"{klass.__qualname__}.{attr}: cannot resolve its annotations ({err}) in "
+                    f"module {fn.__module__}: define the types a handler names at module level "
+                    "(with `from __future__ import annotations` an annotation is a string, "
+                    "looked up in the module, not in a function that defined the type)",
+                    name=err.name,
+                ) from err
             for msg_type in _message_types(klass, attr, fn, hints):
                 other = table.get(msg_type)
                 if other is not None and other[0] != attr:

@@ -11,6 +11,7 @@ import pytest
 from runtime import (
     Actor,
     ActorSystem,
+    Message,
     ProtocolError,
     RemoteActorError,
     SpawnError,
@@ -173,6 +174,20 @@ class TestInProcessActors:
             assert info.value.type_name == "runtime.ProtocolError"
             assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=2)
             assert not system.is_dead(ref)
+
+    async def test_a_message_defined_in_a_function_is_named_at_spawn(self) -> None:
+        # Under `from __future__ import annotations` (as here) the annotation is a string that
+        # only the module's namespace can resolve: the class defines, its spawn cannot.
+        class Local(Message):
+            n: int
+
+        class UsesLocal(Actor[Local]):
+            @handler
+            def local(self, msg: Local) -> None: ...
+
+        async with ActorSystem() as system:
+            with pytest.raises(NameError, match=r"UsesLocal\.local: .*'Local'.*module level"):
+                await system.spawn(UsesLocal, process=False)
 
     async def test_an_actor_without_handlers_cannot_be_spawned(self) -> None:
         class Mute(Actor[Any]):
