@@ -164,6 +164,22 @@ def _fits(returned: Any, expected: Any) -> bool:
     return True
 
 
+def reply_classes(msg_type: type[Message]) -> tuple[type, ...] | None:
+    """The classes a reply to ``msg_type`` may be an instance of, for a check at run time;
+    ``None`` when it is not a request, or names a reply no class test can check (``Any``,
+    a type variable)."""
+    expected = reply_type(msg_type)
+    if expected is NotImplemented or expected is Any:
+        return None
+    classes: list[type] = []
+    for member in _members_or_none(expected):
+        origin = type(None) if member is None else typing.get_origin(member) or member
+        if not isinstance(origin, type):
+            return None
+        classes.append(origin)
+    return tuple(classes)
+
+
 def _members_or_none(annotation: Any) -> list[Any]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return list(typing.get_args(annotation))

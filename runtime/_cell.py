@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._actor import handler_table
+from ._actor import handler_table, reply_classes
 from ._codec import MailboxDecoder
 from ._context import TraceSlot, handling_address, open_trace_slot
 from ._errors import ProtocolError, TokenyardError, sole_error
@@ -96,6 +96,9 @@ class Cell:
         self._handlers: _Handlers = {
             t: (getattr(actor, name), is_async) for t, (name, is_async) in table.items()
         }
+        #: Per request type: the classes its reply may be (`reply_classes`), checked before
+        #: it is sent, so an asker of a ``Request[R]`` gets an ``R`` or an error.
+        self._replies = {t: reply_classes(t) for t in table}
         self._errors = Throttle(logger)
         #: Handler times: a power-of-two histogram of nanoseconds (`runtime._metrics`).
         self._clock: Callable[[], int] | None = time.perf_counter_ns if ENABLED else None
@@ -365,6 +368,17 @@ class Cell:
             return
         finally:
             self._trace.trace = ()
+        allowed = self._replies[type(msg)]
+        if allowed is not None and not isinstance(result, allowed):
+            names = " | ".join("None" if c is type(None) else c.__qualname__ for c in allowed)
+            wrong = ProtocolError(
+                f"the handler of {type(msg).__qualname__} returned {type(result).__qualname__}, "
+                f"but {type(msg).__qualname__} is a request answered with {names}"
+            )
+            self.mailbox.fail()
+            self._errors.error("%s: %s", self.mailbox.actor_name, wrong)
+            await self._reply_error(header, ErrorBody.of(wrong))
+            return
         await self._reply(header, result)
 
     async def _reply(self, header: Header, result: object) -> None:

@@ -189,6 +189,25 @@ class TestInProcessActors:
             with pytest.raises(NameError, match=r"UsesLocal\.local: .*'Local'.*module level"):
                 await system.spawn(UsesLocal, process=False)
 
+    @pytest.mark.parametrize("wrong", [Other(text="not a pong"), None])
+    async def test_a_reply_of_another_type_than_the_request_names_fails_the_ask(
+        self, wrong: Other | None
+    ) -> None:
+        # The class check reads annotations only; what the handler returns is checked when
+        # it answers, so `ask` of a Request[Pong] gives a Pong or an error, never an Other.
+        class Liar(Actor[Ping]):
+            @handler
+            def ping(self, msg: Ping) -> Pong:
+                return Pong(n=msg.n) if msg.n else wrong  # type: ignore[return-value]
+
+        async with ActorSystem() as system:
+            ref = await system.spawn(Liar, process=False)
+            with pytest.raises(RemoteActorError, match="a request answered with Pong") as info:
+                await ref.ask(Ping(n=0), timeout=5)
+            assert info.value.type_name == "runtime.ProtocolError"
+            assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=1)
+            assert (await system.statistics(ref)).failed == 1
+
     async def test_an_actor_without_handlers_cannot_be_spawned(self) -> None:
         class Mute(Actor[Any]):
             pass
