@@ -58,7 +58,10 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
         Raises:
             MailboxFullError: The mailbox stayed full for ``timeout`` seconds.
             ActorDeadError: This incarnation is known to be dead.
-            ProtocolError: ``trace`` is over its bounds.
+            ProtocolError: ``trace`` is over its bounds, or the message is larger than
+                ``max_message_size``.
+            TypeError: msgspec cannot encode ``msg`` (a field of a type it does not
+                know, an int outside 64 bits).
             ValueError: ``timeout`` is NaN (refused when the tell would wait).
         """
         station = current_station()
@@ -78,7 +81,10 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
 
         Raises:
             ActorDeadError: This incarnation is known to be dead.
-            ProtocolError: ``trace`` is over its bounds.
+            ProtocolError: ``trace`` is over its bounds, or the message is larger than
+                ``max_message_size``.
+            TypeError: msgspec cannot encode ``msg`` (a field of a type it does not
+                know, an int outside 64 bits).
         """
         return current_station().try_tell(self, msg, trace) is None
 
@@ -97,7 +103,10 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             AskTimeoutError: No reply within ``timeout`` seconds.
             RemoteActorError: The handler raised; carries the remote type, text, traceback.
             ActorDeadError: The actor died before replying.
-            ProtocolError: ``trace`` is over its bounds.
+            ProtocolError: ``trace`` is over its bounds, or the message is larger than
+                ``max_message_size``.
+            TypeError: msgspec cannot encode ``msg`` (a field of a type it does not
+                know, an int outside 64 bits).
             ValueError: ``timeout`` is NaN.
         """
         reply: R = await current_station().ask(self, msg, timeout, trace)

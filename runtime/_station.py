@@ -107,6 +107,21 @@ def _succeeded(future: asyncio.Future[Any]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
+#: What msgspec raises for a value it cannot encode: a type it does not know, an int outside
+#: 64 bits, nesting past the recursion limit.
+_UNENCODABLE = (TypeError, msgspec.EncodeError, OverflowError, RecursionError)
+
+
+def _unencodable(msg: object, err: Exception) -> TypeError:
+    """The error for a message msgspec cannot encode, naming its type (msgspec's own names
+    only the value's)."""
+    return TypeError(
+        f"{type(msg).__qualname__} cannot be sent: msgspec cannot encode it ({err}); a "
+        "message's fields hold msgspec values (str, int within 64 bits, float, bytes, "
+        "lists, dicts, structs, ...)"
+    )
+
+
 def _unreadable(future: asyncio.Future[Any], err: Exception) -> None:
     """Fail ``future`` at once when its reply does not decode: the asker is told, not left
     waiting (the caller raises the error on, to be counted as a rejection)."""
@@ -262,7 +277,10 @@ class Station:
             self._learn(ref)
         if self._dead and address in self._dead:
             self.deaths.check_alive(ref)
-        body = _encode(msg)
+        try:
+            body = _encode(msg)
+        except _UNENCODABLE as err:
+            raise _unencodable(msg, err) from err
         # Coalesced only to a mailbox a node started (its ref names it): one of this system.
         coalesce = bool(ref.owner)
         if trace:
@@ -362,7 +380,11 @@ class Station:
             )
         corr, future = self.new_request(ref.address)
         try:
-            frames = (self.header(Kind.ASK, corr, trace=trace), _encode(msg))
+            try:
+                body = _encode(msg)
+            except _UNENCODABLE as err:
+                raise _unencodable(msg, err) from err
+            frames = (self.header(Kind.ASK, corr, trace=trace), body)
             if not self.outbox.try_send_frames(ref.address, frames):
                 await self.outbox.send_frames(
                     ref.address, frames, timeout, lambda: self.deaths.check_alive(ref)
@@ -529,7 +551,7 @@ class Station:
         body_type = "" if result is None else type_path(type(result))
         try:
             body = _encode(result)
-        except (TypeError, msgspec.EncodeError, OverflowError, RecursionError) as err:
+        except _UNENCODABLE as err:
             raise ProtocolError(
                 f"a handler returned a {type(result).__name__} that msgspec cannot encode: {err}"
             ) from err

@@ -208,6 +208,17 @@ class TestInProcessActors:
             assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=1)
             assert (await system.statistics(ref)).failed == 1
 
+    async def test_a_message_msgspec_cannot_encode_is_refused_naming_its_type(self) -> None:
+        async with ActorSystem() as system:
+            ref: Any = await system.spawn(Counter, process=False)
+            with pytest.raises(TypeError, match=r"Opaque cannot be sent: .*object"):
+                await ref.tell(Opaque(value=object()))
+            with pytest.raises(TypeError, match=r"Opaque cannot be sent"):
+                ref.try_tell(Opaque(value=object()))
+            with pytest.raises(TypeError, match=r"Ping cannot be sent: .*2\*\*64"):
+                await ref.ask(Ping(n=2**70), timeout=5)
+            assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=2)
+
     async def test_an_actor_without_handlers_cannot_be_spawned(self) -> None:
         class Mute(Actor[Any]):
             pass
