@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import threading
+import types
 import typing
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -112,29 +113,56 @@ def encode_arguments(
 def decode_arguments(
     cls: type, args: Sequence[msgspec.Raw], kwargs: Mapping[str, msgspec.Raw]
 ) -> tuple[list[Any], dict[str, Any]]:
-    """Decode spawn arguments with the types ``cls.__init__`` annotates, where it does."""
+    """Decode spawn arguments with the types ``cls.__init__`` annotates, where it does.
+
+    Raises:
+        TypeError: An argument does not decode as the type its parameter is annotated with,
+            naming the parameter.
+    """
     init: Any = cls.__init__  # type: ignore[misc]
-    try:
-        hints = typing.get_type_hints(init)
-    except Exception:  # noqa: BLE001 - an unresolvable annotation means: decode untyped
-        hints = {}
+    hints = _init_hints(init)
     params = [
         p
         for p in list(inspect.signature(init).parameters.values())[1:]
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
 
-    def decode(raw: msgspec.Raw, hint: Any) -> Any:
+    def decode(raw: msgspec.Raw, name: str | None) -> Any:
+        hint = hints.get(name) if name is not None else None
         if hint is None:
             return msgspec.msgpack.decode(raw)
-        return msgspec.msgpack.decode(raw, type=hint)
+        try:
+            return msgspec.msgpack.decode(raw, type=hint)
+        except msgspec.ValidationError as err:
+            raise TypeError(
+                f"argument {name!r} of {cls.__qualname__} does not decode as its annotation "
+                f"{_type_name(hint)}: {err}"
+            ) from err
 
     out_args = [
-        decode(raw, hints.get(params[i].name) if i < len(params) else None)
-        for i, raw in enumerate(args)
+        decode(raw, params[i].name if i < len(params) else None) for i, raw in enumerate(args)
     ]
-    out_kwargs = {k: decode(raw, hints.get(k)) for k, raw in kwargs.items()}
+    out_kwargs = {k: decode(raw, k) for k, raw in kwargs.items()}
     return out_args, out_kwargs
+
+
+def _init_hints(init: Any) -> dict[str, Any]:
+    """The resolved annotations of ``__init__``, each on its own: one that names a type not
+    defined at run time (imported under ``TYPE_CHECKING`` only) leaves that parameter
+    untyped, not all of them."""
+    with contextlib.suppress(Exception):  # one unresolvable: resolve them one by one below
+        return typing.get_type_hints(init)
+    hints: dict[str, Any] = {}
+    globalns = getattr(init, "__globals__", {})
+    for name, annotation in getattr(init, "__annotations__", {}).items():
+        one = types.SimpleNamespace(__annotations__={name: annotation})
+        with contextlib.suppress(Exception):  # unresolvable: decode this one untyped
+            hints[name] = typing.get_type_hints(one, globalns)[name]
+    return hints
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__qualname__", None) or str(hint)
 
 
 def main_reference(cls: type) -> str:

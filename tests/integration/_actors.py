@@ -6,10 +6,14 @@ import os
 import resource
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import anyio
 
 from runtime import Actor, ActorRef, Message, Request, current_trace, handler, metrics
+
+if TYPE_CHECKING:
+    from decimal import Decimal
 
 
 class Ping(Request["Pong"]):
@@ -496,3 +500,23 @@ class MeteredWithChild(Metered):
     async def on_start(self) -> None:
         await super().on_start()
         await self.system.spawn(Echo, name=f"{self.ref.name}-child", process=False)
+
+
+class Kinds(Message):
+    names: list[str]
+
+
+class GetKinds(Request[Kinds]):
+    pass
+
+
+class ArgumentKinds(Actor[GetKinds]):
+    """Reports the types its constructor's arguments arrived as; ``price`` names a type
+    imported for the type checker only, which the child cannot resolve."""
+
+    def __init__(self, count: Count, pair: tuple[int, int], price: Decimal | None = None) -> None:
+        self.names = [type(count).__name__, type(pair).__name__, type(price).__name__]
+
+    @handler
+    def kinds(self, msg: GetKinds) -> Kinds:
+        return Kinds(names=self.names)

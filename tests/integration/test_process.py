@@ -33,6 +33,7 @@ from runtime._protocol import Header, Kind, encode_header
 from tests.conftest import actor_pids
 
 from ._actors import (
+    ArgumentKinds,
     BadStart,
     Collector,
     Count,
@@ -46,6 +47,7 @@ from ._actors import (
     Fragile,
     Gathered,
     GetCount,
+    GetKinds,
     Ping,
     Pong,
     Slow,
@@ -198,6 +200,23 @@ class TestFailures:
             assert await (await system.spawn(Echo, 2**63 - 1, name="echo")).ask(Ping(n=1)) == Pong(
                 n=2**63 - 1
             )
+
+    async def test_a_spawn_argument_of_another_type_than_annotated_is_named(self) -> None:
+        async with ActorSystem() as system:
+            with pytest.raises(
+                SpawnError, match=r"argument 'factor' of Echo does not decode as .*int"
+            ):
+                await system.spawn(Echo, "three", name="echo")
+            with pytest.raises(SpawnError, match=r"argument 'factor' of Echo does not decode"):
+                await system.spawn(Echo, factor=[3], name="echo")
+
+    async def test_one_unresolvable_annotation_leaves_the_other_arguments_typed(self) -> None:
+        # `price` is annotated with a type imported under TYPE_CHECKING: the child cannot
+        # resolve it, and that alone used to make every argument arrive untyped (a dict, a
+        # list).
+        async with ActorSystem() as system:
+            ref = await system.spawn(ArgumentKinds, Count(n=1), (1, 2))
+            assert (await ref.ask(GetKinds())).names == ["Count", "tuple", "NoneType"]
 
     async def test_an_on_start_failure_is_a_spawn_error_with_the_remote_text(self) -> None:
         async with ActorSystem() as system:
