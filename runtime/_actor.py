@@ -72,6 +72,10 @@ def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
         for attr, fn in vars(klass).items():
             if not isinstance(fn, types.FunctionType) or fn not in _marked:
                 continue
+            # A handler redefined in a subclass handles what its own annotation says, no
+            # longer what the parent's did.
+            for inherited in [t for t, (name, _) in table.items() if name == attr]:
+                del table[inherited]
             try:
                 hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
             except NameError as err:
@@ -90,7 +94,17 @@ def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
                         f"{msg_type.__qualname__}; one message type has one handler"
                     )
                 _check_reply(klass, attr, msg_type, hints)
-                table[msg_type] = (attr, inspect.iscoroutinefunction(fn))
+                table[msg_type] = (attr, False)
+    # Whether to await: the method the class ends up with says, which may be a subclass's
+    # override of an inherited handler (``async def`` where the parent's was ``def``).
+    for msg_type, (attr, _) in table.items():
+        method = getattr(cls, attr)
+        if not callable(method):
+            raise TypeError(
+                f"{cls.__qualname__}.{attr} is the handler of {msg_type.__qualname__} but is "
+                f"overridden with {method!r}, which cannot be called"
+            )
+        table[msg_type] = (attr, inspect.iscoroutinefunction(method))
     missing = [t.__qualname__ for t in declared_messages(cls) if t not in table]
     if missing:
         raise TypeError(

@@ -79,6 +79,23 @@ class TestHandlerDiscovery:
 
         assert set(handler_table(More)) == {Ping, Point, AskSelf, BadReturn, Other}
 
+    def test_a_handler_redefined_in_a_subclass_no_longer_takes_the_parents_type(
+        self,
+    ) -> None:
+        # Counter.ping takes Ping; a `ping` taking Other replaces it, so Ping (declared by
+        # Counter) has no handler left, instead of reaching a method written for Other.
+        with pytest.raises(TypeError, match="accepts Ping but has no handler"):
+
+            class Retyped(Counter):
+                @handler
+                def ping(self, msg: Other) -> None: ...  # type: ignore[override]
+
+    def test_a_non_callable_override_of_a_handler_is_refused(self) -> None:
+        with pytest.raises(TypeError, match="overridden with None"):
+
+            class Muted(Counter):
+                point = None  # type: ignore[assignment]
+
     def test_a_class_s_mailbox_decoder_is_built_once_and_shared(self) -> None:
         # One per class: a fork server builds it before forking, and its children use it.
         decoder = Cell.decoder_for(Counter)
@@ -218,6 +235,25 @@ class TestInProcessActors:
             with pytest.raises(TypeError, match=r"Ping cannot be sent: .*2\*\*64"):
                 await ref.ask(Ping(n=2**70), timeout=5)
             assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=2)
+
+    async def test_an_override_of_a_handler_is_awaited_if_it_is_async(self) -> None:
+        # Counter.point is a plain def and Counter.ping an async def; overrides without
+        # @handler swap them, and each must still run (not be left un-awaited, or awaited
+        # when it returned None).
+        class Swapped(Counter):
+            async def point(self, msg: Point) -> None:  # type: ignore[override]
+                self.seen.append(-1)
+
+            def ping(self, msg: Ping) -> Pong:  # type: ignore[override]
+                self.seen.append(msg.n)
+                return Pong(n=msg.n * 10)
+
+        async with ActorSystem() as system:
+            ref = await system.spawn(Swapped, process=False)
+            await ref.tell(Point(x=3, y=0))
+            assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=10)
+            stats = await system.statistics(ref)
+            assert (stats.handled, stats.failed) == (2, 0)
 
     async def test_an_actor_without_handlers_cannot_be_spawned(self) -> None:
         class Mute(Actor[Any]):
