@@ -76,6 +76,12 @@ def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
             # longer what the parent's did.
             for inherited in [t for t, (name, _) in table.items() if name == attr]:
                 del table[inherited]
+            if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+                raise TypeError(
+                    f"{klass.__qualname__}.{attr}: a handler is a def or an async def that "
+                    "returns; this one yields, so calling it would only make a generator and "
+                    "run none of it"
+                )
             try:
                 hints = typing.get_type_hints(fn, vars(inspect.getmodule(fn) or klass))
             except NameError as err:

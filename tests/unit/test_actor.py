@@ -24,7 +24,7 @@ from runtime._cell import Cell
 from ._messages import AskOpaque, AskSelf, BadReturn, Counter, Opaque, Other, Ping, Point, Pong
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
 
 
 def _keyword_only(self: object, *, msg: Ping) -> Pong:
@@ -71,6 +71,15 @@ class TestHandlerDiscovery:
         # The cell calls fn(msg): each of these would fail (or get a tuple) for every message.
         with pytest.raises(TypeError, match="passed positionally"):
             types.new_class("Bad", (Actor[Ping],), {}, lambda ns: ns.update(a=handler(method)))
+
+    def test_a_generator_handler_is_refused(self) -> None:
+        # Called as fn(msg), it would only make a generator: a tell would do nothing at all.
+        with pytest.raises(TypeError, match="yields"):
+
+            class Yielding(Actor[Point]):
+                @handler
+                async def point(self, msg: Point) -> AsyncIterator[None]:
+                    yield None
 
     def test_a_subclass_inherits_and_extends_handlers(self) -> None:
         class More(Counter):
