@@ -72,6 +72,20 @@ class TestHandlerDiscovery:
         with pytest.raises(TypeError, match="passed positionally"):
             types.new_class("Bad", (Actor[Ping],), {}, lambda ns: ns.update(a=handler(method)))
 
+    def test_a_static_or_class_method_handler_is_refused_by_name(self) -> None:
+        # Else it is silently no handler: its type is refused by the mailbox, or the class
+        # is told it has no handler for a type it visibly has one for.
+        with pytest.raises(TypeError, match=r"plain method .* not a staticmethod"):
+
+            class Static(Actor[Ping]):
+                @handler
+                def ping(self, msg: Ping) -> Pong:
+                    return Pong(n=1)
+
+                @staticmethod
+                @handler
+                def point(msg: Point) -> None: ...
+
     def test_a_generator_handler_is_refused(self) -> None:
         # Called as fn(msg), it would only make a generator: a tell would do nothing at all.
         with pytest.raises(TypeError, match="yields"):
