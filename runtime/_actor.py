@@ -70,7 +70,9 @@ def handler_table(cls: type) -> dict[type[Message], tuple[str, bool]]:
     table = {}
     for klass in reversed(cls.__mro__):
         for attr, fn in vars(klass).items():
-            if isinstance(fn, (staticmethod, classmethod)) and fn.__func__ in _marked:
+            if isinstance(fn, (staticmethod, classmethod)) and (
+                fn in _marked or fn.__func__ in _marked
+            ):
                 raise TypeError(
                     f"{klass.__qualname__}.{attr}: a handler is a plain method (self, msg), "
                     f"not a {type(fn).__name__}"

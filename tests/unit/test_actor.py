@@ -86,6 +86,14 @@ class TestHandlerDiscovery:
                 @handler
                 def point(msg: Point) -> None: ...
 
+        with pytest.raises(TypeError, match=r"plain method .* not a classmethod"):
+
+            class Classy(Actor[Ping]):
+                @handler
+                @classmethod
+                def ping(cls, msg: Ping) -> Pong:
+                    return Pong(n=1)
+
     def test_a_generator_handler_is_refused(self) -> None:
         # Called as fn(msg), it would only make a generator: a tell would do nothing at all.
         with pytest.raises(TypeError, match="yields"):
