@@ -141,6 +141,16 @@ def _message_types(
         )
     annotation = hints.get(params[0].name)
     found = _members(annotation)
+    for t in found:
+        origin = typing.get_origin(t)
+        if isinstance(origin, type) and issubclass(origin, Message):
+            name = origin.__qualname__
+            raise TypeError(
+                f"{klass.__qualname__}.{attr}: {t} is a generic message with its type "
+                f"argument filled in, which a mailbox cannot dispatch on (a decoded message "
+                f"is a {name}): take a subclass that fills it in (as class Int{name}({name}"
+                f"[int])), or {name} itself"
+            )
     if not found or not all(isinstance(t, type) and issubclass(t, Message) for t in found):
         raise TypeError(
             f"{klass.__qualname__}.{attr}: annotate the parameter {params[0].name!r} with the "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 import pytest
@@ -25,6 +25,17 @@ from ._messages import AskOpaque, AskSelf, BadReturn, Counter, Opaque, Other, Pi
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
+
+
+T = TypeVar("T")
+
+
+class Box(Message, Generic[T]):
+    value: T
+
+
+class IntBox(Box[int]):
+    pass
 
 
 def _keyword_only(self: object, *, msg: Ping) -> Pong:
@@ -93,6 +104,19 @@ class TestHandlerDiscovery:
                 @classmethod
                 def ping(cls, msg: Ping) -> Pong:
                     return Pong(n=1)
+
+    def test_a_parameterized_generic_message_is_refused_saying_what_to_take(self) -> None:
+        with pytest.raises(TypeError, match=r"Box\[int\] is a generic message .* IntBox\(Box"):
+
+            class Boxes(Actor[Box[int]]):
+                @handler
+                def box(self, msg: Box[int]) -> None: ...
+
+        class IntBoxes(Actor[IntBox]):
+            @handler
+            def box(self, msg: IntBox) -> None: ...
+
+        assert set(handler_table(IntBoxes)) == {IntBox}
 
     def test_a_generator_handler_is_refused(self) -> None:
         # Called as fn(msg), it would only make a generator: a tell would do nothing at all.
