@@ -385,7 +385,9 @@ class Cell:
         try:
             try:
                 await self.station.reply(header, result)
-            except ProtocolError as err:  # not a Message, or too big: say so instead
+            except ProtocolError as err:  # not a Message, unencodable, too big: say so
+                self.mailbox.fail()  # the handler's answer did not reach the asker
+                self._errors.error("%s: %s", self.mailbox.actor_name, err)
                 await self.station.reply_error(header, ErrorBody.of(err))
         except TokenyardError as err:
             # The asker is unreachable (gone, or its inbox stayed full): it will time out or

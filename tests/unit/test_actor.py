@@ -246,6 +246,8 @@ class TestInProcessActors:
             assert info.value.type_name == "runtime.ProtocolError"
             assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=2)
             assert not system.is_dead(ref)
+            stats = await system.statistics(ref)
+            assert (stats.failed, stats.handled) == (1, 1)  # its answer never reached the asker
 
     async def test_a_message_defined_in_a_function_is_named_at_spawn(self) -> None:
         # Under `from __future__ import annotations` (as here) the annotation is a string that
