@@ -115,8 +115,12 @@ def anyone_listens_at(address: str) -> bool:
 
 
 def supervision_records(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
-    """The structured part of each supervision record: level, event, and every extra."""
-    plain = {*logging.LogRecord("", 0, "", 0, "", None, None).__dict__, "message", "asctime"}
+    """The structured part of each supervision record: level, event, and every extra.
+
+    A record's plain attributes are those of one the installed record factory makes: a
+    library imported earlier in the process may add its own (Ray adds ``_ray_timestamp_ns``),
+    which are no extras of ours."""
+    plain = {*logging.makeLogRecord({}).__dict__, "message", "asctime"}
     return [
         {"level": r.levelno, **{k: v for k, v in r.__dict__.items() if k not in plain}}
         for r in caplog.records
