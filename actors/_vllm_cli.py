@@ -10,8 +10,9 @@ differences:
   ``TOKENYARD_VLLM_PARENT_FD``, whose write end only its launcher holds; when that end closes
   (the launcher ended, however it ended, SIGKILL included), this process kills its process
   group: itself, vLLM's engine core and workers, which it started in that group, and removes
-  the ``/dev/shm`` files they had mapped (vLLM's, a few hundred MB each). Nothing of the
-  engine outlives the scheduler that launched it.
+  the ``/dev/shm`` files they had mapped (vLLM's, a few hundred MB each) and the private
+  directory of its ipc sockets (``TOKENYARD_VLLM_RPC_DIR``). Nothing of the engine outlives
+  the scheduler that launched it.
 
 It also defaults the variables that keep vLLM and Hugging Face from reaching the network
 (the project never downloads a model). It is a script, not a module of the package: it runs
@@ -26,12 +27,16 @@ import importlib
 import importlib.metadata
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
 
 #: The variable naming the parent-death pipe's read end.
 PARENT_FD_ENV = "TOKENYARD_VLLM_PARENT_FD"
+#: The variable naming the private directory of vLLM's ipc sockets (its
+#: ``VLLM_RPC_BASE_PATH``), removed with the group: a killed vLLM leaves its socket files.
+RPC_DIR_ENV = "TOKENYARD_VLLM_RPC_DIR"
 
 #: Set unless the caller set them: no hub, no telemetry.
 OFFLINE = {
@@ -103,17 +108,21 @@ def _shared_memory(pids: list[int]) -> set[str]:
 
 def _end_group() -> None:
     """Kill this process group (vLLM's engine core and workers, then this process), and
-    remove the ``/dev/shm`` files its processes have mapped: vLLM removes them when it
+    remove the ``/dev/shm`` files its processes have mapped (and the directory of their ipc
+    sockets): vLLM removes them when it
     shuts down cleanly, nothing of it does once killed, and the scheduler, which removes
     them otherwise, is gone. Names first, then the processes: what is mapped stays mapped
     until they end, and a name removed is not left behind if this process ends before it
     is done (vLLM's main thread may end it as its engine core dies)."""
     me, group = os.getpid(), os.getpgrp()
+    rpc_dir = os.environ.get(RPC_DIR_ENV)
     for _ in range(100):  # a member that forks as it is killed: its child is found next
         members = _group_members(group)
         for path in _shared_memory(members):
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        if rpc_dir:  # its socket files: a bound socket works on without its name
+            shutil.rmtree(rpc_dir, ignore_errors=True)
         others = [pid for pid in members if pid != me]
         if not others:
             break

@@ -32,7 +32,8 @@ engine, and the engine's loss is still the scheduler's death.
   ``actors/_vllm_cli.py`` run by vLLM's venv's Python, in a process group of its own,
   holding the read end of a pipe whose write end only this process holds: when this
   process ends, however it ends, the launcher kills its group (vLLM's engine core and
-  workers with it) and removes the ``/dev/shm`` files they had mapped. `aclose` ends the
+  workers with it) and removes the ``/dev/shm`` files they had mapped and the private
+  directory of vLLM's ipc sockets (its ``VLLM_RPC_BASE_PATH``, unless set). `aclose` ends the
   group itself: SIGTERM (vLLM's clean shutdown), then SIGKILL after ``_STOP_GRACE``
   seconds, by its id.
 
@@ -48,7 +49,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -286,6 +289,8 @@ class VllmModel:
         self._process: asyncio.subprocess.Process | None = None
         #: The shared memory files of a launched engine, removed after it.
         self._shm: set[Path] = set()
+        #: The private directory of a launched engine's ipc sockets ('' when none).
+        self._rpc_dir = ""
         self._parent_pipe: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._bad = Throttle(logger)
@@ -406,7 +411,10 @@ class VllmModel:
         if self._lost is None:
             logger.error("vLLM's engine is lost: %s", reason)
             self._lost = reason
+            # Names only (a bound socket, like a mapped file, works on without its name):
+            # a lost engine is ended, and this process may be ended before `aclose` runs.
             self._forget_shared_memory()
+            self._remove_rpc_dir()
         self._notify()
 
     def _forget_shared_memory(self) -> None:
@@ -418,6 +426,13 @@ class VllmModel:
         for path in self._shm:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+    def _remove_rpc_dir(self) -> None:
+        """Remove the directory of a launched engine's ipc sockets, once it has ended or is
+        lost."""
+        if self._rpc_dir:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = ""
 
     def _send(self, frames: list[bytes]) -> None:
         if len(self._outbox) >= _MAX_OUTBOX:
@@ -531,9 +546,16 @@ class VllmModel:
     async def _launch(self, model: str, host: str, port: int) -> None:
         spec = self._spec
         python = resolve_python(spec)
+        env = {**os.environ, **spec.env}
+        if "VLLM_RPC_BASE_PATH" not in env:
+            # vLLM binds its own ipc sockets (engine core, workers) under the temporary
+            # directory, and a killed vLLM leaves their files: in a directory of its own,
+            # removed after it (`_stop_process`, or its launcher when this process died).
+            self._rpc_dir = tempfile.mkdtemp(prefix="tokenyard-vllm-")
+            env.update(VLLM_RPC_BASE_PATH=self._rpc_dir, TOKENYARD_VLLM_RPC_DIR=self._rpc_dir)
         read_end, write_end = os.pipe()
         os.set_inheritable(read_end, True)
-        env = {**os.environ, **spec.env, "TOKENYARD_VLLM_PARENT_FD": str(read_end)}
+        env["TOKENYARD_VLLM_PARENT_FD"] = str(read_end)
         try:
             self._process = await asyncio.create_subprocess_exec(
                 *engine_command(python, model, host, port, spec.args),
@@ -544,6 +566,7 @@ class VllmModel:
             )
         except BaseException:
             os.close(write_end)
+            self._remove_rpc_dir()
             raise
         finally:
             os.close(read_end)
@@ -706,6 +729,7 @@ class VllmModel:
             os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
         self._forget_shared_memory()
+        self._remove_rpc_dir()
         if self._parent_pipe is not None:
             os.close(self._parent_pipe)
             self._parent_pipe = None

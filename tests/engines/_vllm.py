@@ -4,6 +4,9 @@ and the processes of a launched engine."""
 from __future__ import annotations
 
 import os
+import re
+import stat
+import tempfile
 from pathlib import Path
 
 from actors._vllm_engine import process_tree
@@ -63,3 +66,20 @@ def vllm_processes() -> set[int]:
 def shared_memory() -> set[Path]:
     """vLLM's shared memory files (``/dev/shm/psm_*``)."""
     return set(Path("/dev/shm").glob("psm_*"))
+
+
+def vllm_sockets() -> set[str]:
+    """What vLLM leaves in the temporary directory when it is killed: ipc socket files named
+    by a UUID (its default ``VLLM_RPC_BASE_PATH``), or the private directory the launcher
+    gives it instead."""
+    found = set()
+    with os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            if entry.name.startswith("tokenyard-vllm-") or (
+                UUID.fullmatch(entry.name) and stat.S_ISSOCK(entry.stat().st_mode)
+            ):
+                found.add(entry.name)
+    return found
+
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

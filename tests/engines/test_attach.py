@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -36,12 +38,20 @@ PROMPT = "The harbour of Yokohama"
 
 
 def start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    """``vllm serve --headless`` dialling ``tcp://127.0.0.1:port``, in a group of its own."""
-    return subprocess.Popen(
+    """``vllm serve --headless`` dialling ``tcp://127.0.0.1:port``, in a group of its own,
+    its ipc sockets in a directory of its own (`stop_group` removes it)."""
+    rpc_dir = tempfile.mkdtemp(prefix="tokenyard-vllm-")
+    proc = subprocess.Popen(
         engine_command(PYTHON, str(model_dir), "127.0.0.1", port, ARGS),
-        env={**os.environ, **ENV},
+        env={**os.environ, **ENV, "VLLM_RPC_BASE_PATH": rpc_dir},
         start_new_session=True,
     )
+    RPC_DIRS[proc.pid] = rpc_dir
+    return proc
+
+
+#: The directory of each started engine's ipc sockets, by its pid.
+RPC_DIRS: dict[int, str] = {}
 
 
 @contextlib.contextmanager
@@ -81,6 +91,7 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
     for path in shm:
         path.unlink(missing_ok=True)
+    shutil.rmtree(RPC_DIRS.pop(proc.pid, ""), ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from actors._vllm_engine import process_tree, shared_memory_of
 from tests.conftest import exits_within
 from tests.http._server import running_serve
 
-from ._vllm import ARGS, ENV, PYTHON, title
+from ._vllm import ARGS, ENV, PYTHON, title, vllm_sockets
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -69,6 +69,7 @@ async def test_killing_the_scheduler_or_the_server_leaves_no_shared_memory_of_it
 ) -> None:
     env = {"TOKENYARD_VLLM_PYTHON": PYTHON, **ENV}
     options = ["--engine", "vllm", "--model", str(model_dir), "--", *ARGS]
+    before = vllm_sockets()
     with running_serve(*options, workers=1, env=env) as served:
         try:
             url = f"http://127.0.0.1:{served.port}"
@@ -88,3 +89,5 @@ async def test_killing_the_scheduler_or_the_server_leaves_no_shared_memory_of_it
                 served.proc.send_signal(signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     served.proc.wait(90)
+    # Nor the socket files of either engine (before, 28 a run of this directory's tests).
+    assert vllm_sockets() <= before
