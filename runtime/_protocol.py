@@ -18,6 +18,7 @@ readiness report cannot be guessed either.
 from __future__ import annotations
 
 import enum
+import functools
 import hmac
 import secrets
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -431,6 +432,15 @@ class SpawnTarget(msgspec.Struct, array_like=True, frozen=True, kw_only=True):
     kwargs: dict[str, msgspec.Raw]
 
 
+@functools.cache
+def _checked_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, Any], ...]:
+    """The fields of ``cls`` whose type `SpawnOptions.check` checks, with their resolved
+    annotations (resolved once: ``msgspec.structs.fields`` does it again at every call, some
+    100 us). Not ``start``: `check_start` checks it where it is used, naming the methods
+    this platform has."""
+    return tuple((f.name, f.type) for f in msgspec.structs.fields(cls) if f.name != "start")
+
+
 class SpawnOptions(msgspec.Struct, frozen=True, kw_only=True):
     """*How* to start an actor: the options of ``ActorSystem.spawn`` and `ChildSpec`, declared
     here once (``spawn`` takes each as a keyword; ``ChildSpec`` is one).
@@ -480,16 +490,13 @@ class SpawnOptions(msgspec.Struct, frozen=True, kw_only=True):
             ValueError: As the class says.
         """
         # Not checked by the constructor (msgspec checks types when it decodes only): a
-        # wrong one failed later, a ChildSpec's at each of its restarts. ``start`` is
-        # checked where it is used, naming the methods this platform has (check_start).
-        for info in msgspec.structs.fields(self):
-            if info.name == "start":
-                continue
-            value = getattr(self, info.name)
+        # wrong one failed later, a ChildSpec's at each of its restarts.
+        for name, annotation in _checked_fields(type(self)):
+            value = getattr(self, name)
             try:
-                msgspec.convert(value, info.type, strict=True)
+                msgspec.convert(value, annotation, strict=True)
             except msgspec.ValidationError as err:
-                raise TypeError(f"{where}{info.name}={value!r}: {err}") from None
+                raise TypeError(f"{where}{name}={value!r}: {err}") from None
         stall, node = self.stall_timeout, self.node
         # NaN fails every comparison: each bound is written so that it is refused too (a
         # NaN deadline raises in the event loop later, far from here, and a NaN stall
