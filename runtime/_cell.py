@@ -371,38 +371,44 @@ class Cell:
         allowed = self._replies[type(msg)]
         if allowed is not None and not isinstance(result, allowed):
             names = " | ".join("None" if c is type(None) else c.__qualname__ for c in allowed)
-            wrong = ProtocolError(
-                f"the handler of {type(msg).__qualname__} returned {type(result).__qualname__}, "
-                f"but {type(msg).__qualname__} is a request answered with {names}"
+            await self._refuse_reply(
+                header,
+                ProtocolError(
+                    f"the handler of {type(msg).__qualname__} returned "
+                    f"{type(result).__qualname__}, but {type(msg).__qualname__} is a request "
+                    f"answered with {names}"
+                ),
             )
-            self.mailbox.fail()
-            self._errors.error("%s: %s", self.mailbox.actor_name, wrong)
-            await self._reply_error(header, ErrorBody.of(wrong))
             return
         await self._reply(header, result)
 
     async def _reply(self, header: Header, result: object) -> None:
         try:
-            try:
-                await self.station.reply(header, result)
-            except ProtocolError as err:  # not a Message, unencodable, too big: say so
-                self.mailbox.fail()  # the handler's answer did not reach the asker
-                self._errors.error("%s: %s", self.mailbox.actor_name, err)
-                await self.station.reply_error(header, ErrorBody.of(err))
+            await self.station.reply(header, result)
+        except ProtocolError as err:  # not a Message, unencodable, too big: say so
+            await self._refuse_reply(header, err)
         except TokenyardError as err:
-            # The asker is unreachable (gone, or its inbox stayed full): it will time out or
-            # learn of the failure some other way; this actor carries on.
-            self._errors.warning(
-                "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
-            )
+            self._unreachable(header, err)
+
+    async def _refuse_reply(self, header: Header, err: ProtocolError) -> None:
+        """A handler's answer that cannot go to its asker: its message failed, and the
+        asker gets ``err`` instead."""
+        self.mailbox.fail()
+        self._errors.error("%s: %s", self.mailbox.actor_name, err)
+        await self._reply_error(header, ErrorBody.of(err))
 
     async def _reply_error(self, header: Header, body: ErrorBody) -> None:
         try:
             await self.station.reply_error(header, body)
         except TokenyardError as err:
-            self._errors.warning(
-                "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
-            )
+            self._unreachable(header, err)
+
+    def _unreachable(self, header: Header, err: TokenyardError) -> None:
+        # The asker is unreachable (gone, or its inbox stayed full): it will time out or
+        # learn of the failure some other way; this actor carries on.
+        self._errors.warning(
+            "%s: could not reply to %s: %s", self.mailbox.actor_name, header.sender, err
+        )
 
 
 async def live(
