@@ -411,25 +411,23 @@ class VllmModel:
         if self._lost is None:
             logger.error("vLLM's engine is lost: %s", reason)
             self._lost = reason
-            # Names only (a bound socket, like a mapped file, works on without its name):
-            # a lost engine is ended, and this process may be ended before `aclose` runs.
-            self._forget_shared_memory()
-            self._remove_rpc_dir()
+            self._forget_names()
         self._notify()
 
-    def _forget_shared_memory(self) -> None:
-        """Remove the names of a launched engine's shared memory files (what is mapped stays
-        mapped until its processes end): a killed engine cannot, and this process may be
-        ended before `aclose` runs its course."""
+    def _forget_names(self) -> None:
+        """Remove the names of a launched engine's shared memory files and ipc sockets (what
+        is mapped stays mapped, and a bound socket works on, until its processes end): a
+        killed engine cannot, and this process may be ended before `aclose` runs its
+        course."""
         if self._process is not None:
             self._shm |= shared_memory_of(self._process.pid)
         for path in self._shm:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        self._remove_rpc_dir()
 
     def _remove_rpc_dir(self) -> None:
-        """Remove the directory of a launched engine's ipc sockets, once it has ended or is
-        lost."""
+        """Remove the directory of a launched engine's ipc sockets."""
         if self._rpc_dir:
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
             self._rpc_dir = ""
@@ -550,7 +548,7 @@ class VllmModel:
         if "VLLM_RPC_BASE_PATH" not in env:
             # vLLM binds its own ipc sockets (engine core, workers) under the temporary
             # directory, and a killed vLLM leaves their files: in a directory of its own,
-            # removed after it (`_stop_process`, or its launcher when this process died).
+            # removed after it (`_forget_names`, or its launcher when this process died).
             self._rpc_dir = tempfile.mkdtemp(prefix="tokenyard-vllm-")
             env.update(VLLM_RPC_BASE_PATH=self._rpc_dir, TOKENYARD_VLLM_RPC_DIR=self._rpc_dir)
         read_end, write_end = os.pipe()
@@ -728,8 +726,7 @@ class VllmModel:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
-        self._forget_shared_memory()
-        self._remove_rpc_dir()
+        self._forget_names()
         if self._parent_pipe is not None:
             os.close(self._parent_pipe)
             self._parent_pipe = None
