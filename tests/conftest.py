@@ -51,6 +51,14 @@ def unread_mailbox(system: ActorSystem, hwm: int = 10) -> Iterator[ActorRef[Any]
         sock.close(0)
 
 
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A directory of the test's own, short enough for ipc socket paths under it (107
+    bytes at most): pytest's ``tmp_path`` can be too long for them."""
+    with tempfile.TemporaryDirectory(prefix="ty-") as short:
+        yield Path(short)
+
+
 def free_port() -> int:
     """A port nobody listens on now (bound to 0, then released for a server to take)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -868,15 +868,11 @@ class TestSignals:
         assert done.stderr == ""  # not "Task exception was never retrieved"
 
     @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
-    def test_dispatch_on_its_own_is_interrupted_as_the_cli_is(self, signum: int) -> None:
+    def test_dispatch_on_its_own_is_interrupted_as_the_cli_is(
+        self, signum: int, short_tmp_path: Path
+    ) -> None:
         # Its temporary directories in a directory of the test's own: another run's, in
-        # the shared one, are not this test's to judge or remove. A short one: pytest's
-        # tmp_path can be too long for the ipc socket paths under it (107 bytes).
-        with tempfile.TemporaryDirectory(prefix="ty-") as short:
-            self._interrupt_dispatch(signum, Path(short))
-
-    @staticmethod
-    def _interrupt_dispatch(signum: int, tmp_path: Path) -> None:
+        # the shared one, are not this test's to judge or remove.
         # Ctrl-C as a terminal sends it, to a process that takes it (this one's may not:
         # a background job of a script starts with SIGINT ignored, and its children too).
         main = (
@@ -890,7 +886,7 @@ class TestSignals:
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path)),
+            env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(short_tmp_path)),
         )
         try:
             assert proc.stdout is not None
@@ -904,7 +900,7 @@ class TestSignals:
             if proc.poll() is None:
                 proc.kill()
             proc.communicate()
-        left = list(tmp_path.iterdir())
+        left = list(short_tmp_path.iterdir())
         assert proc.returncode == 130, out
         assert "interrupted" in out
         assert "Traceback" not in out

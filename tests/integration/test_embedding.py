@@ -12,8 +12,7 @@ import math
 import os
 import signal
 import tempfile
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -39,6 +38,9 @@ from tests.conftest import unread_mailbox
 
 from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
 from ._scripts import run_script_to_end
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 pytestmark = pytest.mark.anyio
 
@@ -370,22 +372,21 @@ class TestATemporaryDirectoryTooLong:
         assert list(long.iterdir()) == []
 
     async def test_the_longest_it_lets_through_serves_a_process_actor(
-        self, monkeypatch: pytest.MonkeyPatch
+        self, short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         # Every socket file a system and its children bind fits under the longest temporary
         # directory the check lets through.
-        with tempfile.TemporaryDirectory(prefix="ty-") as base:
-            system_dir = len(f"/tokenyard-{os.getpid()}-") + 8  # mkdtemp's 8 characters
-            pad = zmq.IPC_PATH_MAX_LEN - len(base) - 1 - system_dir - 1 - LONGEST_STEM
-            long = Path(base) / ("d" * pad)
-            long.mkdir()
-            monkeypatch.setattr(tempfile, "tempdir", str(long))
-            async with ActorSystem() as system:
-                assert len(os.path.join(system.ipc_dir, "x" * LONGEST_STEM)) == 107
-                ref = await system.spawn(Echo, name="echo", start="spawn")
-                forked = await system.spawn(Echo, name="forked")
-                assert await ref.ask(Ping(n=1)) == Pong(n=1)
-                assert await forked.ask(Ping(n=2)) == Pong(n=2)
+        system_dir = len(f"/tokenyard-{os.getpid()}-") + 8  # mkdtemp's 8 characters
+        pad = zmq.IPC_PATH_MAX_LEN - len(str(short_tmp_path)) - 1 - system_dir - 1 - LONGEST_STEM
+        long = short_tmp_path / ("d" * pad)
+        long.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(long))
+        async with ActorSystem() as system:
+            assert len(os.path.join(system.ipc_dir, "x" * LONGEST_STEM)) == 107
+            ref = await system.spawn(Echo, name="echo", start="spawn")
+            forked = await system.spawn(Echo, name="forked")
+            assert await ref.ask(Ping(n=1)) == Pong(n=1)
+            assert await forked.ask(Ping(n=2)) == Pong(n=2)
 
 
 def _fork_a_sender(refs: list[ActorRef[Any]]) -> tuple[int, int]:
