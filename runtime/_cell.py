@@ -96,9 +96,9 @@ class Cell:
         self._handlers: _Handlers = {
             t: (getattr(actor, name), is_async) for t, (name, is_async) in table.items()
         }
-        #: Per request type: the classes its reply may be (`reply_classes`), checked before
-        #: it is sent, so an asker of a ``Request[R]`` gets an ``R`` or an error.
-        self._replies = {t: reply_classes(t) for t in table}
+        #: An ask's handler, and the classes its reply may be (`reply_classes`), checked
+        #: before it is sent, so an asker of a ``Request[R]`` gets an ``R`` or an error.
+        self._asks = {t: (*h, reply_classes(t)) for t, h in self._handlers.items()}
         self._errors = Throttle(logger)
         #: Handler times: a power-of-two histogram of nanoseconds (`runtime._metrics`).
         self._clock: Callable[[], int] | None = time.perf_counter_ns if ENABLED else None
@@ -357,7 +357,7 @@ class Cell:
         if isinstance(msg, ErrorBody):  # refused (counted and logged): the asker is told
             await self._reply_error(header, msg)
             return
-        fn, is_async = self._handlers[type(msg)]
+        fn, is_async, allowed = self._asks[type(msg)]
         self._trace.trace = header.trace
         try:
             result = await fn(msg) if is_async else fn(msg)
@@ -368,7 +368,6 @@ class Cell:
             return
         finally:
             self._trace.trace = ()
-        allowed = self._replies[type(msg)]
         if allowed is not None and not isinstance(result, allowed):
             names = " | ".join("None" if c is type(None) else c.__qualname__ for c in allowed)
             await self._refuse_reply(
