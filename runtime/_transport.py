@@ -243,8 +243,8 @@ class ReadinessWaiter:
     socket wakes every waiter, which re-checks. The reader stays registered from the first
     wait until ``close``, as pyzmq's own asyncio sockets keep theirs: adding and removing it
     around every wait cost two ``epoll_ctl`` calls per message on a mailbox that is not
-    busy. A signal nobody waits for is consumed by reading ``EVENTS``, so the loop never
-    spins on it.
+    busy. The reader consumes every signal as it fires, by reading ``EVENTS``, whether
+    anybody waits or not: so the loop never spins on one, nor reports it twice.
     """
 
     def __init__(self, sock: zmq.Socket[bytes]) -> None:
@@ -269,8 +269,13 @@ class ReadinessWaiter:
         return bool(self._waiters)
 
     def _wake(self) -> None:
+        # Consume the signal here, whoever waits. Left to the woken task's read, it was
+        # still set when the loop polled again before running that task, and the stale
+        # report woke the waiter the task had registered by then: a second wake-up per
+        # message, with a loop iteration and a failed read (an actor answering asks did
+        # three iterations per ask instead of two).
+        events(self._sock)
         if not self._waiters:
-            events(self._sock)  # consume the edge nobody waits for
             self._fired = True
             return
         self._release()
@@ -297,9 +302,9 @@ class ReadinessWaiter:
         if it already did, while nobody waited), or the waiter is closed: for a reader
         that reads again next.
 
-        A wake-up almost always means a message. Reading ``EVENTS`` before sleeping and
-        again after waking, as `wait` does, cost a reader 2 us each here; a spurious
-        wake-up costs it one failed read instead.
+        A wake-up almost always means a message: unlike `wait`, this reads no ``EVENTS``
+        before sleeping nor after waking (2 us each here); a spurious wake-up costs the
+        reader one failed read instead.
         """
         if self._fired or self._closed:
             self._fired = False

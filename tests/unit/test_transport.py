@@ -6,6 +6,7 @@ import contextlib
 import logging
 import math
 import os
+import select
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +197,41 @@ class TestReadinessWaiter:
             assert time.process_time() - cpu < 0.15, "the loop spun on a zmq fd signal"
             await waiter.wait(POLLIN)  # messages queued meanwhile: no wait at all
             assert [pull.recv() for _ in range(100)] == [b"%d" % i for i in range(100)]
+        finally:
+            waiter.close()
+            pull.close(0)
+            push.close(0)
+            ctx.term()
+
+    async def test_a_wake_up_consumes_its_signal_so_the_loop_reports_each_message_once(
+        self,
+    ) -> None:
+        # Left set until the woken task read, the signal was reported again by the loop's
+        # next poll, which runs before that task: the stale report then woke the wait the
+        # task had begun after its read, for nothing (a loop iteration and a failed read
+        # more per message, on every actor answering asks one at a time).
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        pull.bind("inproc://waiter")
+        push.connect("inproc://waiter")
+        waiter = ReadinessWaiter(pull)
+        fd = pull.getsockopt(zmq.FD)
+        try:
+
+            async def send_once_waiting(data: bytes) -> None:
+                await anyio.wait_all_tasks_blocked()
+                push.send(data)
+
+            for i in range(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send_once_waiting, b"%d" % i)
+                    await waiter.woken()
+                    # Woken, nothing read yet: the loop has nothing more to report.
+                    assert select.select([fd], [], [], 0)[0] == [], f"message {i}"
+                assert pull.recv(zmq.NOBLOCK) == b"%d" % i
+                with pytest.raises(zmq.Again):  # as a mailbox's drain ends
+                    pull.recv(zmq.NOBLOCK)
+                waiter.rearmed()
         finally:
             waiter.close()
             pull.close(0)
