@@ -216,6 +216,7 @@ class TestReadinessWaiter:
         push.connect("inproc://waiter")
         waiter = ReadinessWaiter(pull)
         fd = pull.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
         try:
 
             async def send_once_waiting(data: bytes) -> None:
