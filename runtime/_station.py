@@ -24,7 +24,7 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -34,6 +34,7 @@ import zmq
 from . import _context
 from ._auth import AddressPolicy, Keys, ZapHandler
 from ._context import handling_address
+from ._deadlines import Deadlines
 from ._deaths import Deaths
 from ._errors import (
     ActorDeadError,
@@ -132,7 +133,9 @@ def _unreadable(future: asyncio.Future[Any], err: Exception) -> None:
 class _Pending:
     future: asyncio.Future[Any]
     target: str
-    timer: asyncio.TimerHandle | None = field(default=None)
+    #: The name of the actor asked, and the timeout (an ask's, once it is sent).
+    asked: str = ""
+    timeout: float = 0.0
 
 
 class Station:
@@ -207,6 +210,8 @@ class Station:
         self._reply_decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._headers: dict[tuple[Kind, str], HeaderTemplate] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The asks' timeouts, on the loop's clock (set by `open`).
+        self._deadlines: Deadlines[_Pending] | None = None
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
@@ -245,6 +250,7 @@ class Station:
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current station."""
         self._loop = asyncio.get_running_loop()
+        self._deadlines = Deadlines(self._loop, self._pending, self._expire)
         self.thread = threading.get_ident()
         if self.zap is not None:
             self.zap.start(self._loop)
@@ -330,9 +336,7 @@ class Station:
 
     def drop_request(self, corr: int) -> None:
         """Forget a pending reply nobody waits for any more."""
-        pending = self._pending.pop(corr, None)
-        if pending is not None and pending.timer is not None:
-            pending.timer.cancel()
+        self._pending.pop(corr, None)
 
     def header(
         self, kind: Kind, corr: int = 0, body_type: str = "", trace: Sequence[str] = ()
@@ -389,12 +393,11 @@ class Station:
                 await self.outbox.send_frames(
                     ref.address, frames, timeout, lambda: self.deaths.check_alive(ref)
                 )
-            assert self._loop is not None
             pending = self._pending.get(corr)
             if pending is not None:
-                pending.timer = self._loop.call_later(
-                    timeout, self._expire, corr, ref.name, timeout
-                )
+                assert self._deadlines is not None  # opened: new_request checked
+                pending.asked, pending.timeout = ref.name, timeout
+                self._deadlines.add(corr, pending, timeout)
             if not ENABLED:
                 return await future
             started = time.perf_counter_ns()
@@ -524,13 +527,13 @@ class Station:
             self.drop_request(corr)
         return False
 
-    def _expire(self, corr: int, name: str, timeout: float) -> None:
-        pending = self._pending.pop(corr, None)
-        if pending is not None and not pending.future.done():
+    def _expire(self, corr: int, pending: _Pending) -> None:
+        del self._pending[corr]
+        if not pending.future.done():
             pending.future.set_exception(
                 AskTimeoutError(
-                    f"no reply from actor {name!r} within {timeout:g} s; pass a longer "
-                    "ask(timeout=...) if the handler is slow"
+                    f"no reply from actor {pending.asked!r} within {pending.timeout:g} s; pass "
+                    "a longer ask(timeout=...) if the handler is slow"
                 )
             )
 
@@ -642,8 +645,6 @@ class Station:
         if pending is None or pending.future.done():
             return None
         del self._pending[corr]
-        if pending.timer is not None:
-            pending.timer.cancel()
         return pending
 
     def _on_reply(self, header: Header, body: bytes) -> None:
@@ -734,8 +735,6 @@ class Station:
             for corr, pending in list(self._pending.items()):
                 if pending.target == address and not pending.future.done():
                     del self._pending[corr]
-                    if pending.timer is not None:
-                        pending.timer.cancel()
                     pending.future.set_exception(
                         ActorDeadError(f"actor {down.ref.name!r} died: {reason}", reason=reason)
                     )
@@ -777,9 +776,9 @@ class Station:
         self.heartbeat.close()
         if self._loop is not None:
             self._loop.remove_reader(self._reply_fd)
+        if self._deadlines is not None:
+            self._deadlines.close()
         for pending in self._pending.values():
-            if pending.timer is not None:
-                pending.timer.cancel()
             if not pending.future.done():
                 pending.future.set_exception(MailboxClosedError("the actor system closed"))
                 # Whoever awaits it still gets the error; nobody awaiting is no news.

@@ -1,0 +1,139 @@
+"""What an ask costs its asker: `runtime._deadlines.Deadlines`, the asks' timeouts on one loop
+timer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import anyio
+import pytest
+
+from runtime import Actor, ActorSystem, AskTimeoutError, Message, handler
+from runtime._deadlines import SLACK, Deadlines
+
+from ._messages import Ping, Pong
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Hold(Message):
+    """Keep the mailbox waiting until the test opens the gate."""
+
+
+class Gate(Actor[Hold | Ping]):
+    """Answers pings, except while a hold keeps its handler waiting (in-process)."""
+
+    held = anyio.Event()
+    opened = anyio.Event()
+
+    @handler
+    async def hold(self, msg: Hold) -> None:
+        Gate.held.set()
+        await Gate.opened.wait()
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n + 1)
+
+
+class Requests:
+    """Pending requests as a station keeps them, each a future to fail past its deadline."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, asyncio.Future[None]] = {}
+        self.expired: list[int] = []
+        self.deadlines = Deadlines(asyncio.get_running_loop(), self.pending, self.expire)
+
+    def add(self, key: int, timeout: float) -> asyncio.Future[None]:
+        future = self.pending[key] = asyncio.get_running_loop().create_future()
+        self.deadlines.add(key, future, timeout)
+        return future
+
+    def expire(self, key: int, future: asyncio.Future[None]) -> None:
+        del self.pending[key]
+        self.expired.append(key)
+        future.set_exception(TimeoutError(key))
+
+
+async def test_requests_expire_in_deadline_order_and_an_answered_one_never() -> None:
+    requests = Requests()
+    late = requests.add(1, 0.2)
+    answered = requests.add(2, 0.01)
+    never = requests.add(3, math.inf)
+    early = requests.add(4, 0.05)
+    del requests.pending[2]  # answered before its deadline
+    answered.set_result(None)
+    with anyio.fail_after(5):
+        with pytest.raises(TimeoutError):
+            await late
+    assert requests.expired == [4, 1]
+    assert early.done()
+    assert not never.done()
+    requests.deadlines.close()
+    assert len(requests.deadlines) == 0
+
+
+async def test_answered_requests_do_not_pile_up() -> None:
+    # Their entries are left where they are: the heap is rebuilt once it holds twice the
+    # pending requests and SLACK more, so it stays bounded however many are answered.
+    requests = Requests()
+    kept = requests.add(0, 60)
+    for key in range(1, 20 * SLACK):
+        requests.add(key, 60)
+        assert len(requests.deadlines) <= 2 * len(requests.pending) + SLACK
+        del requests.pending[key]
+    assert not kept.done()
+    requests.deadlines.close()
+
+
+async def test_an_expiry_that_raises_leaves_the_later_deadlines_armed() -> None:
+    requests = Requests()
+    first = requests.add(1, 0.01)
+    second = requests.add(2, 0.05)
+    broken = requests.expire
+
+    def expire_once_broken(key: int, future: asyncio.Future[None]) -> None:
+        broken(key, future)
+        if key == 1:
+            raise RuntimeError("a broken expiry")
+
+    requests.deadlines._expire = expire_once_broken
+    loop = asyncio.get_running_loop()
+    errors: list[object] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context.get("exception")))
+    try:
+        with anyio.fail_after(5):
+            with pytest.raises(TimeoutError):
+                await second
+    finally:
+        loop.set_exception_handler(None)
+    assert first.done()
+    assert requests.expired == [1, 2]
+    assert [str(e) for e in errors] == ["a broken expiry"]
+
+
+async def test_asks_time_out_each_at_its_own_timeout_and_the_rest_are_answered() -> None:
+    Gate.held, Gate.opened = anyio.Event(), anyio.Event()
+    async with ActorSystem() as system:
+        ref = await system.spawn(Gate, process=False)
+        await ref.tell(Hold())
+        await Gate.held.wait()
+        with anyio.fail_after(10):
+            with pytest.raises(AskTimeoutError, match=r"within 0\.05 s"):
+                await ref.ask(Ping(n=1), timeout=0.05)
+            # Queued behind the hold, long enough to be answered: a shorter ask made
+            # after it expires first and leaves it be.
+            async with anyio.create_task_group() as tg:
+                answers: list[Pong] = []
+
+                async def ask_long() -> None:
+                    answers.append(await ref.ask(Ping(n=2), timeout=30))
+
+                tg.start_soon(ask_long)
+                with pytest.raises(AskTimeoutError, match=r"within 0\.01 s"):
+                    await ref.ask(Ping(n=3), timeout=0.01)
+                Gate.opened.set()
+        assert answers == [Pong(n=3)]
+        assert len(system.station._deadlines or ()) <= SLACK + 4
+
