@@ -1,16 +1,19 @@
 """What an ask costs its asker: `runtime._deadlines.Deadlines`, the asks' timeouts on one loop
-timer."""
+timer, and `runtime._protocol.new_corr`, their ids."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
+import struct
 
 import anyio
 import pytest
 
 from runtime import Actor, ActorSystem, AskTimeoutError, Message, handler
 from runtime._deadlines import SLACK, Deadlines
+from runtime._protocol import new_corr
 
 from ._messages import Ping, Pong
 
@@ -137,3 +140,22 @@ async def test_asks_time_out_each_at_its_own_timeout_and_the_rest_are_answered()
         assert answers == [Pong(n=3)]
         assert len(system.station._deadlines or ()) <= SLACK + 4
 
+
+def test_correlation_ids_are_63_bit_never_0_and_a_forked_child_draws_its_own() -> None:
+    # Drawn from the CSPRNG many at a time: a child forked with some drawn must not use
+    # them (its asks' ids would be its parent's next ones, known to the parent).
+    first = new_corr()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(read)
+        os.write(write, struct.pack("<8Q", *(new_corr() for _ in range(8))))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        theirs = set(struct.unpack("<8Q", pipe.read()))
+    assert os.waitpid(pid, 0)[1] == 0
+    ours = {first} | {new_corr() for _ in range(2000)}
+    assert not theirs & ours
+    assert all(0 < corr < 2**63 for corr in ours | theirs)
+    assert len(ours) == 2001
