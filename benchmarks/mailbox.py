@@ -31,7 +31,9 @@ Variants, each in fresh processes (a driver and its peer, see ``benchmarks._peer
 Each variant runs ``rounds`` timed rounds after a warm-up (a tenth of a round for
 throughput, a whole round for round trips); the reported value is the best
 round (the highest throughput, the round with the lowest p50), because on a shared machine
-noise only ever makes a round slower. Every round is kept in the JSON.
+noise only ever makes a round slower. Every round is kept in the JSON. The variants that are
+compared to a few percent (`TWINS`: tell with its metrics off and traced, ask with its two
+raw round trips) run in turn, a fresh driver each round.
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ if TYPE_CHECKING:
 
 THROUGHPUT = "throughput"
 LATENCY = "latency"
-#: The variants measured against ``tell`` in alternate rounds (its twins).
 METRICS_OFF = "tell_nometrics"
 TRACED = "tell_traced"
-TWINS = (METRICS_OFF, TRACED)
+#: The variants measured in alternate rounds with a subject, by name (its twins): a fresh
+#: driver each round, the group's variants in turn, so that a difference of a few percent
+#: between them is not the machine's drift between two runs.
+TWINS = {"tell": (METRICS_OFF, TRACED), "ask": ("ask_sync", "ask_asyncio")}
 
 OPTIONS = (
     Option("--messages", "small messages told per round (quick 50000, full 500000)"),
@@ -341,20 +345,31 @@ def summarise(figures: list[Figure]) -> tuple[list[Figure], list[Target]]:
     return figures, targets
 
 
+def groups(todo: list[Variant]) -> list[tuple[Variant, ...]]:
+    """The variants in the order they are measured: each alone, or a subject with its
+    `TWINS` (of its payload), measured round by round together."""
+    by_key = {(v.name, v.payload): v for v in todo}
+    twinned = {(t, v.payload) for v in todo for t in TWINS.get(v.name, ())}
+    return [
+        (v, *(by_key[t, v.payload] for t in TWINS.get(v.name, ()) if (t, v.payload) in by_key))
+        for v in todo
+        if (v.name, v.payload) not in twinned
+    ]
+
+
 def _interleaved(
     group: tuple[Variant, ...],
     rounds: int,
     command: Callable[[Variant, int], list[str]],
     timeout: float,
 ) -> dict[Variant, Measurement]:
-    """Rounds of a few variants in turn, each round a fresh driver: a difference of a few
-    percent is then not the machine's drift between two runs (metrics on and off, traced
-    or not)."""
+    """Rounds of a few variants in turn, each round a fresh driver."""
     merged = {variant: Measurement() for variant in group}
     for _ in range(rounds):
         for variant in group:
             one = run_driver(command(variant, 1), timeout)
             merged[variant].throughput += one.throughput
+            merged[variant].latency += one.latency
             merged[variant].frame_bytes = one.frame_bytes or merged[variant].frame_bytes
     return merged
 
@@ -391,17 +406,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
             *variant.extra,
         )  # fmt: skip
 
-    by_key = {(v.prefix, v.payload): v for v in todo}
     try:
-        for variant in todo:
-            if variant.prefix in TWINS:
-                continue  # measured with tell, round by round
+        for variant, *twins in groups(todo):
             progress.step(f"{variant.label} ({variant.payload})")
-            twins = [
-                by_key[t, variant.payload]
-                for t in TWINS
-                if variant.prefix == "tell" and (t, variant.payload) in by_key
-            ]
             if not twins:
                 measured = {variant: run_driver(command(variant, rounds), timeout)}
             else:
@@ -436,9 +443,9 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         charts=charts,
         notes=[
             "Values are the best of the timed rounds (all rounds are in the JSON).",
-            "tell with metrics on and off, and traced: one fresh driver per round, the three"
-            " in turn, so that the machine's drift between runs is not read as the metrics'"
-            " or the trace context's cost.",
+            "tell with metrics on and off, and traced; ask and the two raw round trips: one"
+            " fresh driver per round, the three in turn, so that the machine's drift between"
+            " runs is not read as the metrics', the trace context's or the runtime's cost.",
             "tell (traced): each tell carries trace context in a frame header, one"
             " traceparent for a small message, one per request (32) for a batch.",
             "pyzmq floor: sync PUSH/PULL, sender encodes each message, receiver decodes each;"
