@@ -20,6 +20,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import os
 import secrets
 import threading
@@ -133,9 +134,11 @@ def _unreadable(future: asyncio.Future[Any], err: Exception) -> None:
 class _Pending:
     future: asyncio.Future[Any]
     target: str
-    #: The name of the actor asked, and the timeout (an ask's, once it is sent).
+    #: The name of the actor asked, its timeout and its deadline on the loop's clock (an
+    #: ask's, once it is sent; NaN, which equals nothing: none).
     asked: str = ""
     timeout: float = 0.0
+    deadline: float = math.nan
 
 
 class Station:
@@ -211,7 +214,7 @@ class Station:
         self._headers: dict[tuple[Kind, str], HeaderTemplate] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         #: The asks' timeouts, on the loop's clock (set by `open`).
-        self._deadlines: Deadlines[_Pending] | None = None
+        self._deadlines: Deadlines | None = None
         self._token: Any = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.closed = False
@@ -250,7 +253,7 @@ class Station:
     def open(self) -> None:
         """Start reading replies on the running loop and make this the current station."""
         self._loop = asyncio.get_running_loop()
-        self._deadlines = Deadlines(self._loop, self._pending, self._expire)
+        self._deadlines = Deadlines(self._loop, self._pending, self._due, self._expire)
         self.thread = threading.get_ident()
         if self.zap is not None:
             self.zap.start(self._loop)
@@ -397,7 +400,7 @@ class Station:
             if pending is not None:
                 assert self._deadlines is not None  # opened: new_request checked
                 pending.asked, pending.timeout = ref.name, timeout
-                self._deadlines.add(corr, pending, timeout)
+                pending.deadline = self._deadlines.add(corr, timeout)
             if not ENABLED:
                 return await future
             started = time.perf_counter_ns()
@@ -527,8 +530,13 @@ class Station:
             self.drop_request(corr)
         return False
 
-    def _expire(self, corr: int, pending: _Pending) -> None:
-        del self._pending[corr]
+    def _due(self, corr: int, deadline: float) -> bool:
+        """Whether the ask ``corr`` still waits for a reply due by ``deadline``."""
+        pending = self._pending.get(corr)
+        return pending is not None and pending.deadline == deadline
+
+    def _expire(self, corr: int) -> None:
+        pending = self._pending.pop(corr)
         if not pending.future.done():
             pending.future.set_exception(
                 AskTimeoutError(

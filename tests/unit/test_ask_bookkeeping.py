@@ -4,9 +4,11 @@ timer, and `runtime._protocol.new_corr`, their ids."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import os
 import struct
+import weakref
 
 import anyio
 import pytest
@@ -41,20 +43,26 @@ class Gate(Actor[Hold | Ping]):
 
 
 class Requests:
-    """Pending requests as a station keeps them, each a future to fail past its deadline."""
+    """Pending requests as a station keeps them: each a future to fail past its deadline,
+    with the deadline it got."""
 
     def __init__(self) -> None:
-        self.pending: dict[int, asyncio.Future[None]] = {}
+        self.pending: dict[int, tuple[asyncio.Future[None], float]] = {}
         self.expired: list[int] = []
-        self.deadlines = Deadlines(asyncio.get_running_loop(), self.pending, self.expire)
+        loop = asyncio.get_running_loop()
+        self.deadlines = Deadlines(loop, self.pending, self.live, self.expire)
 
     def add(self, key: int, timeout: float) -> asyncio.Future[None]:
-        future = self.pending[key] = asyncio.get_running_loop().create_future()
-        self.deadlines.add(key, future, timeout)
+        future = asyncio.get_running_loop().create_future()
+        self.pending[key] = (future, self.deadlines.add(key, timeout))
         return future
 
-    def expire(self, key: int, future: asyncio.Future[None]) -> None:
-        del self.pending[key]
+    def live(self, key: int, when: float) -> bool:
+        entry = self.pending.get(key)
+        return entry is not None and entry[1] == when
+
+    def expire(self, key: int) -> None:
+        future, _ = self.pending.pop(key)
         self.expired.append(key)
         future.set_exception(TimeoutError(key))
 
@@ -67,14 +75,31 @@ async def test_requests_expire_in_deadline_order_and_an_answered_one_never() -> 
     early = requests.add(4, 0.05)
     del requests.pending[2]  # answered before its deadline
     answered.set_result(None)
+    again = requests.add(2, 60)  # its key used again: the old deadline is not its own
     with anyio.fail_after(5):
         with pytest.raises(TimeoutError):
             await late
     assert requests.expired == [4, 1]
     assert early.done()
     assert not never.done()
+    assert not again.done()
     requests.deadlines.close()
     assert len(requests.deadlines) == 0
+
+
+async def test_an_answered_request_is_not_kept_alive_by_its_deadline() -> None:
+    # Its reply with it: a heap of answered asks holding their futures held every reply
+    # until its deadline.
+    requests = Requests()
+    future = requests.add(1, 60)
+    answer = weakref.ref(future)
+    del requests.pending[1]
+    future.set_result(None)
+    del future
+    gc.collect()
+    assert answer() is None
+    assert len(requests.deadlines) == 1  # the entry is still there, its request gone
+    requests.deadlines.close()
 
 
 async def test_answered_requests_do_not_pile_up() -> None:
@@ -94,10 +119,10 @@ async def test_an_expiry_that_raises_leaves_the_later_deadlines_armed() -> None:
     requests = Requests()
     first = requests.add(1, 0.01)
     second = requests.add(2, 0.05)
-    broken = requests.expire
+    expire = requests.expire
 
-    def expire_once_broken(key: int, future: asyncio.Future[None]) -> None:
-        broken(key, future)
+    def expire_once_broken(key: int) -> None:
+        expire(key)
         if key == 1:
             raise RuntimeError("a broken expiry")
 
