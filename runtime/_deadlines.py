@@ -4,11 +4,12 @@ A timer of the loop's own per ask (``call_later``, then ``cancel`` when the repl
 the asker 1.6 to 2.8 us an ask here, its removal from the loop's heap included: a timer
 handle, pushed onto a heap ordered by a Python ``__lt__``. Here an ask's deadline is a
 ``(deadline, key)`` pair on a heap of its own, ordered in C, and one loop timer is armed for
-the earliest: 0.5 to 0.85 us an ask, the heap's rebuilding included. An answered request's entry is not looked for: it is dropped when it reaches
-the head, or when the heap is rebuilt with the live entries only, which happens as soon as
-it holds more than twice as many entries as there are requests pending (and `SLACK` more).
-So its size stays bounded by what is pending, however many asks are answered before their
-deadlines; and an entry holds no reference to its request, nor to the reply it got.
+the earliest: 0.5 to 0.85 us an ask, the heap's rebuilding included. An answered request's
+entry is not looked for: it is dropped when it reaches the head, or when the heap is rebuilt
+with the live entries only, which happens as soon as it holds more than twice as many
+entries as there are requests pending (and `SLACK` more). So its size stays bounded by what
+is pending, however many asks are answered before their deadlines; and an entry holds no
+reference to its request, nor to the reply it got.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import math
 import os
+import random
 import struct
 import weakref
 
@@ -184,3 +185,51 @@ def test_correlation_ids_are_63_bit_never_0_and_a_forked_child_draws_its_own() -
     assert not theirs & ours
     assert all(0 < corr < 2**63 for corr in ours | theirs)
     assert len(ours) == 2001
+
+
+async def test_many_asks_at_once_each_end_as_its_timeout_says() -> None:
+    # Short and long timeouts in a random order, some asks cancelled by their callers, a
+    # process actor asked too: with the mailbox held, each short one expires, each long
+    # one is answered once it opens, a cancelled one neither; and nothing stays pending.
+    Gate.held, Gate.opened = anyio.Event(), anyio.Event()
+    rng = random.Random(7)
+    async with ActorSystem() as system:
+        ref = await system.spawn(Gate, process=False)
+        far = await system.spawn(Gate, process=True)
+        await ref.tell(Hold())
+        await Gate.held.wait()
+        outcomes: dict[int, str] = {}
+        kinds = [rng.choice(("short", "long", "cancelled")) for _ in range(300)]
+        shorts = [kinds.count("short")]
+        expired = anyio.Event()
+
+        async def ask(n: int, kind: str, scope: anyio.CancelScope) -> None:
+            with scope:
+                try:
+                    timeout = rng.uniform(0.01, 0.2) if kind == "short" else 60.0
+                    target = far if n % 10 == 0 and kind == "long" else ref
+                    reply = await target.ask(Ping(n=n), timeout=timeout)
+                    outcomes[n] = "answered" if reply == Pong(n=n + 1) else f"wrong {reply}"
+                except AskTimeoutError:
+                    outcomes[n] = "expired"
+                    shorts[0] -= 1
+                    if not shorts[0]:
+                        expired.set()
+            if scope.cancel_called:
+                outcomes[n] = "cancelled"
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                scopes = [anyio.CancelScope() for _ in kinds]
+                for n, kind in enumerate(kinds):
+                    tg.start_soon(ask, n, kind, scopes[n])
+                await anyio.wait_all_tasks_blocked()
+                for n, kind in enumerate(kinds):
+                    if kind == "cancelled":
+                        scopes[n].cancel()
+                # Every short ask ends while the mailbox is held, whatever the order.
+                await expired.wait()
+                Gate.opened.set()
+        wanted = {"short": "expired", "long": "answered", "cancelled": "cancelled"}
+        assert outcomes == {n: wanted[kind] for n, kind in enumerate(kinds)}
+        assert not system.station._pending
