@@ -275,16 +275,18 @@ class ReadinessWaiter:
         # message, with a loop iteration and a failed read (an actor answering asks did
         # three iterations per ask instead of two).
         events(self._sock)
-        if not self._waiters:
+        if not self._release():  # nobody to tell: the next `woken` returns at once
             self._fired = True
-            return
-        self._release()
 
-    def _release(self) -> None:
+    def _release(self) -> bool:
+        """Wake every waiter; whether one was still waiting."""
         waiters, self._waiters = self._waiters, []
+        woke = False
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+                woke = True
+        return woke
 
     async def wait(self, event: int) -> None:
         """Return once ``EVENTS`` has ``event`` (``POLLIN`` or ``POLLOUT``), or the waiter
@@ -319,8 +321,14 @@ class ReadinessWaiter:
         self._waiters.append(fut)
         try:
             await fut
+        except BaseException:
+            # Cancelled once woken, before it ran: the signal it was woken by is consumed,
+            # so the next wait must not sleep on it.
+            if fut.done() and not fut.cancelled():
+                self._fired = True
+            raise
         finally:
-            if not fut.done():
+            if not fut.done() or fut.cancelled():
                 fut.cancel()
                 self._waiters = [w for w in self._waiters if w is not fut]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -11,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 import pytest
@@ -233,6 +235,45 @@ class TestReadinessWaiter:
                 with pytest.raises(zmq.Again):  # as a mailbox's drain ends
                     pull.recv(zmq.NOBLOCK)
                 waiter.rearmed()
+        finally:
+            waiter.close()
+            pull.close(0)
+            push.close(0)
+            ctx.term()
+
+    @pytest.mark.parametrize("cancelled", ["asleep", "woken"])
+    async def test_a_wait_cancelled_loses_no_wake_up(self, cancelled: str) -> None:
+        # The loop's reader consumes the signal as the fd fires. A waiter cancelled while
+        # asleep, or woken and cancelled before it ran, must leave the wake-up to the next
+        # wait: else that wait sleeps with a message queued, and no later message signals
+        # again until a read has failed.
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        pull.bind("inproc://waiter-cancelled")
+        push.connect("inproc://waiter-cancelled")
+        waiter = ReadinessWaiter(pull)
+        fd = pull.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        pull.getsockopt(zmq.EVENTS)  # consumes the signal the connection itself raised
+        assert select.select([fd], [], [], 0)[0] == []
+        try:
+            # Cancelled as asyncio cancels (``wait_for``, ``Task.cancel``): a task woken
+            # and not yet run is cancelled all the same (anyio's scopes wait for it to run).
+            task = asyncio.ensure_future(waiter.woken())
+            await anyio.wait_all_tasks_blocked()
+            if cancelled == "woken":
+                push.send(b"m")
+                waiter._wake()  # as the loop's reader does when the fd fires
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            if cancelled == "asleep":
+                push.send(b"m")
+                while select.select([fd], [], [], 0)[0]:  # until the reader has fired
+                    await anyio.lowlevel.checkpoint()  # one loop turn
+            with anyio.fail_after(2):
+                await waiter.woken()
+            assert pull.recv(zmq.NOBLOCK) == b"m"
         finally:
             waiter.close()
             pull.close(0)
