@@ -7,9 +7,10 @@ handle, pushed onto a heap ordered by a Python ``__lt__``. Here an ask's deadlin
 the earliest: 0.5 to 0.85 us an ask, the heap's rebuilding included. An answered request's
 entry is not looked for: it is dropped when it reaches the head, or when the heap is rebuilt
 with the live entries only, which happens as soon as it holds more than twice as many
-entries as there are requests pending (and `SLACK` more). So its size stays bounded by what
-is pending, however many asks are answered before their deadlines; and an entry holds no
-reference to its request, nor to the reply it got.
+entries as there are requests pending (and `SLACK` more). So it never holds more than twice
+the most requests ever pending at once, and `SLACK` more, however many asks are answered
+before their deadlines; and an entry holds no reference to its request, nor to the reply it
+got.
 """
 
 from __future__ import annotations
