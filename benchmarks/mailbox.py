@@ -363,10 +363,12 @@ def _interleaved(
     command: Callable[[Variant, int], list[str]],
     timeout: float,
 ) -> dict[Variant, Measurement]:
-    """Rounds of a few variants in turn, each round a fresh driver."""
+    """Rounds of a few variants in turn, each round a fresh driver; each round begins with
+    the next variant, so that whatever running first or last does is spread over all."""
     merged = {variant: Measurement() for variant in group}
-    for _ in range(rounds):
-        for variant in group:
+    for n in range(rounds):
+        start = n % len(group)
+        for variant in group[start:] + group[:start]:
             one = run_driver(command(variant, 1), timeout)
             merged[variant].throughput += one.throughput
             merged[variant].latency += one.latency
