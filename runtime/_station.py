@@ -392,15 +392,19 @@ class Station:
             except _UNENCODABLE as err:
                 raise _unencodable(msg, err) from err
             frames = (self.header(Kind.ASK, corr, trace=trace), body)
+            left = timeout
             if not self.outbox.try_send_frames(ref.address, frames):
+                assert self._loop is not None  # opened: new_request checked
+                begun = self._loop.time()
                 await self.outbox.send_frames(
                     ref.address, frames, timeout, lambda: self.deaths.check_alive(ref)
                 )
+                left -= self._loop.time() - begun  # the wait for room is part of the ask
             pending = self._pending.get(corr)
             if pending is not None:
                 assert self._deadlines is not None  # opened: new_request checked
                 pending.asked, pending.timeout = ref.name, timeout
-                pending.deadline = self._deadlines.add(corr, timeout)
+                pending.deadline = self._deadlines.add(corr, left)
             if not ENABLED:
                 return await future
             started = time.perf_counter_ns()

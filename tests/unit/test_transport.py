@@ -22,6 +22,7 @@ from runtime import (
     Actor,
     ActorRef,
     ActorSystem,
+    AskTimeoutError,
     MailboxFullError,
     Message,
     ProtocolError,
@@ -114,6 +115,41 @@ class TestFullMailbox:
                 decode = msgspec.msgpack.Decoder(Ping).decode
                 assert [decode(f).n for f in received] == list(range(sent))
                 assert decode(last) == Ping(n=-1)
+            finally:
+                sock.close(0)
+
+    async def test_an_ask_that_waited_for_room_times_out_within_its_own_timeout(self) -> None:
+        # Its reply's timer began once the request was sent: an ask that had waited most of
+        # its timeout for room then waited the whole timeout again for its reply.
+        async with ActorSystem(hwm=10, shutdown_timeout=0.3) as system:
+            sock = system.station.ctx.socket(zmq.PULL)
+            sock.setsockopt(zmq.RCVHWM, 10)
+            path = os.path.join(system.ipc_dir, "late-reader")
+            sock.bind(f"ipc://{path}")
+            reader: ActorRef[Ping] = ActorRef("late-reader", f"ipc://{path}")
+            try:
+                with contextlib.suppress(MailboxFullError):  # until it stays full a while
+                    for _ in range(1_000_000):
+                        await reader.tell(Ping(n=0), timeout=0.05)
+
+                async def make_room_late() -> None:
+                    await anyio.sleep(0.6)  # sync-ok: the room comes late on purpose
+                    while True:  # a reader at last, one that never answers
+                        try:
+                            sock.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            await anyio.sleep(0.005)  # sync-ok: a slow reader's pace
+
+                async def ask() -> None:
+                    with pytest.raises(AskTimeoutError, match=r"within 1 s"):
+                        await reader.ask(Ping(n=1), timeout=1.0)
+
+                started = anyio.current_time()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(make_room_late)
+                    await ask()
+                    tg.cancel_scope.cancel()
+                assert anyio.current_time() - started < 1.3
             finally:
                 sock.close(0)
 
