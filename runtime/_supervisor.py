@@ -250,16 +250,24 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
         self.intensity_exceeded = 0
         self.last_restart_ms: float | None = None
         self._rng = random.Random()
+        #: In `on_start`, and what a hook that gave up there failed the start with.
+        self._starting = False
+        self._start_failure: Exception | None = None
 
     # -- life ---------------------------------------------------------------------------
 
     async def on_start(self) -> None:
+        self._starting = True
         try:
             for entry in self.entries:
                 await self._start(entry)
+                if self._start_failure is not None:  # a hook gave up (`give_up`)
+                    raise self._start_failure
         except BaseException:
             await self._stop_children(self.entries)
             raise
+        finally:
+            self._starting = False
 
     async def on_stop(self) -> None:
         self.stopping = True
@@ -411,10 +419,17 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
     async def give_up(self, error: Exception) -> None:
         """Restart nothing more: stop what still runs, then fail with ``error``, so that this
         supervisor's own supervisor (or its owner) decides. Past the restart intensity, or
-        when a subclass's ``on_child_died`` sees that restarting cannot help."""
+        when a subclass's ``on_child_died`` sees that restarting cannot help. Called while
+        the supervisor starts (from ``on_child_started``), its start fails with ``error``,
+        and no child after that one is started."""
         self.stopping = True
         await self._stop_children(self.entries)
-        self.crash(error)
+        if self._starting:
+            # Failing as its own start (`on_start` raises it): as a crash, the children
+            # after this one were started or not depending on how long each took.
+            self._start_failure = error
+        else:
+            self.crash(error)
 
     async def _restart(self, entry: _Entry) -> None:
         first = True

@@ -24,6 +24,7 @@ from runtime import (
     Down,
     GetSupervisorStatistics,
     Restart,
+    SpawnError,
     Strategy,
     Supervisor,
     SupervisorStatistics,
@@ -635,6 +636,33 @@ class TestFailedRestarts:
             assert "the registry is gone" in reason
             assert [name for name, _ in fail.failed] == ["w", "w"]
             assert len(fail.starts) == 3  # the first start and the two failed attempts
+
+
+#: The children a `GivesUpAtFirstStart` saw started, in order.
+STARTED: list[str] = []
+
+
+class GivesUpAtFirstStart(Supervisor[Any]):
+    """Gives up as its first child starts, as a supervisor does that cannot publish it."""
+
+    async def on_child_started(self, name: str, ref: ActorRef[Any]) -> None:
+        STARTED.append(name)
+        if name == "a":
+            await self.give_up(RuntimeError("a cannot be published"))
+
+
+@pytest.mark.parametrize("process", [False, True])
+async def test_a_supervisor_that_gives_up_while_starting_starts_no_more_children(
+    process: bool,
+) -> None:
+    # In-process children, quick to start, went on starting after it had given up: which
+    # of them ran before its failure ended the start depended on how long each took.
+    STARTED.clear()
+    async with ActorSystem() as system:
+        children = [ChildSpec(Worker, name=n, process=process) for n in "abc"]
+        with pytest.raises(SpawnError, match="a cannot be published"):
+            await system.spawn(GivesUpAtFirstStart, children, process=False)
+        assert STARTED == ["a"]
 
 
 class DiedHookRaises(Supervisor[Any]):
