@@ -80,6 +80,8 @@ class MetricsCollector(Actor[CollectorMessage]):
                 f"retention={retention}: seconds a dead incarnation is kept, a finite number "
                 "of 0 or more"
             )
+        if isinstance(max_dead, bool) or not isinstance(max_dead, int):
+            raise TypeError(f"max_dead={max_dead!r}: a whole number of dead incarnations kept")
         if max_dead < 0:
             raise ValueError(f"max_dead={max_dead}: dead incarnations kept, 0 or more")
         if not 0 < timeout < math.inf:

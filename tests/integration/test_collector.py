@@ -238,6 +238,12 @@ class TestArguments:
         with pytest.raises(ValueError, match=re.escape(named)):
             MetricsCollector(**arguments)
 
+    @pytest.mark.parametrize("max_dead", [2.5, "2", True, None])
+    def test_a_max_dead_that_is_not_a_whole_number_is_refused(self, max_dead: object) -> None:
+        # 2.5 kept two and True one; a str or None failed on a comparison that named neither.
+        with pytest.raises(TypeError, match=re.escape(f"max_dead={max_dead!r}")):
+            MetricsCollector(max_dead=max_dead)  # type: ignore[arg-type]
+
     @pytest.mark.parametrize("timeout", [math.nan, math.inf, 0.0, -1.0])
     async def test_a_gathering_refuses_a_timeout_out_of_range(self, timeout: float) -> None:
         """Before, one out of range was silently the default."""
