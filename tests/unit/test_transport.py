@@ -76,6 +76,22 @@ class TestOptions:
             TransportOptions(**kwargs)  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def bare_mailbox(
+    system: ActorSystem, name: str
+) -> Iterator[tuple[zmq.Socket[bytes], ActorRef[Ping]]]:
+    """A PULL socket in ``system``'s directory, taking 10 messages and read by the test
+    alone, and a ref to it (closed on the way out)."""
+    sock = system.station.ctx.socket(zmq.PULL)
+    try:
+        sock.setsockopt(zmq.RCVHWM, 10)
+        path = os.path.join(system.ipc_dir, name)
+        sock.bind(f"ipc://{path}")
+        yield sock, ActorRef(name, f"ipc://{path}")
+    finally:
+        sock.close(0)
+
+
 class TestFullMailbox:
     async def test_a_tell_to_a_mailbox_that_stays_full_fails_after_its_timeout(self) -> None:
         # A bare socket never acknowledges the exit's flush: a short shutdown_timeout.
@@ -98,12 +114,7 @@ class TestFullMailbox:
         self,
     ) -> None:
         async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
-            sock = system.station.ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, 10)
-            path = os.path.join(system.ipc_dir, "slow-reader")
-            sock.bind(f"ipc://{path}")
-            reader: ActorRef[Ping] = ActorRef("slow-reader", f"ipc://{path}")
-            try:
+            with bare_mailbox(system, "slow-reader") as (sock, reader):
                 sent = 0
                 while system.station.try_tell(reader, Ping(n=sent)) is None:
                     sent += 1  # until the queues are full
@@ -115,19 +126,12 @@ class TestFullMailbox:
                 decode = msgspec.msgpack.Decoder(Ping).decode
                 assert [decode(f).n for f in received] == list(range(sent))
                 assert decode(last) == Ping(n=-1)
-            finally:
-                sock.close(0)
 
     async def test_an_ask_that_waited_for_room_times_out_within_its_own_timeout(self) -> None:
         # Its reply's timer began once the request was sent: an ask that had waited most of
         # its timeout for room then waited the whole timeout again for its reply.
         async with ActorSystem(hwm=10, shutdown_timeout=0.3) as system:
-            sock = system.station.ctx.socket(zmq.PULL)
-            sock.setsockopt(zmq.RCVHWM, 10)
-            path = os.path.join(system.ipc_dir, "late-reader")
-            sock.bind(f"ipc://{path}")
-            reader: ActorRef[Ping] = ActorRef("late-reader", f"ipc://{path}")
-            try:
+            with bare_mailbox(system, "late-reader") as (sock, reader):
                 with contextlib.suppress(MailboxFullError):  # until it stays full a while
                     for _ in range(1_000_000):
                         await reader.tell(Ping(n=0), timeout=0.05)
@@ -150,8 +154,6 @@ class TestFullMailbox:
                     await ask()
                     tg.cancel_scope.cancel()
                 assert anyio.current_time() - started < 1.3
-            finally:
-                sock.close(0)
 
 
 class TestMessageSize:
@@ -210,16 +212,33 @@ class Holder(Actor[Hold | Ping]):
         return Pong(n=msg.n + 1)
 
 
+@contextlib.contextmanager
+def watched_pull(
+    name: str,
+) -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes], ReadinessWaiter, int]]:
+    """An inproc PULL socket fed by a PUSH, the PULL's `ReadinessWaiter` and its fd; all
+    closed on the way out."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind(f"inproc://{name}")
+    push.connect(f"inproc://{name}")
+    waiter = ReadinessWaiter(pull)
+    fd = pull.getsockopt(zmq.FD)
+    assert isinstance(fd, int)
+    try:
+        yield pull, push, waiter, fd
+    finally:
+        waiter.close()
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+
+
 class TestReadinessWaiter:
     """The loop reader stays registered between waits, so it must never spin the loop."""
 
     async def test_signals_nobody_waits_for_are_consumed_and_the_loop_stays_idle(self) -> None:
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-        pull.bind("inproc://waiter")
-        push.connect("inproc://waiter")
-        waiter = ReadinessWaiter(pull)
-        try:
+        with watched_pull("waiter") as (pull, push, waiter, _):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiter.wait, POLLIN)
                 await anyio.wait_all_tasks_blocked()  # it sleeps: the loop reader is registered
@@ -235,11 +254,6 @@ class TestReadinessWaiter:
             assert time.process_time() - cpu < 0.15, "the loop spun on a zmq fd signal"
             await waiter.wait(POLLIN)  # messages queued meanwhile: no wait at all
             assert [pull.recv() for _ in range(100)] == [b"%d" % i for i in range(100)]
-        finally:
-            waiter.close()
-            pull.close(0)
-            push.close(0)
-            ctx.term()
 
     async def test_a_wake_up_consumes_its_signal_so_the_loop_reports_each_message_once(
         self,
@@ -248,14 +262,7 @@ class TestReadinessWaiter:
         # next poll, which runs before that task: the stale report then woke the wait the
         # task had begun after its read, for nothing (a loop iteration and a failed read
         # more per message, on every actor answering asks one at a time).
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-        pull.bind("inproc://waiter")
-        push.connect("inproc://waiter")
-        waiter = ReadinessWaiter(pull)
-        fd = pull.getsockopt(zmq.FD)
-        assert isinstance(fd, int)
-        try:
+        with watched_pull("waiter") as (pull, push, waiter, fd):
 
             async def send_once_waiting(data: bytes) -> None:
                 await anyio.wait_all_tasks_blocked()
@@ -271,11 +278,6 @@ class TestReadinessWaiter:
                 with pytest.raises(zmq.Again):  # as a mailbox's drain ends
                     pull.recv(zmq.NOBLOCK)
                 waiter.rearmed()
-        finally:
-            waiter.close()
-            pull.close(0)
-            push.close(0)
-            ctx.term()
 
     @pytest.mark.parametrize("cancelled", ["asleep", "woken"])
     async def test_a_wait_cancelled_loses_no_wake_up(self, cancelled: str) -> None:
@@ -283,16 +285,9 @@ class TestReadinessWaiter:
         # asleep, or woken and cancelled before it ran, must leave the wake-up to the next
         # wait: else that wait sleeps with a message queued, and no later message signals
         # again until a read has failed.
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-        pull.bind("inproc://waiter-cancelled")
-        push.connect("inproc://waiter-cancelled")
-        waiter = ReadinessWaiter(pull)
-        fd = pull.getsockopt(zmq.FD)
-        assert isinstance(fd, int)
-        pull.getsockopt(zmq.EVENTS)  # consumes the signal the connection itself raised
-        assert select.select([fd], [], [], 0)[0] == []
-        try:
+        with watched_pull("waiter-cancelled") as (pull, push, waiter, fd):
+            pull.getsockopt(zmq.EVENTS)  # consumes the signal the connection itself raised
+            assert select.select([fd], [], [], 0)[0] == []
             # Cancelled as asyncio cancels (``wait_for``, ``Task.cancel``): a task woken
             # and not yet run is cancelled all the same (anyio's scopes wait for it to run).
             task = asyncio.ensure_future(waiter.woken())
@@ -310,11 +305,6 @@ class TestReadinessWaiter:
             with anyio.fail_after(2):
                 await waiter.woken()
             assert pull.recv(zmq.NOBLOCK) == b"m"
-        finally:
-            waiter.close()
-            pull.close(0)
-            push.close(0)
-            ctx.term()
 
     async def test_tells_arriving_while_a_handler_awaits_do_not_spin_the_loop(self) -> None:
         Holder.holding = anyio.Event()
