@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -217,15 +217,22 @@ class ForkServer:
         ours.setblocking(False)  # this end only: the child's end reads its spec blocking
         pid = 0
         try:
-            with anyio.CancelScope(shield=True):
-                # Shielded: once the request is sent a child may exist, and only the
-                # answer says which; a cancelled caller gets its cancellation right after.
-                pid = await self._request(spec, ours, theirs, timeout)
+            # Waited for to its end: once the request is sent a child may exist, and only
+            # the answer says which; a cancelled caller gets its cancellation right after.
+            request = asyncio.ensure_future(self._request(spec, ours, theirs, timeout))
+            cancelled = await _to_its_end(request)
+            if cancelled and request.exception() is not None:
+                raise asyncio.CancelledError  # nothing was forked: no retry either
+            pid = request.result()
         finally:
             theirs.close()
             if not pid:
                 ours.close()
         proc = ChildProcess(ForkedProcess(pid, ours))
+        if cancelled:
+            proc.kill()
+            await proc.reap()
+            raise asyncio.CancelledError
         try:
             await asyncio.get_running_loop().sock_sendall(ours, payload)
         except (BrokenPipeError, ConnectionResetError):
@@ -389,6 +396,21 @@ async def _self_reported(sock: socket.socket) -> int:
         return 0
     (pid,) = PID.unpack(data)
     return int(pid)
+
+
+async def _to_its_end(task: asyncio.Future[Any]) -> bool:
+    """Wait until ``task`` is done, however the caller is cancelled meanwhile; whether it
+    was. A shielded cancel scope holds off anyio's cancellation only: asyncio's own
+    (``Task.cancel``, as ``asyncio.timeout`` and ``wait_for`` do it) passes it, and a fork
+    request cancelled so lost the pid of the child it had asked for (left unreaped)."""
+    cancelled = False
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait((task,))
+            except asyncio.CancelledError:
+                cancelled = True
+    return cancelled
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -391,3 +392,31 @@ class TestPreloadedPipeline:
             assert server_of(pipeline.system) is server
             assert server.forked == forked + 1
             assert threads_of(server.pid if server.pid else 0) == 1
+
+
+class TestCancelledSpawns:
+    async def test_a_spawn_cancelled_by_asyncio_while_forking_leaves_no_process(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # asyncio's own cancellation (``wait_for``, ``asyncio.timeout``, ``Task.cancel``)
+        # passes anyio's shielded scopes: the request in flight, its child forked once the
+        # server answers, must still be known here, and that child killed and reaped.
+        with import_gate(monkeypatch) as gate:
+            async with ActorSystem(eager_fork_server=True) as system:
+                server = server_of(system)
+                task = asyncio.ensure_future(system.spawn(Forked, name="given-up"))
+                # Returns once the server is inside the actor module's import: the fork
+                # request is in flight.
+                writer = await anyio.to_thread.run_sync(os.open, gate, os.O_WRONLY)
+                task.cancel()
+                os.unlink(gate)
+                os.close(writer)
+                with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+                    await task
+                # The server answers requests in order: once this one is ready, the
+                # cancelled one's child was forked (and is gone again).
+                with anyio.fail_after(10):
+                    later = await where(await system.spawn(Forked, name="later"))
+                # Not even a zombie (a forked child bears the server's command line until
+                # it names itself: `actor_pids` would not see it).
+                assert child_pids() == {server.pid, later.pid}
