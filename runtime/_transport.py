@@ -851,7 +851,10 @@ class Outbox:
         refuse_nan(limit, "tell")
         peer = self._peer(address)
         try:
-            await asyncio.wait_for(peer.waiter.wait(POLLOUT), limit)
+            # Not ``asyncio.wait_for``: Python 3.11's returns the result, swallowing the
+            # caller's cancellation, when it is cancelled once its inner wait is done.
+            async with asyncio.timeout(limit):
+                await peer.waiter.wait(POLLOUT)
         except TimeoutError:
             raise MailboxFullError(
                 f"the mailbox at {address} stayed full (hwm={self._options.hwm}) for "

@@ -127,6 +127,40 @@ class TestFullMailbox:
                 assert [decode(f).n for f in received] == list(range(sent))
                 assert decode(last) == Ping(n=-1)
 
+    async def test_a_tell_waiting_for_room_cancelled_as_it_is_woken_is_cancelled(
+        self,
+    ) -> None:
+        # asyncio's cancellation may reach a task in the turn the room it waits for came
+        # (``Task.cancel``, ``asyncio.timeout``): the tell must raise it. Waited through
+        # ``asyncio.wait_for`` (Python 3.11's swallows a cancellation that meets a done
+        # inner wait), it sent and returned instead, and the task lived on uncancelled.
+        async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
+            with bare_mailbox(system, "cancelled-writer") as (sock, reader):
+                sent = 0
+                while system.station.try_tell(reader, Ping(n=sent)) is None:
+                    sent += 1  # until the queues are full
+                waiter = system.station.outbox._peers[reader.address].waiter
+                woken = waiter._wake
+                task: asyncio.Task[None] | None = None
+
+                def wake_then_cancel() -> None:  # the loop's reader, once the room came
+                    woken()
+                    assert task is not None
+                    task.cancel()
+
+                waiter._wake = wake_then_cancel  # type: ignore[method-assign]
+                task = asyncio.ensure_future(reader.tell(Ping(n=-1)))
+                await anyio.wait_all_tasks_blocked()  # the tell waits for room
+                received = [sock.recv() for _ in range(sent)]  # makes room
+                with anyio.fail_after(5), pytest.raises(asyncio.CancelledError):
+                    await task
+                waiter._wake = woken  # type: ignore[method-assign]
+                await reader.tell(Ping(n=-2))  # the ref and its socket serve on
+                last = await anyio.to_thread.run_sync(sock.recv)
+                decode = msgspec.msgpack.Decoder(Ping).decode
+                assert [decode(f).n for f in received] == list(range(sent))
+                assert decode(last) == Ping(n=-2)  # the cancelled tell sent nothing
+
     async def test_an_ask_that_waited_for_room_times_out_within_its_own_timeout(self) -> None:
         # Its reply's timer began once the request was sent: an ask that had waited most of
         # its timeout for room then waited the whole timeout again for its reply.
