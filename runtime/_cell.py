@@ -10,8 +10,10 @@ into its exit status and last words.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from asyncio import CancelledError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,17 @@ _MOST_GATHER_TIMEOUT = 3600.0
 _SAMPLED_RUNS = 16
 
 _Handlers = dict[type["Message"], tuple["Callable[[Any], Any]", bool]]
+
+
+def _cancelling() -> bool:
+    """Whether this task is being cancelled: a ``CancelledError`` a handler raises is its
+    actor's cancellation then (its scope's, its system's), and else one the handler met
+    (it awaited a task or future cancelled by someone else), an error like any other: it
+    fails its message only. Taken for a cancellation, it ended the actor, as "cancelled
+    with its system's task"."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
 
 #: Each actor class's mailbox decoder (`Cell.decoder_for`), as `handler_table` keeps its
 #: handlers: one per class for the life of the process.
@@ -227,6 +240,10 @@ class Cell:
                     fn(msg)
             except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
                 self._handler_failed(msg, err)
+            except CancelledError as err:
+                if _cancelling():
+                    raise
+                self._handler_failed(msg, err)
             finally:
                 if context is not None:
                     trace.trace = ()
@@ -265,6 +282,10 @@ class Cell:
                         fn(msg)
                 except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
                     self._handler_failed(msg, err)
+                except CancelledError as err:
+                    if _cancelling():
+                        raise
+                    self._handler_failed(msg, err)
                 finally:
                     trace.trace = ()
                 ended = clock()
@@ -287,7 +308,7 @@ class Cell:
         self._handler_ns += spent
         return stop
 
-    def _handler_failed(self, msg: Message, err: Exception) -> None:
+    def _handler_failed(self, msg: Message, err: BaseException) -> None:
         self.mailbox.fail()
         self._errors.error(
             "%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__, exc_info=err
@@ -348,6 +369,10 @@ class Cell:
                 fn(msg)
         except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
             self._handler_failed(msg, err)
+        except CancelledError as err:
+            if _cancelling():
+                raise
+            self._handler_failed(msg, err)
         finally:
             self._trace.trace = ()
 
@@ -361,7 +386,9 @@ class Cell:
         self._trace.trace = header.trace
         try:
             result = await fn(msg) if is_async else fn(msg)
-        except Exception as err:  # noqa: BLE001 - the asker gets the error as data
+        except (Exception, CancelledError) as err:  # the asker gets the error as data
+            if isinstance(err, CancelledError) and _cancelling():
+                raise
             self.mailbox.fail()
             logger.debug("%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__)
             await self._reply_error(header, ErrorBody.of(err))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import types
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -281,6 +282,39 @@ class TestInProcessActors:
             assert info.value.type_name == "runtime.ProtocolError"
             assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=1)
             assert (await system.statistics(ref)).failed == 1
+
+    async def test_a_cancelled_error_a_handler_raises_unasked_fails_its_message_only(
+        self,
+    ) -> None:
+        # asyncio raises CancelledError in whoever awaits a task or future cancelled by
+        # someone else: not this actor's cancellation. It was taken for one: the actor
+        # ended as "cancelled with its system's task" (logged as the host's own doing),
+        # and its asker got ActorDeadError.
+        async def cancelled_elsewhere() -> None:
+            future = asyncio.get_running_loop().create_future()
+            future.cancel()
+            await future
+
+        class Unlucky(Actor[Ping | Point]):
+            @handler
+            async def ping(self, msg: Ping) -> Pong:
+                if not msg.n:
+                    await cancelled_elsewhere()
+                return Pong(n=msg.n)
+
+            @handler
+            async def point(self, msg: Point) -> None:
+                await cancelled_elsewhere()
+
+        async with ActorSystem() as system:
+            ref = await system.spawn(Unlucky, process=False)
+            with pytest.raises(RemoteActorError) as info:
+                await ref.ask(Ping(n=0), timeout=5)
+            assert info.value.type_name.endswith("CancelledError")
+            await ref.tell(Point(x=0, y=0))
+            assert await ref.ask(Ping(n=1), timeout=5) == Pong(n=1)
+            assert not system.is_dead(ref)
+            assert (await system.statistics(ref)).failed == 2
 
     async def test_a_message_msgspec_cannot_encode_is_refused_naming_its_type(self) -> None:
         async with ActorSystem() as system:
