@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import anyio
+
 
 class TokenyardError(Exception):
     """Root of every error tokenyard raises on purpose."""
@@ -73,3 +78,21 @@ def sole_error(err: BaseException) -> BaseException:
             break
         err = next(iter(distinct.values()))
     return err
+
+
+async def run_to_its_end(task: asyncio.Future[Any]) -> bool:
+    """Wait until ``task`` is done, however the caller is cancelled meanwhile; whether it
+    was (the caller raises its cancellation once it has dealt with what ``task`` did).
+
+    A shielded cancel scope holds off anyio's cancellation only: asyncio's own
+    (``Task.cancel``, as ``asyncio.timeout`` and ``wait_for`` do it) passes it, and what
+    the scope guarded was left half done.
+    """
+    cancelled = False
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait((task,))
+            except asyncio.CancelledError:
+                cancelled = True
+    return cancelled

@@ -23,12 +23,12 @@ import signal
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
-from ._errors import SpawnError
+from ._errors import SpawnError, run_to_its_end
 from ._forkwire import COMMAND, PID, ForkRequest, Hello, Reply, encoder, reply_decoder
 from ._spawn import ChildProcess, child_env
 
@@ -220,7 +220,7 @@ class ForkServer:
             # Waited for to its end: once the request is sent a child may exist, and only
             # the answer says which; a cancelled caller gets its cancellation right after.
             request = asyncio.ensure_future(self._request(spec, ours, theirs, timeout))
-            cancelled = await _to_its_end(request)
+            cancelled = await run_to_its_end(request)
             if cancelled and request.exception() is not None:
                 raise asyncio.CancelledError  # nothing was forked: no retry either
             pid = request.result()
@@ -396,21 +396,6 @@ async def _self_reported(sock: socket.socket) -> int:
         return 0
     (pid,) = PID.unpack(data)
     return int(pid)
-
-
-async def _to_its_end(task: asyncio.Future[Any]) -> bool:
-    """Wait until ``task`` is done, however the caller is cancelled meanwhile; whether it
-    was. A shielded cancel scope holds off anyio's cancellation only: asyncio's own
-    (``Task.cancel``, as ``asyncio.timeout`` and ``wait_for`` do it) passes it, and a fork
-    request cancelled so lost the pid of the child it had asked for (left unreaped)."""
-    cancelled = False
-    with anyio.CancelScope(shield=True):
-        while not task.done():
-            try:
-                await asyncio.wait((task,))
-            except asyncio.CancelledError:
-                cancelled = True
-    return cancelled
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

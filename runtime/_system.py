@@ -21,7 +21,13 @@ import msgspec
 from ._auth import Keys, cookie_of
 from ._cell import Cell, Ending, live
 from ._credentials import Credentials, file_identity
-from ._errors import ActorDeadError, ActorNotFoundError, TokenyardError, sole_error
+from ._errors import (
+    ActorDeadError,
+    ActorNotFoundError,
+    TokenyardError,
+    run_to_its_end,
+    sole_error,
+)
 from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, check_start
 from ._mailbox import Mailbox, MailboxStatistics
 from ._message import Message
@@ -390,13 +396,13 @@ class ActorSystem:
             return
         self._check_closer()
         self.closing = True
+        cancelled = False
         try:
-            with anyio.CancelScope(shield=True):
-                if exc_type is None and not self.role.in_actor_process:
-                    await self.deliver_tells()
-                if self._spawner is not None:
-                    await self._spawner.children.stop_all()
-                await self.launcher.aclose()
+            # In a task of its own, waited for to its end: a cancellation (asyncio's own
+            # passes a shielded scope) must not leave children running and unreaped.
+            stopping = asyncio.ensure_future(self._stop_everything(graceful=exc_type is None))
+            cancelled = await run_to_its_end(stopping)
+            stopping.result()
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
@@ -404,6 +410,17 @@ class ActorSystem:
             station = self.station
             station.close(self.options.linger_ms if self.role.in_actor_process else 0)
             self._remove_dir()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _stop_everything(self, *, graceful: bool) -> None:
+        """A close's stops: tells delivered (``graceful``), children stopped, the fork
+        server reaped."""
+        if graceful and not self.role.in_actor_process:
+            await self.deliver_tells()
+        if self._spawner is not None:
+            await self._spawner.children.stop_all()
+        await self.launcher.aclose()
 
     def _check_closer(self) -> None:
         """Refuse to close from any task but the one that opened the system, touching nothing.

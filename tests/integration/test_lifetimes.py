@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 
 from runtime import Actor, ActorSystem, Cause, Message, Request, handler
 from runtime._children import TERM_GRACE
-from tests.conftest import exits_within
+from tests.conftest import child_pids, exits_within
 
 from ._actors import Echo, Ping, Pong, Slow
 from ._scripts import run_script
@@ -177,6 +178,50 @@ class TestCancelledOwner:
                 await forever.wait()  # until the deadline cancels the scope
         assert scope.cancelled_caught
         # The autouse guard checks that no process or ipc directory is left behind.
+
+
+class HoldsItsStop(Actor[Ping]):
+    """Says when its ``on_stop`` began, then waits to be let go."""
+
+    def __init__(self, stopping: asyncio.Event, release: asyncio.Event) -> None:
+        self.stopping = stopping
+        self.release = release
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+    async def on_stop(self) -> None:
+        self.stopping.set()
+        await self.release.wait()
+
+
+class TestCancelledClose:
+    async def test_a_system_cancelled_by_asyncio_while_it_closes_still_closes_fully(
+        self,
+    ) -> None:
+        # asyncio's cancellation (``Task.cancel``, an ``asyncio.timeout`` around the
+        # ``async with``) passes the shielded scope a close runs in: it left the close half
+        # done, the children not yet stopped (here the process) running on, never reaped.
+        stopping, release = asyncio.Event(), asyncio.Event()
+        pids: list[int] = []
+
+        async def use_a_system() -> None:
+            async with ActorSystem(shutdown_timeout=5.0) as system:
+                echo = await system.spawn(Echo, name="echo")
+                pids.append(system.pid_of(echo) or 0)
+                await system.spawn(HoldsItsStop, stopping, release, process=False)
+            # closing: children stopped newest first, the in-process one holds its stop
+
+        task = asyncio.ensure_future(use_a_system())
+        with anyio.fail_after(20):
+            await stopping.wait()
+            task.cancel()
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert exits_within(pids[0], 0)  # stopped before the close raised its cancellation
+        assert pids[0] not in child_pids()  # and reaped
 
 
 class TestLiveness:
