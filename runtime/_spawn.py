@@ -25,12 +25,11 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any, Protocol
 
-import anyio
 import msgspec
 
 from ._auth import Keys
 from ._codec import encode_spawn_value
-from ._errors import RemoteActorError, SpawnError
+from ._errors import RemoteActorError, SpawnError, run_to_its_end
 from ._message import type_path
 from ._protocol import Header, Kind, ReadyBody, SpawnOptions, SpawnTarget, ready_decoder
 from ._transport import TransportOptions, unwatch
@@ -359,10 +358,18 @@ class ChildProcess:
         self.signal(signal.SIGKILL)
 
     async def reap(self) -> int:
-        """Wait for the exit (even while being cancelled), release, return the status."""
-        with anyio.CancelScope(shield=True):
-            code = await self.wait()
+        """Wait for the exit, release, return the status; a cancellation meanwhile (anyio's
+        or asyncio's) is raised once the process is reaped.
+
+        A shielded scope held off anyio's cancellation only: asyncio's (``Task.cancel``,
+        ``asyncio.timeout``) left the process unreaped and its pidfd open.
+        """
+        waiting = asyncio.ensure_future(self.wait())
+        cancelled = await run_to_its_end(waiting)
         self.close()
+        code = waiting.result()
+        if cancelled:
+            raise asyncio.CancelledError
         return code
 
     def close(self) -> None:

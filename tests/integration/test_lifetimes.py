@@ -7,6 +7,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from runtime import Actor, ActorSystem, Cause, Message, Request, handler
 from runtime._children import TERM_GRACE
+from runtime._spawn import ChildProcess
 from tests.conftest import child_pids, exits_within
 
 from ._actors import Echo, Ping, Pong, Slow
@@ -194,6 +197,24 @@ class HoldsItsStop(Actor[Ping]):
     async def on_stop(self) -> None:
         self.stopping.set()
         await self.release.wait()
+
+
+class TestCancelledReap:
+    async def test_a_reap_cancelled_by_asyncio_reaps_its_process_all_the_same(self) -> None:
+        # A shielded scope held off anyio's cancellation only: cancelled by asyncio, the
+        # reap gave up at once, leaving the process a zombie and its pidfd open.
+        popen = subprocess.Popen(  # noqa: ASYNC220 - as the runtime starts an actor process
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        )
+        proc = ChildProcess(popen)
+        task = asyncio.ensure_future(proc.reap())
+        await anyio.wait_all_tasks_blocked()  # it waits for the exit
+        task.cancel()
+        proc.kill()
+        with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+            await task
+        assert popen.returncode is not None  # reaped before the cancellation was raised
+        assert popen.pid not in child_pids()
 
 
 class TestCancelledClose:
