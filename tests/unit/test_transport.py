@@ -92,6 +92,22 @@ def bare_mailbox(
         sock.close(0)
 
 
+def fill(system: ActorSystem, ref: ActorRef[Ping]) -> int:
+    """Tell ``ref`` numbered pings until its queues are full; how many went."""
+    sent = 0
+    while system.station.try_tell(ref, Ping(n=sent)) is None:
+        sent += 1
+    return sent
+
+
+async def assert_read(sock: zmq.Socket[bytes], received: list[bytes], sent: int, last: int) -> None:
+    """``received`` are the ``sent`` pings `fill` told, in order, and the next one on
+    ``sock`` is ``Ping(n=last)``."""
+    decode = msgspec.msgpack.Decoder(Ping).decode
+    assert [decode(f).n for f in received] == list(range(sent))
+    assert decode(await anyio.to_thread.run_sync(sock.recv)) == Ping(n=last)
+
+
 class TestFullMailbox:
     async def test_a_tell_to_a_mailbox_that_stays_full_fails_after_its_timeout(self) -> None:
         # A bare socket never acknowledges the exit's flush: a short shutdown_timeout.
@@ -115,17 +131,12 @@ class TestFullMailbox:
     ) -> None:
         async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
             with bare_mailbox(system, "slow-reader") as (sock, reader):
-                sent = 0
-                while system.station.try_tell(reader, Ping(n=sent)) is None:
-                    sent += 1  # until the queues are full
+                sent = fill(system, reader)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(reader.tell, Ping(n=-1))
                     await anyio.wait_all_tasks_blocked()  # the tell waits for room
                     received = [sock.recv() for _ in range(sent)]  # makes room
-                last = await anyio.to_thread.run_sync(sock.recv)
-                decode = msgspec.msgpack.Decoder(Ping).decode
-                assert [decode(f).n for f in received] == list(range(sent))
-                assert decode(last) == Ping(n=-1)
+                await assert_read(sock, received, sent, last=-1)
 
     async def test_a_tell_waiting_for_room_cancelled_as_it_is_woken_is_cancelled(
         self,
@@ -136,9 +147,7 @@ class TestFullMailbox:
         # inner wait), it sent and returned instead, and the task lived on uncancelled.
         async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
             with bare_mailbox(system, "cancelled-writer") as (sock, reader):
-                sent = 0
-                while system.station.try_tell(reader, Ping(n=sent)) is None:
-                    sent += 1  # until the queues are full
+                sent = fill(system, reader)
                 waiter = system.station.outbox._peers[reader.address].waiter
                 woken = waiter._wake
                 task: asyncio.Task[None] | None = None
@@ -156,10 +165,7 @@ class TestFullMailbox:
                     await task
                 waiter._wake = woken  # type: ignore[method-assign]
                 await reader.tell(Ping(n=-2))  # the ref and its socket serve on
-                last = await anyio.to_thread.run_sync(sock.recv)
-                decode = msgspec.msgpack.Decoder(Ping).decode
-                assert [decode(f).n for f in received] == list(range(sent))
-                assert decode(last) == Ping(n=-2)  # the cancelled tell sent nothing
+                await assert_read(sock, received, sent, last=-2)  # the cancelled one: not sent
 
     async def test_an_ask_that_waited_for_room_times_out_within_its_own_timeout(self) -> None:
         # Its reply's timer began once the request was sent: an ask that had waited most of
