@@ -61,12 +61,14 @@ _SAMPLED_RUNS = 16
 _Handlers = dict[type["Message"], tuple["Callable[[Any], Any]", bool]]
 
 
-def _cancelling() -> bool:
-    """Whether this task is being cancelled: a ``CancelledError`` a handler raises is its
-    actor's cancellation then (its scope's, its system's), and else one the handler met
-    (it awaited a task or future cancelled by someone else), an error like any other: it
-    fails its message only. Taken for a cancellation, it ended the actor, as "cancelled
-    with its system's task"."""
+def _own_cancellation(err: BaseException) -> bool:
+    """Whether ``err``, raised by a handler, is its actor's cancellation: a
+    ``CancelledError`` while its task is being cancelled (by its scope, its system).
+    Another is one the handler met (it awaited a task or future cancelled by someone else),
+    an error like any other: it fails its message only. Taken for a cancellation, it ended
+    the actor, as "cancelled with its system's task"."""
+    if not isinstance(err, CancelledError):
+        return False
     task = asyncio.current_task()
     return task is None or task.cancelling() > 0
 
@@ -238,11 +240,7 @@ class Cell:
                     await fn(msg)
                 else:
                     fn(msg)
-            except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-                self._handler_failed(msg, err)
-            except CancelledError as err:
-                if _cancelling():
-                    raise
+            except (Exception, CancelledError) as err:  # noqa: BLE001 - fails its message
                 self._handler_failed(msg, err)
             finally:
                 if context is not None:
@@ -280,11 +278,7 @@ class Cell:
                         await fn(msg)
                     else:
                         fn(msg)
-                except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-                    self._handler_failed(msg, err)
-                except CancelledError as err:
-                    if _cancelling():
-                        raise
+                except (Exception, CancelledError) as err:  # noqa: BLE001 - fails its message
                     self._handler_failed(msg, err)
                 finally:
                     trace.trace = ()
@@ -309,6 +303,10 @@ class Cell:
         return stop
 
     def _handler_failed(self, msg: Message, err: BaseException) -> None:
+        """Count and log the failure of a handler (raise ``err`` on when it is the actor's
+        own cancellation)."""
+        if _own_cancellation(err):
+            raise err
         self.mailbox.fail()
         self._errors.error(
             "%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__, exc_info=err
@@ -367,11 +365,7 @@ class Cell:
                 await fn(msg)
             else:
                 fn(msg)
-        except Exception as err:  # noqa: BLE001 - a handler's error fails its message only
-            self._handler_failed(msg, err)
-        except CancelledError as err:
-            if _cancelling():
-                raise
+        except (Exception, CancelledError) as err:  # noqa: BLE001 - fails its message
             self._handler_failed(msg, err)
         finally:
             self._trace.trace = ()
@@ -387,7 +381,7 @@ class Cell:
         try:
             result = await fn(msg) if is_async else fn(msg)
         except (Exception, CancelledError) as err:  # the asker gets the error as data
-            if isinstance(err, CancelledError) and _cancelling():
+            if _own_cancellation(err):
                 raise
             self.mailbox.fail()
             logger.debug("%s: handler of %s raised", self.mailbox.actor_name, type(msg).__name__)
