@@ -592,6 +592,19 @@ async def hook_fails(
     return sup, await system.lookup("w")
 
 
+async def reason_after_a_crash(
+    system: ActorSystem, fail: FailOnce, kind: type[HookFails] = HookFails
+) -> str:
+    """Crash the worker of a `hook_fails` supervisor (or ``kind``) whose hook fails from then
+    on; the reason the supervisor died of."""
+    sup, first = await hook_fails(system, fail, kind)
+    fail.failures = 1_000
+    down = system.watch(sup)
+    await first.tell(Crash())
+    with anyio.fail_after(30):
+        return (await down).reason
+
+
 class TestFailedRestarts:
     async def test_a_restart_whose_start_raises_anything_is_tried_again(self) -> None:
         fail = FailOnce()
@@ -614,24 +627,14 @@ class TestFailedRestarts:
     ) -> None:
         fail = FailOnce()
         async with ActorSystem() as system:
-            sup, first = await hook_fails(system, fail)
-            fail.failures = 1_000
-            down = system.watch(sup)
-            await first.tell(Crash())
-            with anyio.fail_after(30):
-                assert "restarts in" in (await down).reason
+            assert "restarts in" in await reason_after_a_crash(system, fail)
 
     async def test_a_supervisor_told_of_failed_restarts_can_give_up_before_the_intensity(
         self,
     ) -> None:
         fail = FailOnce()
         async with ActorSystem() as system:
-            sup, first = await hook_fails(system, fail, GivesUp)
-            fail.failures = 1_000
-            down = system.watch(sup)
-            await first.tell(Crash())
-            with anyio.fail_after(30):
-                reason = (await down).reason
+            reason = await reason_after_a_crash(system, fail, GivesUp)
             assert "w failed to restart twice" in reason
             assert "the registry is gone" in reason
             assert [name for name, _ in fail.failed] == ["w", "w"]
@@ -700,12 +703,7 @@ class TestHooksThatRaise:
     async def test_an_on_restart_failed_that_raises_fails_the_supervisor(self) -> None:
         fail = FailOnce()
         async with ActorSystem() as system:
-            sup, first = await hook_fails(system, fail, RestartFailedHookRaises)
-            fail.failures = 1_000
-            down = system.watch(sup)
-            await first.tell(Crash())
-            with anyio.fail_after(20):
-                reason = (await down).reason
+            reason = await reason_after_a_crash(system, fail, RestartFailedHookRaises)
             assert reason == "exception: builtins.RuntimeError: cannot count the failure of w"
             assert len(fail.starts) == 2  # the first start and the one failed attempt
 
