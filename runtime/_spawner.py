@@ -25,7 +25,7 @@ import msgspec
 
 from ._cell import Cell
 from ._children import CANCELLED_WITH_SYSTEM, Child, ChildTable, RemoteProcess
-from ._errors import SpawnError, TokenyardError, sole_error
+from ._errors import SpawnError, TokenyardError, run_to_its_end, sole_error
 from ._exit import oom_kills
 from ._launcher import check_start
 from ._message import Message
@@ -203,11 +203,11 @@ class Spawner:
             child.scope.cancel()
             # Gone before the spawn fails, as a process is reaped first: the next turn of
             # the loop ends it, unless its on_start holds out against the cancellation.
-            with (
-                anyio.CancelScope(shield=True),
-                anyio.move_on_after(_resolved(how.shutdown_timeout)),
-            ):
-                await child.exited.wait()
+            # Waited for to its end: asyncio's cancellation (a second `Task.cancel`) passes
+            # a shielded scope, and the spawn raised with its actor still running.
+            ending = asyncio.ensure_future(_exited(child, _resolved(how.shutdown_timeout)))
+            if await run_to_its_end(ending) and not isinstance(err, asyncio.CancelledError):
+                raise asyncio.CancelledError from None
             if isinstance(err, TimeoutError):
                 raise SpawnError(
                     f"actor {name!r} was not ready within {timeout:g} s (its on_start had not "
@@ -405,6 +405,12 @@ class _Start:
         self.done = anyio.Event()
         self.error: SpawnError | None = None
         self.abandoned = False
+
+
+async def _exited(child: Child, timeout: float) -> None:
+    """Until ``child`` has exited, or for ``timeout`` seconds."""
+    with anyio.move_on_after(timeout):
+        await child.exited.wait()
 
 
 def _resolved(seconds: float | None) -> float:

@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import tempfile
+import threading
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -67,6 +68,27 @@ class HeldStart(Actor[Ping]):
         except anyio.get_cancelled_exc_class():
             self.gate.cancelled = True
             raise
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
+class LoadsInAThread(Actor[Ping]):
+    """Its ``on_start`` loads in a thread, which no cancellation interrupts, until let go;
+    then it notes that it is over."""
+
+    def __init__(self, gate: Gate, release: threading.Event, over: list[str]) -> None:
+        self.gate = gate
+        self.release = release
+        self.over = over
+
+    async def on_start(self) -> None:
+        self.gate.entered.set()
+        try:
+            await anyio.to_thread.run_sync(self.release.wait)
+        finally:
+            self.over.append("on_start")
 
     @handler
     def ping(self, msg: Ping) -> Pong:
@@ -195,6 +217,35 @@ class TestAnInProcessSpawnGivenUp:
                 await gate.entered.wait()
         (err,) = outcome
         assert "stopped before its on_start returned" in str(err)
+
+    async def test_a_spawn_cancelled_twice_by_asyncio_raises_once_its_actor_is_gone(
+        self,
+    ) -> None:
+        # asyncio's own cancellation passes anyio's shielded scopes: a spawn cancelled again
+        # while its actor's on_start held out against the first cancellation raised at
+        # once, the actor still starting, though an in-process actor is gone before its
+        # given-up spawn raises.
+        gate, release, over = Gate(), threading.Event(), list[str]()
+        async with ActorSystem(shutdown_timeout=10) as system:
+            task = asyncio.ensure_future(
+                system.spawn(LoadsInAThread, gate, release, over, name="loads", process=False)
+            )
+            try:
+                with anyio.fail_after(10):
+                    await gate.entered.wait()
+                task.cancel()  # as asyncio.timeout does
+                await anyio.wait_all_tasks_blocked()  # waiting for its actor to end
+                task.cancel()  # and again, as an outer timeout or a task group does
+                await anyio.wait_all_tasks_blocked()
+                assert not task.done()
+            finally:
+                release.set()
+            with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+                await task
+            assert over == ["on_start"]
+            assert await system.lookup("loads", missing_ok=True) is None
+            with anyio.fail_after(10):
+                await still_serves(system)
 
 
 class TestBaseExceptionsOfInProcessActors:
