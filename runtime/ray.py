@@ -60,7 +60,7 @@ import anyio
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ._errors import SpawnError, TokenyardError
+from ._errors import SpawnError, TokenyardError, run_to_its_end
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -330,8 +330,8 @@ class RayPlacement:
                 await self._start(ids, names, alive)
             await self._joined(list(names.values()))
         except BaseException as err:
-            with anyio.CancelScope(shield=True):
-                await self._stop_all()
+            if await self._stop_to_the_end() and not isinstance(err, asyncio.CancelledError):
+                raise asyncio.CancelledError from None
             if isinstance(err, TimeoutError):
                 raise TokenyardError(
                     f"the Ray placement's nodes did not start and join: {err}"
@@ -443,8 +443,18 @@ class RayPlacement:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        with anyio.CancelScope(shield=True):
-            await self._stop_all()
+        if await self._stop_to_the_end():
+            raise asyncio.CancelledError
+
+    async def _stop_to_the_end(self) -> bool:
+        """`_stop_all`, waited for to its end however the caller is cancelled meanwhile;
+        whether it was. A shielded scope holds off anyio's cancellation only: asyncio's
+        (``Task.cancel``, ``asyncio.timeout``) left nodes running, their keepers alive, and
+        the nodes still listed."""
+        stopping = asyncio.ensure_future(self._stop_all())
+        cancelled = await run_to_its_end(stopping)
+        stopping.result()
+        return cancelled
 
     async def _stop_all(self) -> None:
         watchers = list(self._watchers.values())

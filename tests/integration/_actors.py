@@ -290,6 +290,23 @@ class Stubborn(Actor[GetPid]):
         return Pid(pid=os.getpid())
 
 
+class ReportsItsStop(Actor[GetPid]):
+    """Reports to ``report_to`` (``stopped=True``) when its ``on_stop`` begins, which then
+    never returns: a stop under way until an escalation (SIGTERM) ends it."""
+
+    def __init__(self, report_to: ActorRef[Started]) -> None:
+        self.report_to = report_to
+
+    async def on_stop(self) -> None:
+        stopping = Started(name=self.ref.name, incarnation=self.ref.incarnation, stopped=True)
+        await self.report_to.tell(stopping)
+        await anyio.sleep_forever()  # sync-ok: a stop that never ends is what is under test
+
+    @handler
+    def pid(self, msg: GetPid) -> Pid:
+        return Pid(pid=os.getpid())
+
+
 class Journal:
     """What a Recorder saw, in order; shared with the test (the Recorder runs in-process)."""
 

@@ -4,6 +4,7 @@ node and the actor's move to the other; ending the placement ends the node proce
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -46,7 +47,16 @@ import ray.cluster_utils as cluster_utils  # noqa: E402
 from runtime import ActorSystem, Cause, ChildSpec, Supervisor, TokenyardError  # noqa: E402
 from runtime.ray import RayPlacement, session_members  # noqa: E402
 from tests.conftest import child_pids  # noqa: E402
-from tests.integration._actors import Echo, GetPid, Ping, Pong, Worker  # noqa: E402
+from tests.integration._actors import (  # noqa: E402
+    Echo,
+    GetPid,
+    Journal,
+    Ping,
+    Pong,
+    Recorder,
+    ReportsItsStop,
+    Worker,
+)
 from tests.multihost._support import replacement, running  # noqa: E402
 
 _before_ray.restore()
@@ -270,6 +280,47 @@ class TestRayPlacement:
                 print(f"placement joined in {joined:.2f} s")
         finally:
             ray_cluster.remove(side)
+
+
+class TestCancelledByAsyncio:
+    async def test_a_placement_cancelled_while_it_leaves_still_ends_every_node(
+        self, ray_cluster: RayCluster, tmp_path: Path
+    ) -> None:
+        """asyncio's own cancellation (``Task.cancel``, an ``asyncio.timeout`` around the
+        placement) passes anyio's shielded scopes: a placement cancelled while it stopped
+        its nodes cancelled their stops, never killed their keepers, and went on as if not
+        cancelled."""
+        journal = Journal()
+        async with root_system(ray_cluster, tmp_path) as system:
+            recorder = await system.spawn(Recorder, journal, process=False)
+            places = RayPlacement(
+                system, tmp_path / "keys", [ray_cluster.head_id], env={"PYTHONPATH": str(ROOT)},
+                join_timeout=60, stop_timeout=1,
+            )  # fmt: skip
+            joined, leave = asyncio.Event(), asyncio.Event()
+            pids: list[int] = []
+
+            async def use_it() -> None:
+                async with places:
+                    node = places.node_for(ray_cluster.head_id)
+                    await system.spawn(ReportsItsStop, recorder, node=node, name="holds")
+                    pids.extend(session_members(places.nodes[node].pid))
+                    joined.set()
+                    await leave.wait()
+
+            task = asyncio.ensure_future(use_it())
+            with anyio.fail_after(60):
+                await joined.wait()
+            leave.set()
+            with anyio.fail_after(30):
+                await journal.wait_for(1)  # its node is stopping its actor
+            task.cancel()  # as an asyncio.timeout around it does
+            with anyio.fail_after(60), pytest.raises(asyncio.CancelledError):
+                await task
+            assert places.nodes == {}
+            assert await system.nodes() == []
+            assert len(pids) >= 2  # the node and its actor at least
+            assert await gone(pids, 10.0) == []
 
 
 async def test_a_node_whose_standard_input_ends_stops_with_its_actors(tmp_path: Path) -> None:
