@@ -30,6 +30,8 @@ from runtime import (
     current_trace,
     handler,
 )
+from runtime._codec import MailboxDecoder
+from runtime._mailbox import Envelope, Item, Mailbox
 from runtime._protocol import (
     MAX_TRACE_CHARS,
     Header,
@@ -637,3 +639,74 @@ class TestRequestsInADrain:
                     for _ in range(20):
                         tg.start_soon(ask)
             assert results == [50] * 20
+
+
+@contextlib.contextmanager
+def inproc_mailbox(name: str) -> Iterator[tuple[Mailbox, zmq.Socket[bytes], bytes]]:
+    """A `Mailbox` of `Ping` on an inproc PULL socket (a send is queued on it at once),
+    the PUSH that feeds it and the cookie; all closed on the way out."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    cookie = b"k" * 16
+    address = f"inproc://{name}"
+    pull.bind(address)
+    push.connect(address)
+    mailbox = Mailbox(
+        pull,
+        address,
+        MailboxDecoder([Ping]),
+        name,
+        cookie,
+        lambda _: True,
+        1 << 20,
+        logging.getLogger("tests.mailbox"),
+    )
+    try:
+        yield mailbox, push, cookie
+    finally:
+        mailbox.close()
+        push.close(0)
+        ctx.term()
+
+
+class TestReceiveAfterAnAsk:
+    """A drain stops at an ask, to answer it first; the next receive asks the socket whether
+    more came instead of reading (a failed read costs twice as much)."""
+
+    @staticmethod
+    def ask(push: zmq.Socket[bytes], cookie: bytes) -> None:
+        header = Header(Kind.ASK, corr=7, reply_to="inproc://asker", cookie=cookie)
+        push.send_multipart([encode_header(header), msgspec.msgpack.encode(Ping(n=0))])
+
+    async def test_a_tell_queued_behind_an_ask_is_read_with_nothing_more_arriving(
+        self,
+    ) -> None:
+        with inproc_mailbox("behind-ask") as (mailbox, push, cookie):
+            self.ask(push, cookie)
+            push.send(msgspec.msgpack.encode(Ping(n=1)))
+            with anyio.fail_after(5):
+                (asked,) = await mailbox.receive()
+                assert isinstance(asked, Envelope)
+                assert asked.header.corr == 7
+                # Both were queued before the first read: the fd fires for neither again.
+                assert await mailbox.receive() == [msgspec.msgpack.encode(Ping(n=1))]
+
+    async def test_after_an_ask_alone_the_next_receive_waits_for_what_comes_later(
+        self,
+    ) -> None:
+        with inproc_mailbox("ask-alone") as (mailbox, push, cookie):
+            self.ask(push, cookie)
+            with anyio.fail_after(5):
+                (asked,) = await mailbox.receive()
+                assert isinstance(asked, Envelope)
+                async with anyio.create_task_group() as tg:
+                    received: list[list[Item]] = []
+
+                    async def receive() -> None:
+                        received.append(await mailbox.receive())
+
+                    tg.start_soon(receive)
+                    while not mailbox._waiter.waiting:  # asleep on the fd, not spinning
+                        await anyio.lowlevel.checkpoint()
+                    push.send(msgspec.msgpack.encode(Ping(n=2)))
+            assert received == [[msgspec.msgpack.encode(Ping(n=2))]]
