@@ -622,10 +622,11 @@ class Station:
         if check and not events(sock) & POLLIN:
             return False
         try:
-            first = recv_frame(sock, NOBLOCK)
+            head = recv_frame(sock, NOBLOCK, False)  # a frame: it says whether more follow
         except zmq.Again:
             return check  # asked and told yes, yet none: ask again
-        frames = recv_rest(sock, MAX_FRAMES)
+        first = head.bytes
+        frames = recv_rest(sock, MAX_FRAMES, head.more)
         try:
             self._resolve(first, frames)
         except Exception as err:  # noqa: BLE001 - no bytes may end the reply inbox

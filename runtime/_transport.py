@@ -370,21 +370,30 @@ def events(sock: zmq.Socket[bytes]) -> int:
     return value
 
 
-def recv_rest(sock: zmq.Socket[bytes], keep: int) -> list[bytes] | None:
+def recv_rest(sock: zmq.Socket[bytes], keep: int, more: bool | None = None) -> list[bytes] | None:
     """Read the remaining parts of the message whose first part was just read.
 
     libzmq delivers a message's parts together, so they are all queued already. Reading by
     ``RCVMORE`` rather than by what a header announces means a header that lies about its
-    frame count can never swallow the messages that follow it.
+    frame count can never swallow the messages that follow it. The parts are read as
+    frames, whose ``more`` is read off the message: asking the socket (``RCVMORE``) costs
+    0.7 us here, most of it pyzmq's option enum, and a frame 0.3 us more than bytes.
+
+    Args:
+        more: Whether the first part has more after it, when it was read as a frame; the
+            socket is asked when not given.
 
     Returns:
         The parts, or ``None`` when there were more than ``keep`` (all were consumed).
     """
     rest: list[bytes] = []
-    while _get(sock, _RCVMORE):
-        part = recv_frame(sock, NOBLOCK)
+    if more is None:
+        more = _get(sock, _RCVMORE) == 1
+    while more:
+        part = recv_frame(sock, NOBLOCK, False)
+        more = part.more
         if len(rest) <= keep:
-            rest.append(part)
+            rest.append(part.bytes)
     return rest if len(rest) <= keep else None
 
 
