@@ -347,7 +347,8 @@ class ForkServer:
             self.process.signal(signal.SIGKILL)
 
     async def aclose(self) -> None:
-        """Close the socket (the server exits on end of file), and reap the server."""
+        """Close the socket (the server exits on end of file), and reap the server; a
+        cancellation meanwhile (anyio's or asyncio's) is raised once it is reaped."""
         if self._sock is not None:
             if not self.gone:
                 self._lost()
@@ -355,12 +356,22 @@ class ForkServer:
             self._sock = None
         if self.process is None:
             return
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(_CLOSE_GRACE):
-                await self.process.wait()
-            if self.process.returncode is None:
-                self.kill()
-            await self.process.reap()
+        # Waited for to its end: a shielded scope held off anyio's cancellation only, and
+        # asyncio's (`Task.cancel`) left a server that did not exit running and unreaped.
+        ending = asyncio.ensure_future(_end(self.process))
+        cancelled = await run_to_its_end(ending)
+        ending.result()
+        if cancelled:
+            raise asyncio.CancelledError
+
+
+async def _end(process: ChildProcess) -> None:
+    """Give a fork server whose socket closed `_CLOSE_GRACE` seconds to exit, kill it
+    after that, and reap it."""
+    with anyio.move_on_after(_CLOSE_GRACE):
+        await process.wait()
+    process.kill()  # nothing once it is reaped
+    await process.reap()
 
 
 def _passed(inherited: Sequence[int]) -> list[int]:

@@ -420,3 +420,25 @@ class TestCancelledSpawns:
                 # Not even a zombie (a forked child bears the server's command line until
                 # it names itself: `actor_pids` would not see it).
                 assert child_pids() == {server.pid, later.pid}
+
+    async def test_a_close_cancelled_by_asyncio_still_kills_and_reaps_the_server(self) -> None:
+        # A server that cannot exit on its socket's end of file (stopped here; stuck in
+        # real life) is waited for, then killed: asyncio's cancellation in that wait
+        # passed anyio's shielded scope, and left it running and unreaped.
+        async with ActorSystem(eager_fork_server=True) as system:
+            server = server_of(system)
+            pid = server.pid
+            assert pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                closing = asyncio.ensure_future(server.aclose())
+                await anyio.wait_all_tasks_blocked()  # in its wait for the server's exit
+                closing.cancel()
+                with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+                    await closing
+                assert server.process is not None
+                assert server.process.returncode == -signal.SIGKILL
+                assert pid not in child_pids()
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
