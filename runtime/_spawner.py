@@ -206,7 +206,9 @@ class Spawner:
             # Waited for to its end: asyncio's cancellation (a second `Task.cancel`) passes
             # a shielded scope, and the spawn raised with its actor still running.
             ending = asyncio.ensure_future(_exited(child, _resolved(how.shutdown_timeout)))
-            if await run_to_its_end(ending) and not isinstance(err, asyncio.CancelledError):
+            cancelled = await run_to_its_end(ending)
+            ending.result()
+            if cancelled and not isinstance(err, asyncio.CancelledError):
                 raise asyncio.CancelledError from None
             if isinstance(err, TimeoutError):
                 raise SpawnError(
