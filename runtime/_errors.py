@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+_T = TypeVar("_T")
 
 
 class TokenyardError(Exception):
@@ -96,3 +101,15 @@ async def run_to_its_end(task: asyncio.Future[Any]) -> bool:
             except asyncio.CancelledError:
                 cancelled = True
     return cancelled
+
+
+async def to_its_end(awaitable: Awaitable[_T]) -> _T:
+    """Await ``awaitable`` in a task of its own, to its end however the caller is
+    cancelled meanwhile (`run_to_its_end`), and return its result; or raise the caller's
+    cancellation once it is done (what it raised comes first)."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled = await run_to_its_end(task)
+    result = task.result()
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 
-from ._errors import SpawnError, run_to_its_end
+from ._errors import SpawnError, run_to_its_end, to_its_end
 from ._forkwire import COMMAND, PID, ForkRequest, Hello, Reply, encoder, reply_decoder
 from ._spawn import ChildProcess, child_env
 
@@ -356,13 +356,9 @@ class ForkServer:
             self._sock = None
         if self.process is None:
             return
-        # Waited for to its end: a shielded scope held off anyio's cancellation only, and
-        # asyncio's (`Task.cancel`) left a server that did not exit running and unreaped.
-        ending = asyncio.ensure_future(_end(self.process))
-        cancelled = await run_to_its_end(ending)
-        ending.result()
-        if cancelled:
-            raise asyncio.CancelledError
+        # To its end: a shielded scope held off anyio's cancellation only, and asyncio's
+        # (`Task.cancel`) left a server that did not exit running and unreaped.
+        await to_its_end(_end(self.process))
 
 
 async def _end(process: ChildProcess) -> None:

@@ -29,7 +29,7 @@ import msgspec
 
 from ._auth import Keys
 from ._codec import encode_spawn_value
-from ._errors import RemoteActorError, SpawnError, run_to_its_end
+from ._errors import RemoteActorError, SpawnError, to_its_end
 from ._message import type_path
 from ._protocol import Header, Kind, ReadyBody, SpawnOptions, SpawnTarget, ready_decoder
 from ._transport import TransportOptions, unwatch
@@ -364,13 +364,10 @@ class ChildProcess:
         A shielded scope held off anyio's cancellation only: asyncio's (``Task.cancel``,
         ``asyncio.timeout``) left the process unreaped and its pidfd open.
         """
-        waiting = asyncio.ensure_future(self.wait())
-        cancelled = await run_to_its_end(waiting)
-        self.close()
-        code = waiting.result()
-        if cancelled:
-            raise asyncio.CancelledError
-        return code
+        try:
+            return await to_its_end(self.wait())
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Release the pidfd and the stdin pipe (the child sees EOF if still alive)."""

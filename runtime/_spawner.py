@@ -25,7 +25,7 @@ import msgspec
 
 from ._cell import Cell
 from ._children import CANCELLED_WITH_SYSTEM, Child, ChildTable, RemoteProcess
-from ._errors import SpawnError, TokenyardError, run_to_its_end, sole_error
+from ._errors import SpawnError, TokenyardError, sole_error, to_its_end
 from ._exit import oom_kills
 from ._launcher import check_start
 from ._message import Message
@@ -203,13 +203,9 @@ class Spawner:
             child.scope.cancel()
             # Gone before the spawn fails, as a process is reaped first: the next turn of
             # the loop ends it, unless its on_start holds out against the cancellation.
-            # Waited for to its end: asyncio's cancellation (a second `Task.cancel`) passes
-            # a shielded scope, and the spawn raised with its actor still running.
-            ending = asyncio.ensure_future(_exited(child, _resolved(how.shutdown_timeout)))
-            cancelled = await run_to_its_end(ending)
-            ending.result()
-            if cancelled and not isinstance(err, asyncio.CancelledError):
-                raise asyncio.CancelledError from None
+            # To its end: asyncio's cancellation (a second `Task.cancel`) passes a shielded
+            # scope, and the spawn raised with its actor still running.
+            await to_its_end(_exited(child, _resolved(how.shutdown_timeout)))
             if isinstance(err, TimeoutError):
                 raise SpawnError(
                     f"actor {name!r} was not ready within {timeout:g} s (its on_start had not "

@@ -25,8 +25,8 @@ from ._errors import (
     ActorDeadError,
     ActorNotFoundError,
     TokenyardError,
-    run_to_its_end,
     sole_error,
+    to_its_end,
 )
 from ._launcher import DEFAULT_START, FORK_SERVER, Launcher, check_start
 from ._mailbox import Mailbox, MailboxStatistics
@@ -396,13 +396,11 @@ class ActorSystem:
             return
         self._check_closer()
         self.closing = True
-        cancelled = False
         try:
-            # In a task of its own, waited for to its end: a cancellation (asyncio's own
-            # passes a shielded scope) must not leave children running and unreaped.
-            stopping = asyncio.ensure_future(self._stop_everything(graceful=exc_type is None))
-            cancelled = await run_to_its_end(stopping)
-            stopping.result()
+            # In a task of its own, to its end: a cancellation (asyncio's own passes a
+            # shielded scope) must not leave children running and unreaped; it is raised
+            # once everything below is done too.
+            await to_its_end(self._stop_everything(graceful=exc_type is None))
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
@@ -410,8 +408,6 @@ class ActorSystem:
             station = self.station
             station.close(self.options.linger_ms if self.role.in_actor_process else 0)
             self._remove_dir()
-        if cancelled:
-            raise asyncio.CancelledError
 
     async def _stop_everything(self, *, graceful: bool) -> None:
         """A close's stops: tells delivered (``graceful``), children stopped, the fork

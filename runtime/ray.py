@@ -60,7 +60,7 @@ import anyio
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ._errors import SpawnError, TokenyardError, run_to_its_end
+from ._errors import SpawnError, TokenyardError, to_its_end
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -330,8 +330,7 @@ class RayPlacement:
                 await self._start(ids, names, alive)
             await self._joined(list(names.values()))
         except BaseException as err:
-            if await self._stop_to_the_end() and not isinstance(err, asyncio.CancelledError):
-                raise asyncio.CancelledError from None
+            await self._stop_to_the_end()
             if isinstance(err, TimeoutError):
                 raise TokenyardError(
                     f"the Ray placement's nodes did not start and join: {err}"
@@ -443,18 +442,14 @@ class RayPlacement:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if await self._stop_to_the_end():
-            raise asyncio.CancelledError
+        await self._stop_to_the_end()
 
-    async def _stop_to_the_end(self) -> bool:
-        """`_stop_all`, waited for to its end however the caller is cancelled meanwhile;
-        whether it was. A shielded scope holds off anyio's cancellation only: asyncio's
-        (``Task.cancel``, ``asyncio.timeout``) left nodes running, their keepers alive, and
-        the nodes still listed."""
-        stopping = asyncio.ensure_future(self._stop_all())
-        cancelled = await run_to_its_end(stopping)
-        stopping.result()
-        return cancelled
+    async def _stop_to_the_end(self) -> None:
+        """`_stop_all`, to its end however the caller is cancelled meanwhile (its
+        cancellation is raised after). A shielded scope holds off anyio's cancellation only:
+        asyncio's (``Task.cancel``, ``asyncio.timeout``) left nodes running, their keepers
+        alive, and the nodes still listed."""
+        await to_its_end(self._stop_all())
 
     async def _stop_all(self) -> None:
         watchers = list(self._watchers.values())
