@@ -49,6 +49,7 @@ its refusals (`actors.http._refuse`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -164,6 +165,8 @@ class BoundedProtocol(HttpToolsProtocol):
         #: extension or a trailer field the parser gathers): bounded as a head is.
         self._stalled_bytes = 0
         self._body_moved = False
+        #: The parser's callbacks are not heard: it is fed a head of its own making.
+        self._muted = False
 
     # -- the connection -------------------------------------------------------------------
 
@@ -251,11 +254,12 @@ class BoundedProtocol(HttpToolsProtocol):
             self.parser.feed_data(data)
             # Its last bytes, when the parser stopped inside a head: the start of its end.
             self._carry = data[-3:] if self._in_parsed_head else b""
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
+                return self._feed_past_upgrade(data[upgrade.args[0] :])
         except httptools.HttpParserError as err:
             if self._too_large is not None:
                 self._refuse(431, self._too_large, "request_header_fields_too_large")
@@ -281,6 +285,32 @@ class BoundedProtocol(HttpToolsProtocol):
             return False
         return True
 
+    def _feed_past_upgrade(self, rest: bytes) -> bool:
+        """Go on parsing a request whose upgrade is not acted on as the plain request it
+        also is: its body, then the requests after it.
+
+        The parser skipped its body (httptools tells llhttp to, for any request offering an
+        upgrade) and stopped after its head, for good. A new parser is given a head of the
+        request's framing alone, unheard (`_muted`), and then what came after the head:
+        before, the app got an empty body, and the connection's later requests were never
+        answered.
+        """
+        framing = b"".join(
+            b"%s: %s\r\n" % (name, value)
+            for name, value in self.headers
+            if name in (b"content-length", b"transfer-encoding")
+        )
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn allows
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self._muted = True
+        try:
+            self.parser.feed_data(b"POST / HTTP/1.1\r\n%s\r\n" % framing)
+        finally:
+            self._muted = False
+        self._carry = b""
+        return self._feed(rest) if rest else True
+
     def _unsupported_upgrade_warning(self) -> None:
         # Answered as the plain request it also is; two warnings a request were a client's
         # way to flood the log.
@@ -299,16 +329,22 @@ class BoundedProtocol(HttpToolsProtocol):
     # -- parser callbacks -----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._muted:
+            return
         super().on_message_begin()
         self._headers = 0
         self._head_bytes = 0
         self._in_parsed_head = True
 
     def on_url(self, url: bytes) -> None:
+        if self._muted:
+            return
         self._count_head(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._muted:
+            return
         self._headers += 1
         if self._headers > self._max_headers:
             self._too_large = f"the request has more than {self._max_headers} header fields"
@@ -325,6 +361,8 @@ class BoundedProtocol(HttpToolsProtocol):
             raise _HeadTooLargeError
 
     def on_headers_complete(self) -> None:
+        if self._muted:
+            return
         if len(self.pipeline) >= MAX_PIPELINED:
             self._pipeline_full = True
             raise _TooManyPipelinedError
@@ -343,6 +381,8 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self.parser.should_upgrade() and not self._should_upgrade():
+            return  # its body, skipped, is still to come (`_feed_past_upgrade`)
         self._body_moved = True
         self._stalled_bytes = 0
         self._in_head = True

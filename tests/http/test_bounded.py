@@ -631,6 +631,42 @@ class TestChunkedBodies:
         assert refusal(headers, answer)["code"] == "request_header_fields_too_large"
 
 
+#: What ``curl --http2`` adds to a request over plain HTTP, as Java's and Ktor's clients do.
+H2C = (
+    b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+    b"http2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+)
+
+
+class TestUpgradeOffers:
+    async def test_a_request_offering_an_upgrade_is_served_whole_as_http11(
+        self, server: Server
+    ) -> None:
+        """The parser skips the body of a request offering an upgrade and stops after its
+        head. Before, the app got an empty body (400, "Input data was truncated"), and the
+        requests after it on the connection were never answered."""
+        body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+        sized = HEAD + H2C + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        chunked = HEAD + H2C + b"transfer-encoding: chunked\r\n\r\n"
+        chunked += b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        reader, writer = await connect(server)
+        writer.write(sized + chunked + b"GET /health HTTP/1.1\r\nhost: x\r\n" + H2C + b"\r\n")
+        with anyio.fail_after(10):
+            answers = [await read_answer(reader) for _ in range(3)]
+            writer.write(HEALTH)
+            answers += [await read_answer(reader)]
+            # Its body comes in a read of its own, as a client that writes it apart sends it.
+            writer.write(HEAD + H2C + b"content-length: %d\r\n\r\n" % len(body))
+            await writer.drain()
+            await anyio.sleep(0.1)  # sync-ok: lets the head reach the server alone
+            writer.write(body)
+            answers += [await read_answer(reader)]
+        writer.close()
+        assert [status for status, _, _ in answers] == [200] * 5, answers
+        for _, _, answer in (answers[0], answers[1], answers[4]):
+            assert json.loads(answer)["usage"]["prompt_tokens"] > 0
+
+
 class TestTheParsersWork:
     async def test_a_head_trickled_a_byte_at_a_time_is_parsed_once_whole(self) -> None:
         """Each byte its own read, as a slow client can make it: the parser is fed the head
