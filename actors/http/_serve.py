@@ -47,6 +47,14 @@ logger = logging.getLogger("tokenyard.http")
 #: Seconds a worker has to say it drains.
 DRAIN_ASK_TIMEOUT = 5.0
 
+#: Why the requests still running are ended when a later drain (a second signal) brings
+#: the end of the one under way forward: not for want of time, which the drain timeout
+#: would give them.
+CUT_SHORT = (
+    "the server is shutting down: its drain was cut short (a second SIGTERM, SIGINT or "
+    "SIGHUP, or Server.drain with less time) before the request finished"
+)
+
 
 class Server:
     """A running server: the pipeline behind it and the port's owner.
@@ -65,6 +73,9 @@ class Server:
         self.dispatcher = dispatcher
         #: When the drain under way ends the requests still running (``None``: none).
         self._cut_at: float | None = None
+        #: Why the requests still running then are ended, as their answers say (empty: the
+        #: drain timeout passed; `CUT_SHORT` once a later drain brought the moment forward).
+        self._cut_reason = ""
         #: The first drain's wait for the connections to close: a later drain moves its
         #: deadline forward (``None``: not waiting).
         self._waiting: anyio.CancelScope | None = None
@@ -108,6 +119,7 @@ class Server:
                 return False  # a drain under way ends sooner; it reports
             # Sooner: the first drain's wait ends then too, and it reports the cut.
             self._cut_at = cut_at
+            self._cut_reason = CUT_SHORT
             if self._waiting is not None:
                 self._waiting.deadline = cut_at
             await self._tell_workers(timeout)
@@ -175,8 +187,9 @@ class Server:
                 await self._tell_worker(k, ref, timeout)
 
     async def _tell_worker(self, k: int, ref: ActorRef[Any], timeout: float) -> None:
+        drain = Drain(timeout=timeout, reason=self._cut_reason)
         try:
-            await ref.ask(Drain(timeout=timeout), timeout=DRAIN_ASK_TIMEOUT)
+            await ref.ask(drain, timeout=DRAIN_ASK_TIMEOUT)
         except TokenyardError as err:  # dead or stuck: its death ends its requests
             logger.warning("worker %d was not told to drain: %s", k, err)
 

@@ -294,6 +294,22 @@ class TestDraining:
         assert first == [False]
         assert second is False
 
+    async def test_a_stream_a_second_drain_ends_is_told_so_not_blamed_on_the_timeout(
+        self,
+    ) -> None:
+        with anyio.fail_after(30):
+            async with _one_long_stream() as (server, tg, r):
+                _start_drain(tg, server)
+                while server.dispatcher._idle is None:
+                    await anyio.lowlevel.checkpoint()
+                await server.drain(0.0)  # a second Ctrl-C
+                events = sse_events(await r.content.read())
+        # Before, the error named the drain timeout and its flag, which had 30 s to go:
+        # a client (or an operator reading the log) was sent to the wrong knob.
+        message = events[-2]["error"]["message"]
+        assert "drain_timeout" not in message, message
+        assert "cut short" in message, message
+
     async def test_a_drain_whose_loop_wakes_after_the_cut_says_not_clean(self) -> None:
         # The process that owns the port gets no CPU from before its drain's deadline until
         # the worker has ended the stream and closed it (a loaded machine): when its loop
