@@ -44,11 +44,15 @@ error with ``connection: close`` and an ``X-Request-Id`` (the request's own when
 headers were read, else a new one), written by the protocol itself (no application task is
 started for a request that never completed its head), after the answers to the requests
 pipelined ahead of it, then the connection is closed lingering, as the port's owner closes
-its refusals (`actors.http._refuse`).
+its refusals (`actors.http._refuse`). So is a connection the application's answer closes
+while its request's body is still coming (a 413, an error answered before the body was
+read): closed at once, it was reset under a client still sending, which never read the
+answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +64,6 @@ from ._errors import HTTPError
 from ._refuse import LINGER
 
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Callable
 
     from runtime import Throttle
@@ -94,6 +97,26 @@ class _HeadTooLargeError(Exception):
 
 class _TooManyPipelinedError(Exception):
     """Raised in the parser's headers-complete callback: the parser stops at once."""
+
+
+class _AnswerTransport(asyncio.Transport):
+    """The connection's transport as one request's answer (uvicorn's cycle) uses it: its
+    close is `BoundedProtocol._close_answered`. The cycle writes, closes and asks whether
+    it closes, nothing else."""
+
+    def __init__(self, protocol: BoundedProtocol, cycle: Any) -> None:
+        super().__init__()
+        self._protocol = protocol
+        self._cycle = cycle
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._protocol.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._protocol.transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol._close_answered(self._cycle)
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -372,6 +395,7 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             self._open.append(self.cycle)
+            self.cycle.transport = _AnswerTransport(self, self.cycle)
         if self._draining() and self.cycle is not None:
             self.cycle.keep_alive = False
         self._body_seen = self.loop.time()
@@ -400,7 +424,7 @@ class BoundedProtocol(HttpToolsProtocol):
             self._write_refusal(*self._deferred)
 
     def timeout_keep_alive_handler(self) -> None:
-        if not self.transport.is_closing():
+        if not self.transport.is_closing() and not self._refused:  # lingering: LINGER closes
             self._close()
 
     # -- answers the client does not read -------------------------------------------------
@@ -542,9 +566,25 @@ class BoundedProtocol(HttpToolsProtocol):
     def _write_refusal(self, status: int, message: str, code: str, rid: bytes | None) -> None:
         self._deferred = None
         self.transport.write(HTTPError(status, message, code=code).response(rid))
-        # Closed lingering: the answer, then our end shut; what the client still sends is
-        # read and dropped until it closes (or LINGER passes), so that unread bytes do not
-        # reset the connection before it has read the answer.
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close lingering: the answer, then our end shut; what the client still sends is
+        read and dropped until it closes (or LINGER passes), so that unread bytes do not
+        reset the connection before it has read the answer."""
+        self._cancel_timer()
+        self._refused = True
         self.transport.write_eof()
         self.flow.resume_reading()
         self._timer = self.loop.call_later(LINGER, self._close)
+
+    def _close_answered(self, cycle: Any) -> None:
+        """Close the connection after ``cycle``'s answer, which closes it: lingering when
+        its request's body is still coming (a 413, or any error answered before the body
+        was read). Closed at once, the bytes the client still sends would reset the
+        connection, and a client that sends its whole body before reading (httpx, so the
+        openai client) would see the reset, never the answer."""
+        if cycle.more_body and not cycle.disconnected and not self.transport.is_closing():
+            self._linger()
+        else:
+            self.transport.close()

@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
+import openai
 import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
 from actors.http import ServeConfig, open_server
 from actors.http._bounded import MAX_PIPELINED, BoundedProtocol
+from actors.http._pipeline_engine import BUNDLED_MODEL_ID as MODEL
 from actors.messages import GetSchedulerStatistics, Member, SchedulerStatistics
 from runtime import Throttle
 from tests.http._server import running_serve
@@ -629,6 +631,25 @@ class TestChunkedBodies:
         # trailer's value whole: a worker grew by 170 MB a minute).
         assert status == 431
         assert refusal(headers, answer)["code"] == "request_header_fields_too_large"
+
+
+class TestAnswersBeforeTheBody:
+    async def test_a_client_still_sending_its_body_reads_the_413_not_a_reset(
+        self, server: Server
+    ) -> None:
+        """The 413 is answered from the Content-Length, before the body is read. Before,
+        the connection was closed at once, unread bytes in it: the kernel reset it, and
+        httpx, which sends the whole body before it reads, raised a connection error (the
+        openai client's ``APIConnectionError``, after two retries of as many megabytes)."""
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        prompt = "hello " * (3 * CONFIG.max_body_bytes // 6)  # three times the limit
+        try:
+            with anyio.fail_after(20), pytest.raises(openai.APIStatusError) as refused:
+                await client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+        finally:
+            await client.close()
+        assert refused.value.status_code == 413
+        assert refused.value.code == "request_too_large"
 
 
 #: What ``curl --http2`` adds to a request over plain HTTP, as Java's and Ktor's clients do.
