@@ -9,9 +9,10 @@ once per request (`actors.http._sse`).
   still fails is a server fault: 503 with ``Retry-After`` when it cannot serve now, 500
   otherwise. Once a stream has begun, a failure is its last event (an error object), and
   ``[DONE]`` follows it, as after vLLM's.
-- **Disconnects.** While a request is generated, one task waits on ``receive`` for the
-  client's disconnect; when it comes, the generation is cancelled, which abandons the
-  request at the engine.
+- **Disconnects.** While a request's prompt is tokenized and while it is generated, one
+  task waits on ``receive`` for the client's disconnect; when it comes, the work is
+  cancelled: a prompt waiting for a tokenizer thread is dropped, a generation abandoned
+  at the engine.
 - **Access.** Every answer carries the request's ``X-Request-Id`` (or a new one). With
   `ServeConfig.cors_origins`, CORS preflights are answered first (`actors.http._cors`);
   with `ServeConfig.api_key`, every other request but ``/health`` must then present the
@@ -396,7 +397,8 @@ class OpenAIApp:
 
     async def _completions(self, ex: _Exchange, bound: _Bound) -> None:
         req = await self._body(ex, CompletionRequest)
-        prepared = await bound.validator.completion(req)
+        # Its prompt may wait for a tokenizer thread: not for a client that has left.
+        prepared = await until_disconnect(ex.receive, lambda: bound.validator.completion(req))
         if prepared.stream:
             await self._stream(ex, bound, prepared, chat=False)
             return
@@ -412,7 +414,7 @@ class OpenAIApp:
 
     async def _chat(self, ex: _Exchange, bound: _Bound) -> None:
         req = await self._body(ex, ChatCompletionRequest)
-        prepared = await bound.validator.chat(req)
+        prepared = await until_disconnect(ex.receive, lambda: bound.validator.chat(req))
         if prepared.stream:
             await self._stream(ex, bound, prepared, chat=True)
             return
@@ -440,7 +442,8 @@ class OpenAIApp:
         await send_json(ex.send, 200, _ENCODE(self._card(bound)))
 
     async def _tokenize(self, ex: _Exchange, bound: _Bound) -> None:
-        ids = await bound.validator.tokenize(await self._body(ex, TokenizeRequest))
+        req = await self._body(ex, TokenizeRequest)
+        ids = await until_disconnect(ex.receive, lambda: bound.validator.tokenize(req))
         response = TokenizeResponse(
             tokens=ids, count=len(ids), max_model_len=bound.limits.context_length
         )
@@ -448,7 +451,7 @@ class OpenAIApp:
 
     async def _detokenize(self, ex: _Exchange, bound: _Bound) -> None:
         ids = bound.validator.detokenize(await self._body(ex, DetokenizeRequest))
-        text = await bound.validator.decode(ids)
+        text = await until_disconnect(ex.receive, lambda: bound.validator.decode(ids))
         await send_json(ex.send, 200, _ENCODE(DetokenizeResponse(prompt=text)))
 
     async def _serve_metrics(self, ex: _Exchange, bound: _Bound) -> None:

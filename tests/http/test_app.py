@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import re
+import threading
 import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import anyio
+import anyio.lowlevel
 import msgspec
 import openai
 import pytest
 from openai import AsyncOpenAI
 
 from actors import Pipeline
-from actors._tokenizer import BOS_TOKEN
+from actors._tokenizer import BOS_TOKEN, INLINE_CHARS, TOKENIZER_THREADS
 from actors.http import EngineError, OpenAIApp, PipelineEngine, ServeConfig
 from actors.http._pipeline_engine import BUNDLED_MODEL_ID
 
@@ -31,7 +33,7 @@ from ._server import Served, serve, serve_pipeline, sse_events
 from ._tokenizer import write_bos_tokenizer
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, MutableMapping
     from pathlib import Path
 
     from openai.types.chat import ChatCompletionMessageParam
@@ -680,6 +682,81 @@ class TestDisconnects:
         after = [await server.worker_stats(k) for k in range(2)]
         assert sum(a.released - b.released for a, b in zip(after, before, strict=True)) == 1
         assert [a.requests for a in after] == [0, 0]
+
+
+class GatedEngine(PipelineEngine):
+    """A real pipeline engine whose long prompts, each in its tokenizer thread, wait for a
+    gate to open; ``encoded`` counts the prompts it was given."""
+
+    def __init__(self, pipeline: Pipeline, gate: threading.Event) -> None:
+        super().__init__(pipeline)
+        self.gate = gate
+        self.encoded = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        if len(text) > INLINE_CHARS:
+            self.encoded += 1
+            self.gate.wait(20)
+        return super().encode(text, add_special_tokens=add_special_tokens)
+
+
+class TestDisconnectsWhileTokenizing:
+    async def test_a_client_leaving_while_its_prompt_waits_for_a_tokenizer_thread_frees_it(
+        self, module_server: Served
+    ) -> None:
+        """Before, a prompt was tokenized whatever became of its client: clients that sent
+        long prompts and left had a worker tokenize each one (a second of CPU a MiB) before
+        the prompts of the clients still there, which waited behind them."""
+        assert module_server.pipeline is not None
+        gate = threading.Event()
+        engine = GatedEngine(module_server.pipeline, gate)
+        app = OpenAIApp(engine, config=CONFIG)
+        body = msgspec.json.encode({"prompt": "word " * (INLINE_CHARS // 4), "max_tokens": 2})
+        request = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        request += b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        queued = 3
+        async with serve(app) as (_, url):
+            try:
+                await _leave_while_tokenizing(app, engine, url, request, queued)
+            finally:
+                gate.set()  # the threads are let go, whatever happened
+            with anyio.fail_after(20):
+                await app.wait_idle()
+        assert engine.encoded == TOKENIZER_THREADS
+        assert app.statistics().disconnects >= queued
+
+
+async def _leave_while_tokenizing(
+    app: OpenAIApp, engine: GatedEngine, url: str, request: bytes, queued: int
+) -> None:
+    """Send ``request`` on as many connections as there are tokenizer threads and
+    ``queued`` more, then leave once the threads hold theirs, and wait (5 s at most) until
+    the app has abandoned the ones waiting for a thread."""
+    port = int(url.rpartition(":")[2])
+    writers = []
+    try:
+        for _ in range(TOKENIZER_THREADS + queued):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            writers.append(writer)
+        with anyio.fail_after(10):
+            # Both threads hold a prompt; the others wait for one.
+            await _until(
+                lambda: (
+                    engine.encoded == TOKENIZER_THREADS and app.statistics().active == len(writers)
+                )
+            )
+    finally:
+        for writer in writers:
+            writer.close()
+    with anyio.move_on_after(5):
+        await _until(lambda: app.statistics().disconnects >= queued)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Return once ``condition()`` holds (nothing announces the counters it reads)."""
+    while not condition():
+        await anyio.lowlevel.checkpoint()
 
 
 class BrokenEngine(PipelineEngine):
