@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from actors._limits import RequestLimits
@@ -134,11 +136,15 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             "send_timeout": self.send_timeout,
             "take_timeout": self.take_timeout,
         }.items():
-            if not seconds > 0:
-                raise ValueError(f"ServeConfig.{name}={seconds}: it must be positive (seconds)")
-        if not self.drain_timeout >= 0:
+            # Finite: an infinite timeout is the bound switched off, NaN none at all.
+            if not 0 < seconds < math.inf:
+                raise ValueError(
+                    f"ServeConfig.{name}={seconds}: it must be positive and finite (seconds)"
+                )
+        if not 0 <= self.drain_timeout < math.inf:
             raise ValueError(
-                f"ServeConfig.drain_timeout={self.drain_timeout}: it must be at least 0 (seconds)"
+                f"ServeConfig.drain_timeout={self.drain_timeout}: it must be at least 0 and "
+                "finite (seconds)"
             )
         for name, value in {
             "max_stop": self.max_stop,

@@ -636,6 +636,21 @@ class TestTheLimitFlags:
         assert serve_main(["--header-timeout", "0"]) == 2
         assert "ServeConfig.header_timeout=0.0: it must be positive" in capsys.readouterr().err
 
+    @pytest.mark.parametrize(
+        ("flag", "value", "text"),
+        [
+            # An infinite timeout is its bound switched off; 1e400 reads as infinity.
+            ("--send-timeout", "1e400", "send_timeout=inf: it must be positive and finite"),
+            ("--drain-timeout", "inf", "drain_timeout=inf: it must be at least 0 and finite"),
+            ("--idle-timeout", "nan", "idle_timeout=nan: it must be positive and finite"),
+        ],
+    )
+    def test_a_timeout_that_is_no_bound_is_refused(
+        self, capsys: pytest.CaptureFixture[str], flag: str, value: str, text: str
+    ) -> None:
+        assert serve_main([flag, value]) == 2
+        assert text in capsys.readouterr().err
+
 
 def serve_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``python -m actors serve ARGS`` run to its end, and checked to leave no process
