@@ -62,12 +62,11 @@ def request_id(scope: Scope, limit: int) -> bytes:
     return new_request_id()
 
 
-def _check_content_type(scope: Scope) -> None:
-    """A body must be JSON; a request naming no content type is read as JSON (curl users)."""
+def _check_body_headers(scope: Scope) -> None:
+    """A body must be JSON, uncompressed; a request naming no content type is read as JSON
+    (curl users). A compressed body was read as it came, and refused as JSON that is not."""
     content_type = header(scope, b"content-type")
-    if content_type is None:
-        return
-    media = content_type.split(b";", 1)[0].strip().lower()
+    media = b"" if content_type is None else content_type.split(b";", 1)[0].strip().lower()
     if media and media != _JSON:
         shown = media.decode("latin-1")
         raise HTTPError(
@@ -76,18 +75,40 @@ def _check_content_type(scope: Scope) -> None:
             code="unsupported_media_type",
             close=True,
         )
+    encoding = header(scope, b"content-encoding")
+    if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+        shown = encoding.decode("latin-1")
+        raise HTTPError(
+            415,
+            f"the request body must not be encoded (Content-Encoding: {shown!r}): send it as "
+            "plain JSON",
+            code="unsupported_media_type",
+            close=True,
+        )
+    transfer = header(scope, b"transfer-encoding")
+    if transfer is not None:
+        codings = [c.strip().lower() for c in transfer.split(b",")]
+        if any(c != b"chunked" for c in codings):
+            shown = transfer.decode("latin-1")
+            raise HTTPError(
+                501,
+                f"the only transfer coding served is chunked, not {shown!r}",
+                code="not_implemented",
+                close=True,
+            )
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The request's JSON body, read up to ``limit`` bytes.
 
     Raises:
-        HTTPError: 415 for a body that is not JSON; 413 as soon as the body passes
+        HTTPError: 415 for a body that is not JSON or is compressed (Content-Encoding); 501
+            for a transfer coding other than chunked; 413 as soon as the body passes
             ``limit`` (by its Content-Length, before anything is read, or while it is
             read): the rest is never read, and the connection closes after the answer.
         ClientGoneError: The client disconnected meanwhile.
     """
-    _check_content_type(scope)
+    _check_body_headers(scope)
     declared = header(scope, b"content-length")
     if declared is not None:
         try:

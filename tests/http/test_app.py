@@ -9,6 +9,7 @@ close the pipeline make their own.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import importlib.metadata
 import re
 import threading
@@ -377,6 +378,11 @@ class TestRefusals:
         body = b'{"prompt": "x"}'
         headers = {"content-type": "text/plain"}
         async with http.post("/v1/completions", data=body, headers=headers) as r:
+            assert r.status == 415
+            assert_error(await r.json(), code="unsupported_media_type")
+        # A compressed body, which was read as it came and refused as invalid JSON.
+        headers = {"content-type": "application/json", "content-encoding": "gzip"}
+        async with http.post("/v1/completions", data=gzip.compress(body), headers=headers) as r:
             assert r.status == 415
             assert_error(await r.json(), code="unsupported_media_type")
         await still_serves(http)

@@ -103,6 +103,38 @@ class TestReadBody:
         assert (caught.value.status, caught.value.code) == (415, "unsupported_media_type")
         assert receive.taken == 0
 
+    @pytest.mark.parametrize(
+        ("name", "value", "status"),
+        [
+            # Read as it came before, a compressed body was refused as JSON it is not.
+            (b"content-encoding", b"gzip", 415),
+            (b"content-encoding", b"br", 415),
+            (b"transfer-encoding", b"gzip, chunked", 501),
+            (b"transfer-encoding", b"deflate,chunked", 501),
+        ],
+    )
+    async def test_an_encoded_body_is_refused_unread(
+        self, name: bytes, value: bytes, status: int
+    ) -> None:
+        receive = Script(body(b"\x1f\x8b"))
+        with pytest.raises(HTTPError) as caught:
+            await read_body(scope((name, value)), receive, limit=10)
+        assert caught.value.status == status
+        assert caught.value.close
+        assert value.decode() in caught.value.message
+        assert receive.taken == 0
+
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [
+            (b"content-encoding", b"identity"),
+            (b"transfer-encoding", b"chunked"),
+            (b"transfer-encoding", b"Chunked"),
+        ],
+    )
+    async def test_no_coding_is_read(self, name: bytes, value: bytes) -> None:
+        assert await read_body(scope((name, value)), Script(body(b"{}")), limit=10) == b"{}"
+
 
 class Recorder:
     """An ASGI send callable that keeps what it was sent."""
