@@ -47,7 +47,8 @@ pipelined ahead of it, then the connection is closed lingering, as the port's ow
 its refusals (`actors.http._refuse`). So is a connection the application's answer closes
 while its request's body is still coming (a 413, an error answered before the body was
 read): closed at once, it was reset under a client still sending, which never read the
-answer.
+answer. And so is one whose request was answered while its body still came, unread (a
+route that takes none): that body is not read to its end, however long it is.
 """
 
 from __future__ import annotations
@@ -414,10 +415,16 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        unread = any(c.more_body for c in self._open if c.response_complete)
         self._open = [c for c in self._open if not c.response_complete]
         super().on_response_complete()
         if self.transport.is_closing():  # closed after its answer: that may wait
             self._watch_sends()
+        elif unread and not self._refused:
+            # Answered while its body still comes (a route that takes none, GET /health
+            # with a Content-Length): uvicorn would drop that body as it came, for as long
+            # as it came, a worker parsing a client's endless body at 50 MB/s.
+            self._linger()
         elif self._deferred is not None and not self._open:
             # The answers ahead of a refused request are complete: its refusal is next.
             self._unset_keepalive_if_required()

@@ -651,6 +651,41 @@ class TestAnswersBeforeTheBody:
         assert refused.value.status_code == 413
         assert refused.value.code == "request_too_large"
 
+    @pytest.mark.parametrize(
+        ("framing", "chunk"),
+        [
+            (b"transfer-encoding: chunked", b"10000\r\n" + b"x" * 65_536 + b"\r\n"),
+            (b"content-length: %d" % 2**62, b"x" * 65_536),
+        ],
+        ids=["chunked", "content-length"],
+    )
+    async def test_a_body_a_route_takes_no_part_of_is_not_read_to_its_end(
+        self, server: Server, framing: bytes, chunk: bytes
+    ) -> None:
+        """GET /health is answered without its body. Before, the body was then read and
+        dropped for as long as it came (a GB in a few seconds here): a client sending one
+        without end kept a worker parsing it, and its connection open."""
+        reader, writer = await connect(server)
+        writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n%s\r\n\r\n" % framing)
+
+        async def send_on() -> None:
+            with contextlib.suppress(ConnectionError):
+                while True:
+                    writer.write(chunk)
+                    await writer.drain()
+
+        try:
+            with anyio.fail_after(10):
+                status, _, _ = await read_answer(reader)
+                assert status == 200
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send_on)
+                    # The connection ends while the body still comes.
+                    assert await reader.read() == b""
+                    tg.cancel_scope.cancel()
+        finally:
+            writer.close()
+
 
 #: What ``curl --http2`` adds to a request over plain HTTP, as Java's and Ktor's clients do.
 H2C = (
