@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -220,6 +222,26 @@ def engine_command(
         str(port),
         *args,
     ]
+
+
+def private_temp_env(directory: str) -> dict[str, str]:
+    """The environment that gives an engine ``directory`` for its ipc sockets and its
+    temporary files: vLLM leaves both behind, the sockets of an engine that was killed and,
+    however it ended, the file of its process group's rendezvous (``vllm_dist_<uuid>``,
+    a torch ``FileStore``). torch's compile cache, which outlives the engine on purpose,
+    stays where torch puts it by default (``torchinductor_<user>`` in the temporary
+    directory), unless the environment names another."""
+    env = {"VLLM_RPC_BASE_PATH": directory, "TMPDIR": directory}
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # torch's default, as torch names it
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no name for this uid (a container's)
+            user = f"uid_{os.getuid()}"
+        sanitized = re.sub(r'[\\/:*?"<>|]', "_", user)
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            tempfile.gettempdir(), "torchinductor_" + sanitized
+        )
+    return env
 
 
 def process_tree(pid: int) -> list[int]:
@@ -547,10 +569,12 @@ class VllmModel:
         env = {**os.environ, **spec.env}
         if "VLLM_RPC_BASE_PATH" not in env:
             # vLLM binds its own ipc sockets (engine core, workers) under the temporary
-            # directory, and a killed vLLM leaves their files: in a directory of its own,
-            # removed after it (`_forget_names`, or its launcher when this process died).
+            # directory, and leaves files there: in a directory of its own, removed after it
+            # (`_forget_names`, or its launcher when this process died).
             self._rpc_dir = tempfile.mkdtemp(prefix="tokenyard-vllm-")
-            env.update(VLLM_RPC_BASE_PATH=self._rpc_dir, TOKENYARD_VLLM_RPC_DIR=self._rpc_dir)
+            private = private_temp_env(self._rpc_dir)
+            env.update({k: v for k, v in private.items() if k not in spec.env})  # its own win
+            env["TOKENYARD_VLLM_RPC_DIR"] = self._rpc_dir
         read_end, write_end = os.pipe()
         os.set_inheritable(read_end, True)
         env["TOKENYARD_VLLM_PARENT_FD"] = str(read_end)

@@ -69,13 +69,14 @@ def shared_memory() -> set[Path]:
 
 
 def vllm_sockets() -> set[str]:
-    """What vLLM leaves in the temporary directory when it is killed: ipc socket files named
-    by a UUID (its default ``VLLM_RPC_BASE_PATH``), or the private directory the launcher
-    gives it instead."""
+    """What vLLM leaves in the temporary directory: ipc socket files named by a UUID (its
+    default ``VLLM_RPC_BASE_PATH``) when it is killed, its process group's rendezvous file
+    (``vllm_dist_<uuid>``) however it ends, or the private directory the launcher gives it
+    for both instead."""
     found = set()
     with os.scandir(tempfile.gettempdir()) as entries:
         for entry in entries:
-            if entry.name.startswith("tokenyard-vllm-") or (
+            if entry.name.startswith(("tokenyard-vllm-", "vllm_dist_")) or (
                 UUID.fullmatch(entry.name) and stat.S_ISSOCK(entry.stat().st_mode)
             ):
                 found.add(entry.name)

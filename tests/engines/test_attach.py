@@ -18,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from actors import Vllm, WorkerDiedError
-from actors._vllm_engine import engine_command, shared_memory_of
+from actors._vllm_engine import engine_command, private_temp_env, shared_memory_of
 from actors.http import open_server
 from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, SamplingParams
 from tests.conftest import free_port
@@ -39,11 +39,12 @@ PROMPT = "The harbour of Yokohama"
 
 def start_engine(model_dir: Path, port: int) -> subprocess.Popen[bytes]:
     """``vllm serve --headless`` dialling ``tcp://127.0.0.1:port``, in a group of its own,
-    its ipc sockets in a directory of its own (`stop_group` removes it)."""
+    its ipc sockets and temporary files in a directory of its own (`stop_group` removes
+    it)."""
     rpc_dir = tempfile.mkdtemp(prefix="tokenyard-vllm-")
     proc = subprocess.Popen(
         engine_command(PYTHON, str(model_dir), "127.0.0.1", port, ARGS),
-        env={**os.environ, **ENV, "VLLM_RPC_BASE_PATH": rpc_dir},
+        env={**os.environ, **ENV, **private_temp_env(rpc_dir)},
         start_new_session=True,
     )
     RPC_DIRS[proc.pid] = rpc_dir
