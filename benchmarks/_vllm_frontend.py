@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actors._vllm_engine import engine_command
+from actors._vllm_engine import engine_command, private_temp_env
 
 from ._frontend import (
     API_SERVER,
@@ -149,7 +149,8 @@ def open_vllm_serve(
     what = f"vllm serve --api-server-count {api_servers}"
     with tempfile.TemporaryDirectory(prefix="tokenyard-vllm-") as logs:
         log = Path(logs) / "vllm-serve.log"
-        with running(cmd, what, engine_env(), log) as proc:
+        # vLLM's temporary files (its rendezvous file, which it never removes) go with it.
+        with running(cmd, what, engine_env() | private_temp_env(logs), log) as proc:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, ENGINE_START_TIMEOUT, watch=[Watched(proc, what, log)])
             pid = proc.pid
@@ -194,9 +195,10 @@ def open_tokenyard_vllm(
     engine_cmd = headless_command(python, model, port, max_num_seqs)
     what = "the headless vLLM engine"
     with contextlib.ExitStack() as stack:
-        log = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tokenyard-vllm-")))
-        log /= "engine.log"
-        engine = stack.enter_context(running(engine_cmd, what, engine_env(), log))
+        private = stack.enter_context(tempfile.TemporaryDirectory(prefix="tokenyard-vllm-"))
+        log = Path(private) / "engine.log"
+        env = engine_env() | private_temp_env(private)
+        engine = stack.enter_context(running(engine_cmd, what, env, log))
         # /health answers 200 once the engine has dialed in and is ready.
         yield stack.enter_context(
             open_tokenyard(workers, serve_args, Watched(engine, what, log), ENGINE_START_TIMEOUT)
