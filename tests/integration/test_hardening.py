@@ -132,6 +132,15 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+async def fds_come_within(pid: int, bound: int) -> None:
+    """Return once ``pid`` holds at most ``bound`` descriptors (failing after 10 s): a
+    socket the outbox closed gives its descriptors back from libzmq's reaper thread, a
+    moment after (asserted at once, a busy machine caught a few still held: 536 of 531)."""
+    with anyio.fail_after(10):
+        while open_fds(pid) > bound:  # noqa: ASYNC110 - /proc announces nothing: polled
+            await anyio.sleep(0.01)  # sync-ok: a poll's interval
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -233,7 +242,7 @@ class TestAskersCannotExhaustSockets:
                     assert await echo.ask(Ping(n=i), timeout=10) == Pong(n=i)
             # Each asker cost the actor an outgoing socket to its reply inbox: at most 32
             # stay open (a socket and its signalling pipe each), however many asked.
-            assert open_fds(pid) <= before + 3 * 32
+            await fds_come_within(pid, before + 3 * 32)
             assert await echo.ask(Ping(n=1)) == Pong(n=1)
 
     async def test_a_thousand_short_lived_askers_leave_an_actor_at_the_defaults_answering(
@@ -251,7 +260,7 @@ class TestAskersCannotExhaustSockets:
                     assert await echo.ask(Ping(n=i), timeout=10) == Pong(n=i)
             assert await echo.ask(Ping(n=1)) == Pong(n=1)
             # Outgoing sockets take at most half the descriptors (runtime._transport).
-            assert open_fds(pid) <= before + COMMON_NOFILE // 2
+            await fds_come_within(pid, before + COMMON_NOFILE // 2)
 
     async def test_a_thousand_askers_waiting_at_once_leave_an_actor_at_the_defaults_answering(
         self,
@@ -285,7 +294,7 @@ class TestAskersCannotExhaustSockets:
                 assert last.poll(30_000), "the actor did not answer the last asker"
                 # Before the outbox kept to its share, the actor ran out of descriptors
                 # after about 500 askers and libzmq aborted it on the next connection.
-                assert open_fds(pid) <= before + COMMON_NOFILE // 2
+                await fds_come_within(pid, before + COMMON_NOFILE // 2)
                 assert await echo.ask(Ping(n=1)) == Pong(n=1)
 
     @pytest.mark.parametrize("start", ["fork-server", "spawn"])
