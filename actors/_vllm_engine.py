@@ -228,7 +228,7 @@ def private_temp_env(directory: str) -> dict[str, str]:
     """The environment that gives an engine ``directory`` for its ipc sockets and its
     temporary files: vLLM leaves both behind, the sockets of an engine that was killed and,
     however it ended, the file of its process group's rendezvous (``vllm_dist_<uuid>``,
-    a torch ``FileStore``). torch's compile cache, which outlives the engine on purpose,
+    a torch file store). torch's compile cache, which outlives the engine on purpose,
     stays where torch puts it by default (``torchinductor_<user>`` in the temporary
     directory), unless the environment names another."""
     env = {"VLLM_RPC_BASE_PATH": directory, "TMPDIR": directory}
