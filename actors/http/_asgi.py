@@ -69,21 +69,15 @@ def _check_body_headers(scope: Scope) -> None:
     media = b"" if content_type is None else content_type.split(b";", 1)[0].strip().lower()
     if media and media != _JSON:
         shown = media.decode("latin-1")
-        raise HTTPError(
-            415,
-            f"the request body must be JSON (Content-Type: application/json), not {shown!r}",
-            code="unsupported_media_type",
-            close=True,
+        raise _unsupported_media(
+            f"the request body must be JSON (Content-Type: application/json), not {shown!r}"
         )
     encoding = header(scope, b"content-encoding")
     if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
         shown = encoding.decode("latin-1")
-        raise HTTPError(
-            415,
+        raise _unsupported_media(
             f"the request body must not be encoded (Content-Encoding: {shown!r}): send it as "
-            "plain JSON",
-            code="unsupported_media_type",
-            close=True,
+            "plain JSON"
         )
     transfer = header(scope, b"transfer-encoding")
     if transfer is not None:
@@ -96,6 +90,10 @@ def _check_body_headers(scope: Scope) -> None:
                 code="not_implemented",
                 close=True,
             )
+
+
+def _unsupported_media(message: str) -> HTTPError:
+    return HTTPError(415, message, code="unsupported_media_type", close=True)
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

@@ -423,7 +423,7 @@ class BoundedProtocol(HttpToolsProtocol):
         elif unread and not self._refused:
             # Answered while its body still comes (a route that takes none, GET /health
             # with a Content-Length): uvicorn would drop that body as it came, for as long
-            # as it came, a worker parsing a client's endless body at 50 MB/s.
+            # as it came, a worker parsing a client's endless body at 50-150 MB/s here.
             self._linger()
         elif self._deferred is not None and not self._open:
             # The answers ahead of a refused request are complete: its refusal is next.
