@@ -52,7 +52,7 @@ from tests.conftest import unread_mailbox
 from ._messages import Counter, Ping, Point, Pong
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import AsyncIterator, Iterator
 
 
 class TestOptions:
@@ -105,6 +105,17 @@ async def fill(ref: ActorRef[Ping]) -> int:
     return sent
 
 
+@contextlib.asynccontextmanager
+async def full_mailbox(
+    name: str,
+) -> AsyncIterator[tuple[ActorSystem, zmq.Socket[bytes], ActorRef[Ping], int]]:
+    """A system whose tells wait 30 s for room, a `bare_mailbox` in it that `fill` filled,
+    and how many pings that took."""
+    async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
+        with bare_mailbox(system, name) as (sock, reader):
+            yield system, sock, reader, await fill(reader)
+
+
 async def assert_read(sock: zmq.Socket[bytes], received: list[bytes], sent: int, last: int) -> None:
     """``received`` are the ``sent`` pings `fill` told, in order, and the next one on
     ``sock`` is ``Ping(n=last)``."""
@@ -134,14 +145,12 @@ class TestFullMailbox:
     async def test_a_tell_waiting_on_a_full_mailbox_goes_through_once_there_is_room(
         self,
     ) -> None:
-        async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
-            with bare_mailbox(system, "slow-reader") as (sock, reader):
-                sent = await fill(reader)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(reader.tell, Ping(n=-1))
-                    await anyio.wait_all_tasks_blocked()  # the tell waits for room
-                    received = [sock.recv() for _ in range(sent)]  # makes room
-                await assert_read(sock, received, sent, last=-1)
+        async with full_mailbox("slow-reader") as (_, sock, reader, sent):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader.tell, Ping(n=-1))
+                await anyio.wait_all_tasks_blocked()  # the tell waits for room
+                received = [sock.recv() for _ in range(sent)]  # makes room
+            await assert_read(sock, received, sent, last=-1)
 
     async def test_a_tell_waiting_for_room_cancelled_as_it_is_woken_is_cancelled(
         self,
@@ -150,29 +159,27 @@ class TestFullMailbox:
         # (``Task.cancel``, ``asyncio.timeout``): the tell must raise it. Waited through
         # ``asyncio.wait_for`` (Python 3.11's swallows a cancellation that meets a done
         # inner wait), it sent and returned instead, and the task lived on uncancelled.
-        async with ActorSystem(hwm=10, send_timeout=30.0, shutdown_timeout=0.3) as system:
-            with bare_mailbox(system, "cancelled-writer") as (sock, reader):
-                sent = await fill(reader)
-                waiter = system.station.outbox._peers[reader.address].waiter
-                release = waiter._release
-                task: asyncio.Task[None] | None = None
+        async with full_mailbox("cancelled-writer") as (system, sock, reader, sent):
+            waiter = system.station.outbox._peers[reader.address].waiter
+            release = waiter._release
+            task: asyncio.Task[None] | None = None
 
-                def release_then_cancel() -> bool:  # the loop's reader, once the room came
-                    woke = release()
-                    assert task is not None
-                    task.cancel()
-                    return woke
+            def release_then_cancel() -> bool:  # the loop's reader, once the room came
+                woke = release()
+                assert task is not None
+                task.cancel()
+                return woke
 
-                waiter._release = release_then_cancel  # type: ignore[method-assign]
-                task = asyncio.ensure_future(reader.tell(Ping(n=-1)))
-                await anyio.wait_all_tasks_blocked()
-                assert not task.done()  # the tell waits for room
-                received = [sock.recv() for _ in range(sent)]  # makes room
-                with anyio.fail_after(5), pytest.raises(asyncio.CancelledError):
-                    await task
-                waiter._release = release  # type: ignore[method-assign]
-                await reader.tell(Ping(n=-2))  # the ref and its socket serve on
-                await assert_read(sock, received, sent, last=-2)  # the cancelled one: not sent
+            waiter._release = release_then_cancel  # type: ignore[method-assign]
+            task = asyncio.ensure_future(reader.tell(Ping(n=-1)))
+            await anyio.wait_all_tasks_blocked()
+            assert not task.done()  # the tell waits for room
+            received = [sock.recv() for _ in range(sent)]  # makes room
+            with anyio.fail_after(5), pytest.raises(asyncio.CancelledError):
+                await task
+            waiter._release = release  # type: ignore[method-assign]
+            await reader.tell(Ping(n=-2))  # the ref and its socket serve on
+            await assert_read(sock, received, sent, last=-2)  # the cancelled one: not sent
 
     async def test_an_ask_that_waited_for_room_times_out_within_its_own_timeout(self) -> None:
         # Its reply's timer began once the request was sent: an ask that had waited most of
