@@ -399,9 +399,11 @@ class OpenAIApp:
         req = await self._body(ex, CompletionRequest)
         # One watch for the client's leaving, from its prompt's tokenizing (which may wait
         # for a tokenizer thread) to its answer: a watch is a task, 55 us of CPU here.
-        await until_disconnect(ex.receive, lambda: self._complete(ex, bound, req))
+        await until_disconnect(ex.receive, lambda: self._answer_completion(ex, bound, req))
 
-    async def _complete(self, ex: _Exchange, bound: _Bound, req: CompletionRequest) -> None:
+    async def _answer_completion(
+        self, ex: _Exchange, bound: _Bound, req: CompletionRequest
+    ) -> None:
         prepared = await bound.validator.completion(req)
         if prepared.stream:
             await self._stream(ex, bound, prepared, chat=False)
