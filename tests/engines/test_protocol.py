@@ -153,6 +153,14 @@ class FakeEngine:
                 out[0] = rid
             await self.outputs[client].send(msgspec.msgpack.encode(message))
 
+    async def answer_liveness(self, client: int = 0) -> None:
+        """Answer every question of ``client`` whether the engine lives (its utility
+        calls), as vLLM's engine does, until cancelled; it must send nothing else."""
+        while True:
+            kind, _ = await self.request(client)
+            assert kind == proto.UTILITY, kind
+            await self.outputs[client].send(frames("utility-output")[0][0])
+
     def close(self) -> None:
         self.ctx.destroy(linger=0)
 

@@ -347,8 +347,17 @@ class TestAnEngineThatNeverConnects:
         engine = FakeEngine(address, connect_outputs=False)  # its outputs reach nobody
         try:
             spec = Vllm(handshake=address, heartbeat=0.2, silence_timeout=1.0)
-            async with Pipeline(workers=1, engine=spec) as pipeline:
+            async with (
+                Pipeline(workers=1, engine=spec) as pipeline,
+                anyio.create_task_group() as tg,
+            ):
                 await engine.start()
+                # The scheduler's own output is connected and its questions are answered:
+                # the engine is lost to the worker alone. Unanswered, the scheduler gives
+                # the engine up after the same second, and whichever of the two is first
+                # decides how the request ends (lost with the scheduler, it is resubmitted
+                # and waits for the engine to be ready again).
+                tg.start_soon(engine.answer_liveness)
                 with anyio.fail_after(20), pytest.raises(RequestFailedError, match="nothing"):
                     await pipeline.generate(PROMPT_IDS, max_new_tokens=4)
                 # Its ADD, the worker's questions whether the engine lives, its ABORT.
@@ -361,5 +370,6 @@ class TestAnEngineThatNeverConnects:
                 assert frames[-1][1] == [body[0]]  # the request it gave up, aborted
                 kinds = [k for k, _ in frames]
                 assert proto.UTILITY in kinds
+                tg.cancel_scope.cancel()
         finally:
             engine.close()
