@@ -133,7 +133,9 @@ class ChildTable:
         have taken down with it (shutdown must still finish then)."""
         if child.remote is not None:
             # Its node says how it died (a kill's reason travels with the kill).
-            down = await child.remote.down
+            # Shielded: a waiter that gives up (a stop's bounded wait) must not cancel
+            # the one future every waiter shares.
+            down = await asyncio.shield(child.remote.down)
             if not child.exited.is_set():
                 self.died(child, down)
             return
@@ -218,7 +220,7 @@ class ChildTable:
         try:
             with anyio.move_on_after(timeout):
                 await station.send_control(child.ref.address, Kind.STOP, corr, timeout=timeout)
-                await acked
+                await self._acked_or_exited(child, acked)
         except TokenyardError:
             logger.debug("stop request to %s failed", child.ref.name, exc_info=True)
         finally:
@@ -235,6 +237,23 @@ class ChildTable:
             await self.await_exit(child)
         assert child.down is not None
         return child.down
+
+    async def _acked_or_exited(self, child: Child, acked: asyncio.Future[Any]) -> None:
+        """Until ``child`` acknowledged its stop (raising why it could not), or exited
+        first. Its acknowledgement is never read when the task reading this process's
+        replies was cancelled with the host's (a Ctrl-C while it starts): the child that
+        stopped all the same must not hold the stop for the whole of its bound."""
+        exiting = asyncio.ensure_future(self.await_exit(child))
+        try:
+            await asyncio.wait((acked, exiting), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exiting.cancel()
+        if exiting.done() and not exiting.cancelled():
+            exiting.result()
+            if acked.done() and not acked.cancelled():
+                acked.exception()  # its death failed the request: no failure of the stop
+            return
+        acked.result()
 
     def _escalate(self, child: Child, signum: int) -> None:
         in_process = child.process is None and child.remote is None

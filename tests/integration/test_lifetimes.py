@@ -182,6 +182,62 @@ class TestCancelledOwner:
         assert scope.cancelled_caught
         # The autouse guard checks that no process or ipc directory is left behind.
 
+    @pytest.mark.parametrize("started", [True, False], ids=["started", "starting"])
+    async def test_a_child_gone_unacknowledged_ends_its_stop_when_the_scope_is_cancelled(
+        self, started: bool
+    ) -> None:
+        # Cancelled with the host's scope, the tasks that watch the children for their
+        # deaths end too. A child that ended without acknowledging its stop (it crashed as
+        # it stopped: a pipeline's worker whose registration failed) held its in-process
+        # parent's stop of it for the whole of its 60 s bound, the parent's own spawn
+        # waiting meanwhile: a Ctrl-C during a pipeline's start took 5 s.
+        spawned: list[int] = []
+        entered = anyio.Event()
+        with anyio.fail_after(20), anyio.CancelScope() as scope:
+            async with ActorSystem(shutdown_timeout=60.0) as system:
+
+                async def spawn_parent() -> None:
+                    await system.spawn(SpawnsThenWaits, spawned, entered, started, process=False)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(spawn_parent)
+                    await entered.wait()  # its children run; it serves, or still starts
+                    scope.cancel()
+        assert scope.cancelled_caught
+        assert len(spawned) == 2
+        for pid in spawned:
+            assert exits_within(pid, 0)  # stopped and reaped before the system closed
+            assert pid not in child_pids()
+
+
+class SpawnsThenWaits(Actor[Ping]):
+    """Spawns two process children that end without acknowledging their stop, in its
+    ``on_start``; then says so, and returns, or holds its start until cancelled."""
+
+    def __init__(self, pids: list[int], entered: anyio.Event, returns: bool) -> None:
+        self.pids = pids
+        self.entered = entered
+        self.returns = returns
+
+    async def on_start(self) -> None:
+        for name in ("first", "second"):
+            ref = await self.system.spawn(EndsInItsStop, name=name)
+            self.pids.append(self.system.pid_of(ref) or 0)
+        self.entered.set()
+        if not self.returns:
+            await anyio.sleep_forever()
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
+class EndsInItsStop(Echo):
+    """Its process ends in its ``on_stop``, before it can acknowledge the stop."""
+
+    async def on_stop(self) -> None:
+        os._exit(0)
+
 
 class HoldsItsStop(Actor[Ping]):
     """Says when its ``on_stop`` began, then waits to be let go."""

@@ -44,6 +44,7 @@ from tests.integration._actors import (
     Pong,
     Slow,
     StartsSlowly,
+    Stubborn,
     TellTo,
     Tick,
     Worker,
@@ -149,6 +150,19 @@ class TestAnActorOnAnotherHost:
             stuck = await system.spawn(Echo, node="b", name="stuck")
             killed = await system.kill(stuck, "stuck in a handler")
             assert (killed.cause, killed.reason) == (Cause.UNRESPONSIVE, "stuck in a handler")
+
+    async def test_one_that_outlasts_its_stop_and_sigterm_is_killed_and_its_stop_returns(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        # The stop's bounded waits for its death share the one future its node's word
+        # resolves: the first wait that timed out cancelled it, and the stop raised a
+        # CancelledError of nobody's once SIGKILL had been sent.
+        async with two_hosts(hosts, tmp_path) as (system, _station):
+            ref = await system.spawn(Stubborn, True, node="b", shutdown_timeout=0.5)
+            with anyio.fail_after(30):
+                down = await system.stop(ref)
+            assert down.signal == signal.SIGKILL, down
+            assert await system.lookup(ref.name, missing_ok=True) is None
 
     async def test_a_remote_supervisor_answers_lookups_for_its_children(
         self, hosts: Hosts, tmp_path: Path
