@@ -680,44 +680,65 @@ def _check_credentials(path: str | None) -> str | None:
 
 
 async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
-    # Open before the server starts and kept until the end: a signal during the start is
-    # acted on once it is up.
+    # Open before the server starts and kept until the end: a signal during the start
+    # cancels it (what had started stops; nothing was served), one after it drains.
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        started = False
-        try:
-            async with open_server(
-                args.workers,
-                args.tokenizer,
-                host=args.host,
-                port=args.port,
-                detokenizers=args.detokenizers,
-                config=config,
-                model=args.served_model_name,
-                engine_start_tries=args.engine_start_tries,
-                max_restarts=args.max_restarts,
-                period=args.restart_period,
-                credentials=args.credentials or None,
-                **_engine_options(args),
-            ) as server:
-                started = True
-                keyed = ", API key required" if config.api_key is not None else ""
-                sys.stdout.write(
-                    f"serving {server.url} with {_count(args.workers, 'worker')} and "
-                    f"{_count(args.detokenizers, 'detokenizer')}{keyed}; Ctrl-C or SIGTERM drains "
-                    "and stops\n"
-                )
-                sys.stdout.flush()
-                return await _until_drained(server, signals)
-        except OSError as err:
-            if started:
-                raise
-            sys.stderr.write(cannot_serve(args.host, args.port, err) + "\n")
-            return 1
-        except SpawnError as err:
-            if started:
-                raise
-            sys.stderr.write(f"the pipeline did not start: {first_failure(err)}\n")
-            return 1
+        interrupted: list[int] = []
+        failed = ""
+        async with anyio.create_task_group() as tg:
+            watching = anyio.CancelScope()
+
+            async def stop_the_start() -> None:
+                with watching:
+                    async for signum in signals:
+                        interrupted.append(signum)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(stop_the_start)
+            started = False
+            try:
+                async with open_server(
+                    args.workers,
+                    args.tokenizer,
+                    host=args.host,
+                    port=args.port,
+                    detokenizers=args.detokenizers,
+                    config=config,
+                    model=args.served_model_name,
+                    engine_start_tries=args.engine_start_tries,
+                    max_restarts=args.max_restarts,
+                    period=args.restart_period,
+                    credentials=args.credentials or None,
+                    **_engine_options(args),
+                ) as server:
+                    started = True
+                    # From here a signal drains: the watch, cancelled while it waits,
+                    # leaves the next signal to `_until_drained`.
+                    watching.cancel()
+                    keyed = ", API key required" if config.api_key is not None else ""
+                    sys.stdout.write(
+                        f"serving {server.url} with {_count(args.workers, 'worker')} and "
+                        f"{_count(args.detokenizers, 'detokenizer')}{keyed}; Ctrl-C or "
+                        "SIGTERM drains and stops\n"
+                    )
+                    sys.stdout.flush()
+                    return await _until_drained(server, signals)
+            except OSError as err:
+                if started:
+                    raise
+                failed = cannot_serve(args.host, args.port, err)
+            except SpawnError as err:
+                if started:
+                    raise
+                failed = f"the pipeline did not start: {first_failure(err)}"
+            watching.cancel()
+    if interrupted:  # the start was cancelled, as asked; nothing was in flight
+        name = signal.Signals(interrupted[0]).name
+        logger.warning("%s while starting: stopped before serving anything", name)
+        return 0
+    sys.stderr.write(failed + "\n")
+    return 1
 
 
 async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import os
 import re
@@ -882,6 +883,48 @@ class TestTheCommand:
                 for path in ipc_dirs:  # the system's own guardian removes its directory
                     portal.call(_until_gone, path, [])
 
+    @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+    def test_a_signal_while_it_starts_stops_the_start_and_exits_0_leaving_nothing(
+        self, tmp_path: Path, signum: int
+    ) -> None:
+        gate = tmp_path / "gate"
+        os.mkfifo(gate)
+        (tmp_path / "sitecustomize.py").write_text(_START_GATE)
+        command = [sys.executable, "-m", "actors", "serve", "--port", str(free_port())]
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join((str(tmp_path), str(ROOT))),
+            TOKENYARD_TEST_START_GATE=str(gate),
+        )
+        # The shell's pid is the server's once it execs: the one process the gate lets by.
+        exempt = 'TOKENYARD_TEST_UNGATED=$$ exec "$@"'
+        with subprocess.Popen(
+            ["/bin/sh", "-c", exempt, "sh", *command],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        ) as proc:  # fmt: skip
+            held = -1
+            try:
+                held = anyio.run(_at_the_gate, gate, proc)
+                children = _children(proc.pid)
+                assert children  # the first process of its pipeline, held at the gate
+                ipc_dirs = list(Path(tempfile.gettempdir()).glob(f"tokenyard-{proc.pid}-*"))
+                proc.send_signal(signum)
+                out, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if held >= 0:
+                    os.close(held)
+        assert proc.returncode == 0, err
+        assert out == ""  # never said it serves
+        name = signal.Signals(signum).name
+        assert f"{name} while starting: stopped before serving anything" in err, err
+        assert "Traceback" not in err
+        with anyio.from_thread.start_blocking_portal() as portal:
+            for path in ipc_dirs:
+                portal.call(_until_gone, path, children)
+
 
 @contextlib.asynccontextmanager
 async def _one_long_stream() -> AsyncIterator[tuple[Server, TaskGroup, aiohttp.ClientResponse]]:
@@ -1007,6 +1050,35 @@ async def _access_statuses(port: int) -> dict[str, int]:
         async with s.options(f"{url}/v1/completions", headers=preflight) as r:
             statuses["pre"] = r.status
     return statuses
+
+
+#: A ``sitecustomize`` that holds every Python process started with
+#: ``TOKENYARD_TEST_START_GATE`` in its environment, but the one whose pid is
+#: ``TOKENYARD_TEST_UNGATED``, at its start, until the FIFO it names is opened to write and
+#: closed again: how a test holds a server's start (its children are such processes).
+_START_GATE = """
+import os
+
+if os.environ.get("TOKENYARD_TEST_START_GATE") and str(os.getpid()) != os.environ.get(
+    "TOKENYARD_TEST_UNGATED"
+):
+    with open(os.environ["TOKENYARD_TEST_START_GATE"], "rb") as gate:
+        gate.read()
+"""
+
+
+async def _at_the_gate(gate: Path, proc: subprocess.Popen[str]) -> int:
+    """Wait until a process waits at ``gate`` (a FIFO: opening it to write fails while
+    nobody reads it); the open descriptor, which holds it there until it is closed."""
+    with anyio.fail_after(30):
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                return os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as err:
+                if err.errno != errno.ENXIO:
+                    raise
+            await anyio.sleep(0.02)  # sync-ok: nothing announces a reader of the FIFO
 
 
 def _children(pid: int) -> list[int]:
