@@ -240,9 +240,9 @@ class ChildTable:
 
     async def _acked_or_exited(self, child: Child, acked: asyncio.Future[Any]) -> None:
         """Until ``child`` acknowledged its stop (raising why it could not), or exited
-        first. Its acknowledgement is never read when the task reading this process's
-        replies was cancelled with the host's (a Ctrl-C while it starts): the child that
-        stopped all the same must not hold the stop for the whole of its bound."""
+        first. A child can end without acknowledging (it crashed as it stopped); when the
+        host's scope was cancelled (a Ctrl-C while a pipeline starts), no task watched for
+        its death meanwhile, and its stop waited out the whole of its bound."""
         exiting = asyncio.ensure_future(self.await_exit(child))
         try:
             await asyncio.wait((acked, exiting), return_when=asyncio.FIRST_COMPLETED)
