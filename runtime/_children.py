@@ -33,6 +33,9 @@ logger = logging.getLogger("tokenyard.system")
 
 #: The ``Down`` reason of an in-process actor cancelled with the task that opened its system.
 CANCELLED_WITH_SYSTEM = "cancelled with its system's task"
+#: The ``Down`` reason of an in-process actor whose spawn its caller gave up (cancelled, or
+#: past its ``spawn_timeout``, which the caller is told).
+SPAWN_GIVEN_UP = "cancelled: its spawn was given up"
 
 #: Liveness probes in one ``stall_timeout``: each waits this share of it for its answer, and
 #: as many in a row must find none before the child is killed.
@@ -203,8 +206,9 @@ class ChildTable:
             station.deaths.mark_dead(down)
             if child.station_address:
                 station.deaths.owner_died(child.station_address, child.ref.name)
-        if down.reason == CANCELLED_WITH_SYSTEM:
-            # The host's own doing (its task cancelled: a Ctrl-C, a timeout), not a fault.
+        if down.reason in (CANCELLED_WITH_SYSTEM, SPAWN_GIVEN_UP):
+            # The host's own doing (its task cancelled: a Ctrl-C, a timeout), or its
+            # caller's (which knows why it gave up), not a fault.
             logger.info("actor %s ended: %s", child.ref.name, down.reason)
         elif not down.normal:
             logger.warning("actor %s died: %s", child.ref.name, down.reason)

@@ -24,7 +24,7 @@ import anyio
 import msgspec
 
 from ._cell import Cell
-from ._children import CANCELLED_WITH_SYSTEM, Child, ChildTable, RemoteProcess
+from ._children import CANCELLED_WITH_SYSTEM, SPAWN_GIVEN_UP, Child, ChildTable, RemoteProcess
 from ._errors import SpawnError, TokenyardError, sole_error, to_its_end
 from ._exit import oom_kills
 from ._launcher import check_start
@@ -244,7 +244,8 @@ class Spawner:
                     first = str(error).partition("\n")[0]
                     why = f"failed in on_start: {type(error).__name__}: {first}"
                 cause = Cause.CANCELLED if error is None else Cause.EXCEPTION
-                self.children.died(child, Down(ref=child.ref, cause=cause, reason=why))
+                reason = SPAWN_GIVEN_UP if error is None and start.abandoned else why
+                self.children.died(child, Down(ref=child.ref, cause=cause, reason=reason))
                 start.error = SpawnError(f"actor {child.ref.name!r} {why}")
                 start.error.__cause__ = error
                 start.done.set()
@@ -421,7 +422,7 @@ def _local_down(child: Child, ending: Ending | None, abandoned: bool) -> Down:
     """The ``Down`` of an in-process actor that had started, from how it ended."""
     ref = child.ref
     if ending is None and abandoned:  # started as its spawner gave up: nobody has its ref
-        return Down(ref=ref, cause=Cause.CANCELLED, reason="cancelled: its spawn was given up")
+        return Down(ref=ref, cause=Cause.CANCELLED, reason=SPAWN_GIVEN_UP)
     if ending is None and child.unresponsive:  # killed (`ActorSystem.kill`)
         return Down(ref=ref, cause=Cause.CANCELLED, reason=child.unresponsive)
     if ending is None and child.escalated:  # cancelled by the stop's escalation

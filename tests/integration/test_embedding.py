@@ -162,21 +162,30 @@ class TestAHostTaskCancelled:
 
 
 class TestAnInProcessSpawnGivenUp:
-    async def test_a_cancelled_spawn_cancels_its_actor_and_nothing_else(self) -> None:
+    async def test_a_cancelled_spawn_cancels_its_actor_and_nothing_else(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
         gate = Gate()
-        async with ActorSystem() as system:
-            with anyio.CancelScope() as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(
-                        functools.partial(system.spawn, HeldStart, gate, name="held", process=False)
-                    )
-                    await gate.entered.wait()
-                    scope.cancel()  # as a client that went away
-            assert scope.cancelled_caught
-            with anyio.fail_after(10):
-                await still_serves(system)
-            assert gate.cancelled
-            assert await system.lookup("held", missing_ok=True) is None
+        with caplog.at_level(logging.INFO, logger="tokenyard.system"):
+            async with ActorSystem() as system:
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as tg:
+                        spawn = functools.partial(
+                            system.spawn, HeldStart, gate, name="held", process=False
+                        )
+                        tg.start_soon(spawn)
+                        await gate.entered.wait()
+                        scope.cancel()  # as a client that went away
+                assert scope.cancelled_caught
+                with anyio.fail_after(10):
+                    await still_serves(system)
+                assert gate.cancelled
+                assert await system.lookup("held", missing_ok=True) is None
+        # Its caller's doing, as the host's own cancellation is: no warning that it died.
+        ends = [r for r in caplog.records if r.getMessage().startswith("actor held ")]
+        assert [(r.levelno, r.getMessage()) for r in ends] == [
+            (logging.INFO, "actor held ended: cancelled: its spawn was given up")
+        ]
 
     @pytest.mark.parametrize("turns", [0, 1, 2, 3, 5, 8])
     async def test_a_spawn_cancelled_at_any_turn_leaves_the_host_running(self, turns: int) -> None:
