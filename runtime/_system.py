@@ -336,6 +336,13 @@ class ActorSystem:
         return Keys.load(source)
 
     async def __aenter__(self) -> ActorSystem:
+        if self._station is not None and not self._station.closed:
+            # Opened again, it made a second directory and station over the first, which
+            # nothing could close any more: the first directory outlived the system.
+            raise TokenyardError(
+                f"ActorSystem {self.name!r} is open already: enter it once (`async with`), "
+                "and use the system it gave; a second system is a new ActorSystem()"
+            )
         try:
             asyncio.get_running_loop()
         except RuntimeError:

@@ -340,6 +340,21 @@ class TestWhatAClosingSystemLeaves:
             assert set(os.listdir(system.ipc_dir)) <= files
 
 
+class TestAnOpenSystemEnteredAgain:
+    async def test_it_is_refused_and_the_system_it_was_closes_fully(self) -> None:
+        """Before, the second entry made a second directory and station over the first,
+        and the close removed only the second: the first directory outlived the system
+        (the no_leaks fixture fails the test on it)."""
+        system = ActorSystem()
+        async with system:
+            directory = system.ipc_dir
+            with pytest.raises(TokenyardError, match="open already"):
+                await system.__aenter__()
+            assert system.ipc_dir == directory
+            await still_serves(system)
+        assert not os.path.exists(directory)
+
+
 class TestAnotherThreadsLoop:
     async def test_a_ref_used_from_another_threads_loop_says_where_its_system_runs(
         self,
