@@ -24,6 +24,7 @@ from ._credentials import Credentials, file_identity
 from ._errors import (
     ActorDeadError,
     ActorNotFoundError,
+    ProtocolError,
     TokenyardError,
     sole_error,
     to_its_end,
@@ -614,8 +615,18 @@ class ActorSystem:
 
         Raises:
             TokenyardError: ``ref`` names no owner and is not a child of this system.
+            ProtocolError: ``ref`` is not of this system (another system's, or one that
+                has closed): no death of it could ever be reported here.
         """
         station = self.station
+        foreign = [a for a in (ref.address, ref.owner) if a and not station.policy.allows(a)]
+        if foreign:
+            # Its WATCH could not be sent, and the watch waited for a Down for ever.
+            raise ProtocolError(
+                f"cannot watch actor {ref.name!r}: {foreign[0]!r} is not an address of this "
+                "actor system (the ref is another system's, or of one that has closed); "
+                "watch it through the system that started it"
+            )
         fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
         if (
             ref.address not in self.spawner.children.live

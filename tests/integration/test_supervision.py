@@ -23,6 +23,7 @@ from runtime import (
     ChildSpec,
     Down,
     GetSupervisorStatistics,
+    ProtocolError,
     Restart,
     SpawnError,
     Strategy,
@@ -35,6 +36,7 @@ from tests.conftest import actor_pids
 
 from ._actors import (
     Crash,
+    Echo,
     GetCount,
     GetPid,
     Journal,
@@ -382,6 +384,18 @@ class TestNoHangingCallers:
             assert children.refs["w"] != old
             with pytest.raises(ActorDeadError, match="told to die"):
                 await old.tell(Tick(n=1))
+
+    @pytest.mark.parametrize("process", [False, True])
+    async def test_a_watch_of_a_ref_of_a_closed_system_is_refused_at_once(
+        self, process: bool
+    ) -> None:
+        """Before, its WATCH could not be sent (a warning in the log) and the watch waited
+        for a Down for ever."""
+        async with ActorSystem() as closed:
+            echo = await closed.spawn(Echo, process=process)
+        async with ActorSystem() as system:
+            with pytest.raises(ProtocolError, match="not an address of this actor system"):
+                system.watch(echo)
 
 
 class TestShutdownTimeout:
