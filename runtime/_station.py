@@ -318,22 +318,39 @@ class Station:
         if ref.owner and ref.owner != self.reply_address:
             self.deaths.subscribe(ref)
 
-    def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
-        """Register a pending reply (an ask, a readiness or stop handshake) under a fresh
-        unguessable correlation id."""
+    def check_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this station runs in, when it is the running one.
+
+        Its sockets are its loop's alone (zmq sockets are not thread-safe), its replies are
+        read by that loop's reader, and the system's tasks run there: used from another
+        loop, a reply could never arrive, and an in-process actor started there lived in
+        a loop that was not its system's.
+
+        Raises:
+            MailboxClosedError: The system is closed, or the running loop is not its own.
+        """
         if self.closed or self._loop is None:
             raise MailboxClosedError("the actor system is closed")
+        if threading.get_ident() != self.thread:
+            raise MailboxClosedError(
+                "the ActorSystem runs in another thread's event loop: use it from that loop "
+                "(asyncio.run_coroutine_threadsafe, anyio.from_thread)"
+            )
         if asyncio.get_running_loop() is not self._loop:
-            # Its replies are read by its own loop's reader: asked from another loop (one
-            # asyncio.run after the one that opened it), the reply could never arrive.
             raise MailboxClosedError(
                 "the ActorSystem was opened in another event loop of this thread, which "
                 "does not run now: use it from the loop that opened it"
             )
+        return self._loop
+
+    def new_request(self, target: str) -> tuple[int, asyncio.Future[Any]]:
+        """Register a pending reply (an ask, a readiness or stop handshake) under a fresh
+        unguessable correlation id."""
+        loop = self.check_loop()
         corr = new_corr()
         while corr in self._pending:
             corr = new_corr()
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         self._pending[corr] = _Pending(future, target)
         return corr, future
 

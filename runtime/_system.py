@@ -500,8 +500,10 @@ class ActorSystem:
                 process died or did not become ready in time; for ``node``: no such node,
                 or it did not answer.
             ValueError: Options that rule each other out, or an unknown start method.
+            MailboxClosedError: The system is closed, or runs in another event loop.
         """
         how, kwargs = SpawnOptions.take(kwargs)
+        self.station.check_loop()
         return await self.spawner.spawn(actor, args, kwargs, name, how)
 
     async def start_remote_child(self, request: RemoteSpawn, options: TransportOptions) -> Child:
@@ -617,6 +619,7 @@ class ActorSystem:
             TokenyardError: ``ref`` names no owner and is not a child of this system.
             ProtocolError: ``ref`` is not of this system (another system's, or one that
                 has closed): no death of it could ever be reported here.
+            MailboxClosedError: The system is closed, or runs in another event loop.
         """
         station = self.station
         foreign = [a for a in (ref.address, ref.owner) if a and not station.policy.allows(a)]
@@ -627,7 +630,7 @@ class ActorSystem:
                 "actor system (the ref is another system's, or of one that has closed); "
                 "watch it through the system that started it"
             )
-        fut: asyncio.Future[Down] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Down] = station.check_loop().create_future()
         if (
             ref.address not in self.spawner.children.live
             and not ref.owner
@@ -673,7 +676,9 @@ class ActorSystem:
 
         Raises:
             ActorDeadError: It was already dead.
+            MailboxClosedError: The system is closed, or runs in another event loop.
         """
+        self.station.check_loop()
         child = self.spawner.children.get(ref.address)
         if child is None:
             if self.station.deaths.is_dead(ref.address):
@@ -693,7 +698,9 @@ class ActorSystem:
 
         Raises:
             ActorDeadError: It is dead already, or not a child of this system.
+            MailboxClosedError: The system is closed, or runs in another event loop.
         """
+        self.station.check_loop()
         child = self.spawner.children.get(ref.address)
         if child is None:
             raise ActorDeadError(f"actor {ref.name!r} is not a live child of this system")

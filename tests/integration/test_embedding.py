@@ -383,6 +383,41 @@ class TestAnotherThreadsLoop:
             with anyio.fail_after(10):
                 await still_serves(system)
 
+    async def test_the_system_used_from_another_threads_loop_says_where_it_runs(self) -> None:
+        """A sync endpoint's ``asyncio.run(system.spawn(...))``: before, an in-process spawn
+        answered with a ref to an actor running in that thread's loop, which ended with it,
+        and the system's close then waited for it for ever; a process spawn and a stop
+        said the system was opened in another loop "of this thread"."""
+        async with ActorSystem() as system:
+            echo = await system.spawn(Echo, process=False)
+            errors: list[BaseException] = []
+
+            def elsewhere() -> None:
+                async def use() -> None:
+                    for call in (
+                        system.spawn(Echo, process=False),
+                        system.spawn(Echo),
+                        system.stop(echo),
+                        system.kill(echo, "from another thread"),
+                    ):
+                        try:
+                            await call
+                        except MailboxClosedError as err:
+                            errors.append(err)
+                    try:
+                        system.watch(echo)
+                    except MailboxClosedError as err:
+                        errors.append(err)
+
+                asyncio.run(use())
+
+            await anyio.to_thread.run_sync(elsewhere)
+            assert len(errors) == 5
+            assert all("another thread" in str(err) for err in errors)
+            with anyio.fail_after(10):
+                assert await echo.ask(Ping(n=3), timeout=5) == Pong(n=3)
+                await still_serves(system)
+
 
 class TestATimeoutThatIsNotANumber:
     """A NaN timeout went into the host's event loop as a timer: asyncio keeps its timers in
