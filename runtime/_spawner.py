@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio
 import msgspec
 
+from ._actor import Actor
 from ._cell import Cell
 from ._children import CANCELLED_WITH_SYSTEM, SPAWN_GIVEN_UP, Child, ChildTable, RemoteProcess
 from ._errors import SpawnError, TokenyardError, sole_error, to_its_end
@@ -53,7 +54,6 @@ from ._spawn import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
-    from ._actor import Actor
     from ._auth import Keys
     from ._cell import Ending
     from ._launcher import Launcher
@@ -136,8 +136,15 @@ class Spawner:
 
         Raises:
             SpawnError: As ``ActorSystem.spawn`` says.
+            TypeError: ``actor`` is not an Actor subclass.
             ValueError: A start method this platform does not have.
         """
+        if not (isinstance(actor, type) and issubclass(actor, Actor)):
+            # An instance failed on its missing __name__, another class on its handlers.
+            raise TypeError(
+                f"spawn takes an Actor subclass, not {actor!r}: pass the class, and its "
+                "constructor's arguments after it (spawn(Echo, 1, name='echo'))"
+            )
         name = name or f"{actor.__name__}-{next(self._names)}"
         incarnation = self._incarnations.get(name, 0) + 1
         self._incarnations[name] = incarnation

@@ -499,6 +499,7 @@ class ActorSystem:
             SpawnError: Arguments not encodable, import failure, ``on_start`` raised, the
                 process died or did not become ready in time; for ``node``: no such node,
                 or it did not answer.
+            TypeError: ``actor`` is not an Actor subclass.
             ValueError: Options that rule each other out, or an unknown start method.
             MailboxClosedError: The system is closed, or runs in another event loop.
         """

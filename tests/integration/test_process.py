@@ -184,6 +184,16 @@ class TestFailures:
                 await system.spawn(Echo, object(), name="echo")
             assert actor_pids() == set()
 
+    @pytest.mark.parametrize("process", [False, True])
+    async def test_spawning_what_is_not_an_actor_class_says_so(self, process: bool) -> None:
+        """Before, an instance failed on its missing ``__name__`` (an AttributeError from
+        inside the runtime), and another class on having no handlers."""
+        async with ActorSystem() as system:
+            for wrong in (Echo(), int):
+                with pytest.raises(TypeError, match="spawn takes an Actor subclass, not"):
+                    await system.spawn(wrong, process=process)  # type: ignore[arg-type]
+            assert actor_pids() == set()
+
     async def test_an_out_of_range_or_too_deep_spawn_argument_is_a_spawn_error_too(
         self,
     ) -> None:
