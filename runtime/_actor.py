@@ -333,6 +333,13 @@ class Actor(Generic[M]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # A plain def failed only at the spawn, with "object NoneType can't be used in
+        # 'await' expression" and no word of which hook.
+        for hook in ("on_start", "on_stop", "on_failure"):
+            if not inspect.iscoroutinefunction(getattr(cls, hook)):
+                raise TypeError(
+                    f"{cls.__qualname__}.{hook} is awaited by the runtime: make it an async def"
+                )
         # Check the handlers now, so a wrong one fails where the class is written; a class
         # whose annotations name types defined further down its module is checked at its
         # first spawn instead.

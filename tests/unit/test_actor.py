@@ -152,6 +152,17 @@ class TestHandlerDiscovery:
             class Muted(Counter):
                 point = None  # type: ignore[assignment]
 
+    def test_a_lifecycle_hook_that_is_not_async_is_refused_where_the_class_is_defined(
+        self,
+    ) -> None:
+        # Before, the spawn failed with "object NoneType can't be used in 'await'
+        # expression", naming no hook.
+        with pytest.raises(TypeError, match=r"SyncStart\.on_start .* make it an async def"):
+
+            class SyncStart(Counter):
+                def on_start(self) -> None:  # type: ignore[override]
+                    pass
+
     def test_a_class_s_mailbox_decoder_is_built_once_and_shared(self) -> None:
         # One per class: a fork server builds it before forking, and its children use it.
         decoder = Cell.decoder_for(Counter)
