@@ -14,7 +14,9 @@ tokenizer's), so that a mismatch is one clear error, not garbage text.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from runtime import Throttle
@@ -196,12 +198,19 @@ async def open_llamacpp(
     from ._llamacpp import LlamaCppServer
 
     def load() -> LlamaCppServer:
-        return LlamaCppServer(
+        # A large model takes a while: the log says what loads and, after, how long it
+        # took (at WARNING, the default level, as a launched vLLM engine's progress is).
+        gib = os.path.getsize(spec.model) / (1 << 30)
+        logger.warning("loading llama.cpp's model %s (%.1f GiB)", spec.model, gib)
+        began = time.monotonic()
+        server = LlamaCppServer(
             spec.model,
             n_parallel=spec.n_parallel,
             context_length=spec.context_length,
             threads=spec.threads,
         )
+        logger.warning("llama.cpp's model loaded in %.1f s", time.monotonic() - began)
+        return server
 
     server = await anyio.to_thread.run_sync(load)
     try:

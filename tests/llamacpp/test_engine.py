@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from actors._gguf import MODEL_FILE
 from actors._llamacpp import LlamaCppServer
 from actors.http import open_server
 from actors.messages import GetSchedulerStatistics, Member, SchedulerStatistics
-from tests.http._server import ROOT
+from tests.http._server import ROOT, running_serve
 
 from .conftest import CONTEXT
 from .test_llamacpp import native
@@ -176,6 +177,18 @@ class TestTheServer:
                         for _ in range(2):
                             tg.start_soon(post_ok, http, server.url, short)
 
+    def test_serve_says_which_model_it_loads_and_how_long_the_load_took(
+        self, model_dir: Path
+    ) -> None:
+        model = model_dir / MODEL_FILE
+        options = ("--engine", "llamacpp", "--model", str(model), "--tokenizer", str(model_dir))
+        with running_serve(*options, workers=1, stderr=True) as run:
+            run.proc.send_signal(signal.SIGTERM)
+            _, err = run.proc.communicate(timeout=30)
+        assert run.proc.returncode == 0, err
+        assert re.search(rf"loading llama.cpp's model {re.escape(str(model))} \(\d+\.\d GiB\)", err)
+        assert re.search(r"llama.cpp's model loaded in \d+\.\d s", err), err
+
 
 class TestDeaths:
     async def test_a_killed_engine_fails_or_resubmits_every_request_and_restarts(
@@ -254,6 +267,8 @@ class TestDeaths:
         last = done.stderr.splitlines()[-1]
         assert last.startswith("the pipeline did not start: actor 'scheduler' failed to start")
         assert "could not load" in last
+        assert f"loading llama.cpp's model {broken} (0.0 GiB)" in done.stderr
+        assert "model loaded in" not in done.stderr
         # The scheduler's own log has its traceback; serve does not repeat it, level by level,
         # nor as the escaped text of a repr in the supervisor's death.
         assert "The above exception was the direct cause" not in done.stderr
