@@ -728,7 +728,9 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                 if started:
                     raise
                 failed = cannot_serve(args.host, args.port, err)
-            except SpawnError as err:
+            except TokenyardError as err:
+                # A member that failed to start (a SpawnError), or the system that could
+                # not open (a temporary directory too long for its ipc sockets, say).
                 if started:
                     raise
                 failed = f"the pipeline did not start: {first_failure(err)}"
@@ -785,10 +787,10 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def first_failure(err: SpawnError) -> str:
-    """The first line of the spawn failure that the others follow from (a member's, under
-    the pipeline supervisor's): what went wrong, without the tracebacks of every level
-    (the member's own log has its traceback)."""
+def first_failure(err: TokenyardError) -> str:
+    """The first line of the failure that the others follow from (a member's spawn
+    failure, under the pipeline supervisor's): what went wrong, without the tracebacks of
+    every level (the member's own log has its traceback)."""
     while isinstance(err.__cause__, SpawnError):
         err = err.__cause__
     return str(err).partition("\n")[0]

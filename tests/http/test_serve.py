@@ -653,12 +653,16 @@ class TestTheLimitFlags:
         assert text in capsys.readouterr().err
 
 
-def serve_command(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def serve_command(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m actors serve ARGS`` run to its end, and checked to leave no process
     behind: every process it started carries a mark in its environment, and none with the
-    mark is alive (or a zombie) once it has exited."""
+    mark is alive (or a zombie) once it has exited. ``env`` adds to its environment."""
     mark = f"{os.getpid()}-{time.monotonic_ns()}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENYARD_TEST_MARK=mark, COLUMNS="400")
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT), TOKENYARD_TEST_MARK=mark, COLUMNS="400", **(env or {})
+    )
     done = subprocess.run(
         [sys.executable, "-m", "actors", "serve", *args],
         capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd=ROOT,
@@ -792,6 +796,23 @@ class TestTheCommand:
         assert line.startswith(f"bad --tokenizer: {expected}"), line
         if what != "not-json":
             assert line.endswith("leave --tokenizer out for the bundled one)"), line
+
+    def test_a_temporary_directory_too_long_for_ipc_sockets_is_one_line_and_status_1(
+        self, tmp_path: Path
+    ) -> None:
+        # 120 bytes: no socket path under it fits in sockaddr_un's 107.
+        long = tmp_path / ("d" * (120 - len(str(tmp_path)) - 1))
+        long.mkdir()
+        done = serve_command("--workers", "1", "--port", "0", env={"TMPDIR": str(long)})
+        assert done.returncode == 1, done.stderr
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(
+            f"the pipeline did not start: the temporary directory {str(long)!r} is too long "
+            "for ipc sockets"
+        ), line
+        assert "set TMPDIR to a directory at least" in line, line
+        assert list(long.iterdir()) == []  # its system's directory was removed
 
     def test_a_bad_log_level_is_a_bad_argument(self) -> None:
         done = serve_command("--log-level", "chatty")
