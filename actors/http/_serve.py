@@ -717,12 +717,11 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
                     # leaves the next signal to `_until_drained`.
                     watching.cancel()
                     keyed = ", API key required" if config.api_key is not None else ""
-                    sys.stdout.write(
+                    announce(
                         f"serving {server.url} with {_count(args.workers, 'worker')} and "
                         f"{_count(args.detokenizers, 'detokenizer')}{keyed}; Ctrl-C or "
                         "SIGTERM drains and stops\n"
                     )
-                    sys.stdout.flush()
                     return await _until_drained(server, signals)
             except OSError as err:
                 if started:
@@ -782,6 +781,37 @@ async def _until_drained(server: Server, signals: AsyncIterator[int]) -> int:
     return 0 if drained and drained[0] else 1
 
 
+def open_standard_streams() -> None:
+    """Open the null device on each of descriptors 0, 1 and 2 that is closed (``serve
+    >&-``, a daemon's leftovers). Otherwise the next descriptor opened takes its number (a
+    socket of the system, say), and every process started from here on would have that
+    as its standard output."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def announce(line: str) -> None:
+    """Write ``line`` on standard output, for whoever reads it: the server serves the same
+    whether anyone does or not. Output that is closed, or a pipe whose reader left (``serve
+    | head -c 1``), is pointed at the null device, so that nothing written later (Python's
+    own flush at exit) fails again."""
+    if sys.stdout is None:  # closed when Python started
+        return
+    try:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    except OSError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
 def _count(n: int, what: str) -> str:
     """``"1 worker"``, ``"2 workers"``."""
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
@@ -821,6 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 after a drain in which every request finished; 1 when some had to be ended, or
         the server could not start; 2 for bad arguments.
     """
+    open_standard_streams()
     parser = _parser()
     given = list(sys.argv[1:] if argv is None else argv)
     # What follows -- goes to `vllm serve`, untouched.

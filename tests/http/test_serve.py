@@ -814,6 +814,42 @@ class TestTheCommand:
         assert "set TMPDIR to a directory at least" in line, line
         assert list(long.iterdir()) == []  # its system's directory was removed
 
+    @pytest.mark.parametrize("stdout", ["closed", "a-pipe-whose-reader-left"])
+    def test_a_standard_output_it_cannot_write_to_does_not_stop_it_serving(
+        self, stdout: str
+    ) -> None:
+        port = free_port()
+        command = [sys.executable, "-m", "actors", "serve", "--workers", "1", "--port", str(port)]
+        if stdout == "closed":  # `serve >&-`
+            command = ["/bin/sh", "-c", 'exec "$@" >&-', "sh", *command]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                proc.stdout.close()  # a reader that left at once (`serve | true`)
+                # A connection made during the start waits in the listen backlog: it is
+                # answered once the server serves, after its line on standard output.
+                status = anyio.run(_health_once_listening, port, proc)
+                assert status == 200
+                if stdout == "closed":
+                    # Its processes write their standard output nowhere, not into
+                    # whatever took descriptor 1 after it was closed (a socket, say).
+                    children = [p for p in _children(proc.pid) if not is_fork_server(p)]
+                    assert children
+                    outputs = {os.readlink(f"/proc/{pid}/fd/1") for pid in children}
+                    assert outputs == {os.devnull}, outputs
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err, err
+        assert "Exception ignored" not in err, err
+
     def test_a_bad_log_level_is_a_bad_argument(self) -> None:
         done = serve_command("--log-level", "chatty")
         assert done.returncode == 2
@@ -1023,6 +1059,26 @@ async def _streams_through_sigterm(run: Running, count: int, max_tokens: int) ->
                     break
                 await anyio.sleep(0.01)  # sync-ok: polling the port until it closes
     return out
+
+
+async def _health_once_listening(port: int, proc: subprocess.Popen[str]) -> int:
+    """Connect to ``port`` once ``proc`` listens on it, ask ``GET /health`` and return the
+    answer's status (0: the connection closed unanswered)."""
+    with anyio.fail_after(60):
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                conn = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)  # sync-ok: polling for the listener, which says nothing
+                continue
+            async with conn:
+                await conn.send(HEALTH)
+                answer = b""
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    while b"\r\n" not in answer:
+                        answer += await conn.receive()
+                return int(answer.split()[1]) if answer else 0
 
 
 async def _until_gone(path: Path, pids: list[int]) -> None:
