@@ -14,6 +14,7 @@ import errno
 import logging
 import math
 import os
+import resource
 import signal
 import socket
 import sys
@@ -666,6 +667,37 @@ def check_port(port: int) -> str | None:
     return None
 
 
+#: Descriptors the serving process holds whatever the number of its processes (the
+#: listener, libzmq's own, the system's mailboxes, the guardian's pipe), and those each
+#: process it starts costs it (its pidfd and stdin, its connection to this process's
+#: mailboxes and this process's to its own, a worker's channel). Measured at rest: 68 with
+#: 2 workers and 1 detokenizer, 150 with 8 and 4 (about 23, and 9 a process); these leave
+#: a third more, for the connections that wait in it.
+FDS_AT_REST = 32
+FDS_PER_PROCESS = 12
+
+
+def check_fd_limit(workers: int, detokenizers: int) -> str | None:
+    """Why the open-file limit is too low for the processes of this pipeline, or ``None``.
+
+    The serving process takes its hard ``RLIMIT_NOFILE`` as its soft one; below what its
+    members' connections take, libzmq aborts it during the start (``Too many open files
+    (src/ipc_listener.cpp:297)``, with no word of which limit).
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # The members, the router, the scheduler and the fork server.
+    processes = workers + detokenizers + 3
+    needed = FDS_AT_REST + FDS_PER_PROCESS * processes
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        return None
+    return (
+        f"the open-file limit (RLIMIT_NOFILE) is {hard}, and {_count(workers, 'worker')} "
+        f"and {_count(detokenizers, 'detokenizer')} need at least {needed} in this process: "
+        f"raise it (ulimit -n {needed}, or LimitNOFILE= under systemd), or serve fewer "
+        "--workers or --detokenizers"
+    )
+
+
 def _check_credentials(path: str | None) -> str | None:
     """Why ``--credentials`` cannot be written, or ``None`` (checked before anything starts;
     the file itself is written once the server is up)."""
@@ -872,6 +904,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         sys.stderr.write(problem + "\n")
         return 2
+    short = check_fd_limit(args.workers, args.detokenizers)
+    if short is not None:  # not an argument's fault: the environment's, as a busy port
+        sys.stderr.write(short + "\n")
+        return 1
     try:
         config = _config(args)
         if args.engine == "stand-in":  # its context is known now; another engine's at start

@@ -13,6 +13,7 @@ import errno
 import itertools
 import os
 import re
+import resource
 import select
 import signal
 import socket
@@ -45,7 +46,7 @@ from tests.http.test_bounded import ask_large_answer, connect, open_until, read_
 from tests.http.test_dispatch import HEALTH, until, worker_pid
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from anyio.abc import ByteReceiveStream, TaskGroup
 
@@ -654,11 +655,15 @@ class TestTheLimitFlags:
 
 
 def serve_command(
-    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    *args: str,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m actors serve ARGS`` run to its end, and checked to leave no process
     behind: every process it started carries a mark in its environment, and none with the
-    mark is alive (or a zombie) once it has exited. ``env`` adds to its environment."""
+    mark is alive (or a zombie) once it has exited. ``env`` adds to its environment;
+    ``preexec_fn`` runs in its process before it starts (a limit to set, say)."""
     mark = f"{os.getpid()}-{time.monotonic_ns()}"
     env = dict(
         os.environ, PYTHONPATH=str(ROOT), TOKENYARD_TEST_MARK=mark, COLUMNS="400", **(env or {})
@@ -666,6 +671,7 @@ def serve_command(
     done = subprocess.run(
         [sys.executable, "-m", "actors", "serve", *args],
         capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd=ROOT,
+        preexec_fn=preexec_fn,
     )  # fmt: skip
     left = _pids_with(f"TOKENYARD_TEST_MARK={mark}".encode())
     assert not left, f"serve {args} left processes behind: {left}"
@@ -849,6 +855,23 @@ class TestTheCommand:
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
         assert "Exception ignored" not in err, err
+
+    def test_an_open_file_limit_too_low_for_its_processes_is_one_line_and_status_1(
+        self,
+    ) -> None:
+        def limit_files() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+        done = serve_command("--workers", "2", "--port", "0", preexec_fn=limit_files)
+        assert done.returncode == 1, done.stderr
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert re.fullmatch(
+            r"the open-file limit \(RLIMIT_NOFILE\) is 64, and 2 workers and 1 detokenizer "
+            r"need at least (\d+) in this process: raise it \(ulimit -n \1, or LimitNOFILE= "
+            r"under systemd\), or serve fewer --workers or --detokenizers",
+            line,
+        ), line
 
     def test_a_bad_log_level_is_a_bad_argument(self) -> None:
         done = serve_command("--log-level", "chatty")
