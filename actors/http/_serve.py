@@ -770,6 +770,9 @@ async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
         name = signal.Signals(interrupted[0]).name
         logger.warning("%s while starting: stopped before serving anything", name)
         return 0
+    # The log lines of this process before it, which a thread writes, come first.
+    for handler in logging.getLogger().handlers:
+        handler.flush()
     sys.stderr.write(failed + "\n")
     return 1
 

@@ -873,6 +873,35 @@ class TestTheCommand:
             line,
         ), line
 
+    def test_a_standard_error_nobody_reads_does_not_wedge_serving_or_the_drain(self) -> None:
+        port = free_port()
+        command = [sys.executable, "-m", "actors", "serve", "--workers", "1", "--port", str(port)]
+        reader, writer = os.pipe()
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=writer, text=True, env=env, cwd=ROOT
+        ) as proc:
+            os.close(writer)
+            try:
+                assert proc.stdout is not None
+                assert "serving http://" in proc.stdout.readline()
+                # Fill the pipe (through a description of its own, so that the server's
+                # stays blocking): from here, a line written to it waits for a reader.
+                filler = os.open(f"/proc/self/fd/{reader}", os.O_WRONLY | os.O_NONBLOCK)
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        os.write(filler, b"x" * 4096)
+                os.close(filler)
+                statuses = anyio.run(_logged_then_served, port)
+                assert statuses == (400, 200)
+                proc.send_signal(signal.SIGTERM)  # it logs that it drains
+                assert proc.wait(timeout=30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                os.close(reader)
+
     def test_a_bad_log_level_is_a_bad_argument(self) -> None:
         done = serve_command("--log-level", "chatty")
         assert done.returncode == 2
@@ -1102,6 +1131,21 @@ async def _health_once_listening(port: int, proc: subprocess.Popen[str]) -> int:
                     while b"\r\n" not in answer:
                         answer += await conn.receive()
                 return int(answer.split()[1]) if answer else 0
+
+
+async def _logged_then_served(port: int) -> tuple[int, int]:
+    """A request the worker refuses and logs (not HTTP), then one it answers: their
+    statuses, each within 10 s."""
+    statuses: list[int] = []
+    for request in (b"\x00 not http\r\n\r\n", HEALTH):
+        with anyio.fail_after(10):
+            async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+                await conn.send(request)
+                answer = b""
+                while b"\r\n" not in answer:
+                    answer += await conn.receive()
+                statuses.append(int(answer.split()[1]))
+    return statuses[0], statuses[1]
 
 
 async def _until_gone(path: Path, pids: list[int]) -> None:

@@ -7,8 +7,13 @@ import logging
 import re
 import subprocess
 import sys
+from typing import IO
 
-from runtime._logging import log_formatter
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from runtime._logging import LOG_BACKLOG, log_formatter
 
 #: A line of the format: time to the millisecond, level, [process], logger: message.
 LINE = re.compile(
@@ -76,3 +81,44 @@ class TestTheMainJobsHandler:
         match = LINE.fullmatch(out.getvalue().strip())
         assert match is not None, out.getvalue()
         assert match.group("process", "message") == ("main job", "slow")
+
+
+class TestAStandardErrorNobodyReads:
+    def test_logging_does_not_wait_for_it_and_says_how_many_lines_it_dropped(self) -> None:
+        script = (
+            "import logging, sys; from runtime._logging import LOG_BACKLOG, configure_logging;"
+            " configure_logging('INFO', 'serve'); log = logging.getLogger('tokenyard.x');"
+            " [log.info('line %d %s', n, 'x' * 100) for n in range(2 * LOG_BACKLOG)];"
+            " print('logged', flush=True)"
+        )
+        with subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            try:
+                # Its standard error is not read until it says it has logged every line: a
+                # blocking write would have stopped it at the pipe's 64 KiB.
+                with anyio.from_thread.start_blocking_portal() as portal:
+                    line = portal.call(_read_line_within, proc.stdout, 30.0)
+                assert line == "logged\n"
+                err = proc.stderr.read()
+                assert proc.wait(timeout=30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        lines = err.splitlines()
+        (dropped,) = [line for line in lines if "log lines dropped" in line]
+        count = int(dropped.strip("[").split()[0])
+        written = [line for line in lines if LINE.fullmatch(line)]
+        assert count + len(written) == 2 * LOG_BACKLOG
+        assert len(written) >= LOG_BACKLOG  # the lines kept were written, at the latest at exit
+
+
+async def _read_line_within(stream: IO[str], timeout: float) -> str:
+    with anyio.fail_after(timeout):
+        return await anyio.to_thread.run_sync(stream.readline, abandon_on_cancel=True)
