@@ -131,7 +131,7 @@ class StandardErrorHandler(logging.Handler):
 
 def standard_error_handler() -> logging.Handler:
     """A `StandardErrorHandler` on this process's standard error; a `logging.StreamHandler`
-    when standard error is no file of the system (replaced by a test's ``StringIO``)."""
+    when standard error is no file of the system (a test's in-memory stream in its place)."""
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, ValueError, io.UnsupportedOperation):  # None, closed, in memory
