@@ -1101,12 +1101,14 @@ async def _streams_through_sigterm(run: Running, count: int, max_tokens: int) ->
             for began in started:
                 await began.wait()
             run.proc.send_signal(signal.SIGTERM)
-            # The listener closes at once: a new client is refused, not left waiting.
+            # The listener closes at once: a new client is refused, not left waiting. One
+            # that lands in the listen backlog after the owner's last accept and before the
+            # close is reset by the kernel with the listener: turned away at once too.
             for _ in range(200):
                 try:
                     with socket.create_connection(("127.0.0.1", run.port), timeout=1):
                         pass
-                except ConnectionRefusedError:
+                except (ConnectionRefusedError, ConnectionResetError):
                     out.refused_after = True
                     break
                 await anyio.sleep(0.01)  # sync-ok: polling the port until it closes
