@@ -331,12 +331,17 @@ class Station:
         """
         if self.closed or self._loop is None:
             raise MailboxClosedError("the actor system is closed")
-        if threading.get_ident() != self.thread:
-            raise MailboxClosedError(
-                "the ActorSystem runs in another thread's event loop: use it from that loop "
-                "(asyncio.run_coroutine_threadsafe, anyio.from_thread)"
-            )
-        if asyncio.get_running_loop() is not self._loop:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # a thread with no loop: not the system's, then
+            running = None
+        if running is not self._loop:
+            # Which of the two, asked only here: every ask comes this way.
+            if threading.get_ident() != self.thread:
+                raise MailboxClosedError(
+                    "the ActorSystem runs in another thread's event loop: use it from that "
+                    "loop (asyncio.run_coroutine_threadsafe, anyio.from_thread)"
+                )
             raise MailboxClosedError(
                 "the ActorSystem was opened in another event loop of this thread, which "
                 "does not run now: use it from the loop that opened it"

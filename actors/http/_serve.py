@@ -825,10 +825,7 @@ def open_standard_streams() -> None:
         try:
             os.fstat(fd)
         except OSError:
-            null = os.open(os.devnull, os.O_RDWR)
-            if null != fd:
-                os.dup2(null, fd)
-                os.close(null)
+            _null_device_on(fd)
 
 
 def announce(line: str) -> None:
@@ -842,8 +839,14 @@ def announce(line: str) -> None:
         sys.stdout.write(line)
         sys.stdout.flush()
     except OSError:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
+        _null_device_on(sys.stdout.fileno())
+
+
+def _null_device_on(fd: int) -> None:
+    """Open the null device as descriptor ``fd`` (closing what ``fd`` was)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:  # ``fd`` already, when it was the lowest descriptor closed
+        os.dup2(null, fd)
         os.close(null)
 
 
