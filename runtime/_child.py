@@ -148,6 +148,22 @@ async def _run(spec: SpawnSpec, cls: type | BaseException) -> int:
     return await run_actor_process(spec, cls, _track)
 
 
+def take_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` equal to ``env``, changing only the variables that differ.
+
+    A forked actor shares its fork server's memory until it writes to it. Rebuilding the
+    whole environment (``os.environ.clear()``, then every variable encoded and put again)
+    wrote to about 230 kB of it, scattered: an idle actor's own memory fell from about
+    6.0 to 5.8 MiB when only the differences were written (usually none: the fork server
+    was started with the environment its parent still has).
+    """
+    for key in [key for key in os.environ if key not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 def main() -> None:
     """Read the spawn spec, become the actor, serve until stopped."""
     global _spec
@@ -157,8 +173,7 @@ def main() -> None:
     if spec.env is not None:
         # A fork of a fork server: take the environment and directory its parent has now,
         # as a fresh interpreter is started with them.
-        os.environ.clear()
-        os.environ.update(spec.env)
+        take_environment(spec.env)
         with contextlib.suppress(OSError):
             os.chdir(spec.cwd)
     # An interrupt is a stop from outside too (`kill -INT`): the same prompt end as a

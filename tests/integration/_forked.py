@@ -15,6 +15,8 @@ import os
 import signal
 from typing import Any
 
+import msgspec
+
 from runtime import Actor, Message, Request, handler
 
 #: The process that ran this module's top level, and whether its collector ran then.
@@ -52,6 +54,9 @@ class Here(Message):
     collecting: bool
     imported_collecting: bool
     frozen: int
+    #: Its environment and working directory.
+    environ: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str = ""
 
 
 def here(imported_in: int) -> Here:
@@ -65,6 +70,8 @@ def here(imported_in: int) -> Here:
         collecting=gc.isenabled(),
         imported_collecting=IMPORTED_COLLECTING,
         frozen=gc.get_freeze_count(),
+        environ=dict(os.environ),
+        cwd=os.getcwd(),
     )
 
 

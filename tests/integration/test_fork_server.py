@@ -17,6 +17,7 @@ import pytest
 
 from actors import Pipeline
 from runtime import ActorRef, ActorSystem, ChildSpec, SpawnError, Supervisor, WhichChildren
+from runtime._spawn import child_env
 from tests.conftest import actor_pids, child_pids, exits_within
 
 from ._forked import ExitWith, Forked, Here, Tokenize, Tokenizing, WhereAmI
@@ -78,6 +79,32 @@ class TestForkedActors:
         async with ActorSystem(start="spawn") as system:
             fresh = await where(await system.spawn(Forked, name="fresh"))
             assert (fresh.imported_collecting, fresh.collecting, fresh.frozen) == (True, True, 0)
+
+    async def test_a_forked_actor_has_the_environment_and_directory_of_its_parent_now(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        # As a fresh interpreter would: variables set, changed and removed since the fork
+        # server started are its parent's, the ones left alone too.
+        monkeypatch.setenv("TOKENYARD_TEST_KEPT", "kept")
+        monkeypatch.setenv("TOKENYARD_TEST_CHANGED", "before")
+        monkeypatch.setenv("TOKENYARD_TEST_REMOVED", "removed")
+        started_in = os.getcwd()
+        async with ActorSystem() as system:
+            before = await where(await system.spawn(Forked, name="before"))
+            assert before.environ == child_env()
+            monkeypatch.setenv("TOKENYARD_TEST_CHANGED", "after")
+            monkeypatch.delenv("TOKENYARD_TEST_REMOVED")
+            monkeypatch.setenv("TOKENYARD_TEST_ADDED", "added")
+            monkeypatch.chdir(tmp_path)
+            after = await where(await system.spawn(Forked, name="after"))
+            assert after.imported_in == before.imported_in == server_of(system).pid
+        assert after.environ == child_env()
+        assert {k: v for k, v in after.environ.items() if k.startswith("TOKENYARD_TEST_")} == {
+            "TOKENYARD_TEST_KEPT": "kept",
+            "TOKENYARD_TEST_CHANGED": "after",
+            "TOKENYARD_TEST_ADDED": "added",
+        }
+        assert (before.cwd, after.cwd) == (started_in, str(tmp_path))
 
     async def test_start_spawn_gives_a_fresh_interpreter_per_spawn_or_per_system(self) -> None:
         async with ActorSystem() as system:
