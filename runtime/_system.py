@@ -412,10 +412,15 @@ class ActorSystem:
         finally:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
-            station = self.station
-            station.close(self.options.linger_ms if self.role.in_actor_process else 0)
-            self._remove_dir()
+            try:
+                # It waits for every task it ends, then raises anyio's cancellation as the
+                # host's own once asyncio's reached this task (a `Task.cancel`, however
+                # long ago): the system must close all the same.
+                await self._tg.__aexit__(None, None, None)
+            finally:
+                station = self.station
+                station.close(self.options.linger_ms if self.role.in_actor_process else 0)
+                self._remove_dir()
 
     async def _stop_everything(self, *, graceful: bool) -> None:
         """A close's stops: tells delivered (``graceful``), children stopped, the fork

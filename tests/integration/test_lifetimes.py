@@ -11,17 +11,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+import zmq
 
-from runtime import Actor, ActorSystem, Cause, Message, Request, handler
+from runtime import (
+    Actor,
+    ActorRef,
+    ActorSystem,
+    Cause,
+    MailboxFullError,
+    Message,
+    Request,
+    handler,
+)
 from runtime._children import TERM_GRACE
 from runtime._spawn import ChildProcess
 from tests.conftest import child_pids, exits_within
 
-from ._actors import Echo, Ping, Pong, Slow
+from ._actors import Echo, Ping, Pong, Slow, Tick
 from ._scripts import run_script
 
 #: The start methods every root-death test runs under.
@@ -299,6 +310,51 @@ class TestCancelledClose:
                 await task
         assert exits_within(pids[0], 0)  # stopped before the close raised its cancellation
         assert pids[0] not in child_pids()  # and reaped
+
+    async def test_a_system_cancelled_by_asyncio_with_a_task_of_its_own_still_running_closes(
+        self,
+    ) -> None:
+        # Its task group ends what still runs (here a watch's notification, waiting for
+        # room in a mailbox nobody reads), and raises the cancellation once it has when
+        # asyncio's had reached the task that opened it: the close then stopped there, its
+        # sockets open and its directory left.
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        unread = ctx.socket(zmq.PULL)  # of a context of its own: it outlives the system
+        unread.setsockopt(zmq.RCVHWM, 1)
+        opened: list[ActorSystem] = []
+        watching = asyncio.Event()
+
+        async def use_a_system() -> None:
+            async with ActorSystem(shutdown_timeout=5.0) as system:
+                opened.append(system)
+                path = os.path.join(system.ipc_dir, "unread")
+                unread.bind(f"ipc://{path}")
+                full: ActorRef[Any] = ActorRef("unread", f"ipc://{path}")
+
+                async def flood() -> None:
+                    for i in range(1_000_000):
+                        await full.tell(Tick(n=i), timeout=0.2)
+
+                with anyio.fail_after(10), pytest.raises(MailboxFullError):
+                    await flood()
+                echo = await system.spawn(Echo, name="echo", process=False)
+                system.watch(echo, notify=full)  # told at the close, it waits for room
+                watching.set()
+                await anyio.sleep_forever()
+
+        try:
+            task = asyncio.ensure_future(use_a_system())
+            with anyio.fail_after(20):
+                await watching.wait()
+                task.cancel()  # once, as asyncio.timeout or a Ctrl-C under asyncio.run
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+        finally:
+            unread.close(0)
+            ctx.term()
+        (system,) = opened
+        assert system.station.closed
+        assert not os.path.exists(system.ipc_dir)
 
 
 class TestLiveness:
