@@ -7,12 +7,10 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import msgspec
 
 from ._context import current_station
-from ._message import Message
+from ._message import Message, Request
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-    from ._message import Request
 
 #: Contravariant: a ref that accepts ``A | B`` serves wherever one accepting ``A`` is asked for.
 M = TypeVar("M", bound=Message, contravariant=True)
@@ -105,9 +103,17 @@ class ActorRef(msgspec.Struct, Generic[M], frozen=True, array_like=True):
             ActorDeadError: The actor died before replying.
             ProtocolError: ``trace`` is over its bounds, or the message is larger than
                 ``max_message_size``.
-            TypeError: msgspec cannot encode ``msg`` (a field of a type it does not
+            TypeError: ``msg`` is not a ``Request`` (a plain ``Message`` names no reply:
+                `tell` it), or msgspec cannot encode it (a field of a type it does not
                 know, an int outside 64 bits).
             ValueError: ``timeout`` is NaN.
         """
+        if not isinstance(msg, Request):
+            # Only mypy refused it: asked, its handler's None came back as the reply.
+            raise TypeError(
+                f"ask({type(msg).__name__}) to actor {self.name!r}: only a Request is "
+                "asked (class X(Request[Reply]) names its reply); a message with no "
+                "reply is told: use tell"
+            )
         reply: R = await current_station().ask(self, msg, timeout, trace)
         return reply

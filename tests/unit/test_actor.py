@@ -228,6 +228,15 @@ class TestInProcessActors:
             stats = await system.statistics(ref)
             assert (stats.received, stats.handled, stats.rejected) == (2, 2, 0)
 
+    async def test_asking_a_message_that_is_not_a_request_says_to_tell_it(self) -> None:
+        # Only mypy refused it: at run time the actor handled it and the ask returned None.
+        async with ActorSystem() as system:
+            ref = await system.spawn(Counter, name="counter", process=False)
+            with pytest.raises(TypeError, match=r"ask\(Point\) to actor 'counter'.*use tell"):
+                await ref.ask(Point(x=3, y=0))  # type: ignore[arg-type] # the misuse, on purpose
+            assert await ref.ask(Ping(n=1)) == Pong(n=2)
+            assert (await system.statistics(ref)).received == 1  # the Point was never sent
+
     async def test_asking_yourself_from_a_handler_fails_instead_of_deadlocking(self) -> None:
         async with ActorSystem() as system:
             ref = await system.spawn(Counter, name="counter", process=False)
