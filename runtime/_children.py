@@ -1,4 +1,5 @@
-"""The children of one actor system: their records, their deaths, and how a stop escalates.
+"""The children of one actor system: their records, their names, their deaths, and how a
+stop escalates.
 
 A graceful stop travels in-band (after every tell this process sent), then escalates:
 a bounded wait, SIGTERM, a short grace, SIGKILL. A death is recorded once, whoever sees it
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._errors import TokenyardError
+from ._errors import SpawnError, TokenyardError
 from ._exit import reason_for_status
 from ._protocol import Cause, Down, Kind, RemoteKill, body_encoder
 from ._transport import ipc_path, remove_sockets_of
@@ -43,6 +44,19 @@ _PROBES_PER_BOUND = 4
 
 #: Seconds between SIGTERM and SIGKILL.
 TERM_GRACE = 2.0
+
+
+def _exited(child: Child) -> bool:
+    """Whether ``child``'s process has exited (perhaps not reaped yet), asked of the kernel
+    without waiting or reaping."""
+    process = child.process
+    assert process is not None
+    if process.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # not a child of this process: its monitor will say
+        return False
 
 
 class RemoteProcess:
@@ -121,6 +135,57 @@ class ChildTable:
     def __init__(self, station: Station) -> None:
         self.live: dict[str, Child] = {}
         self.station = station
+        #: The names spawns of this system took: the live child holding each, ``None``
+        #: while its spawn is under way (`claim`).
+        self._names: dict[str, Child | None] = {}
+
+    async def claim(self, name: str) -> None:
+        """Take ``name`` for a spawn of this system, until the spawn fails (`settle`) or
+        the child it started dies (`died`): a name is one live actor's, as Erlang's
+        ``register`` and Akka's ``actorOf`` have it, so that `ActorSystem.lookup` has one
+        answer. A name is this system's in this process: an actor process's own system
+        (a supervisor's there) has names of its own.
+
+        A holder this process knows to be dead frees it even before its record goes (a
+        ``Down`` from its node reaches watchers first), and so does one whose process has
+        exited, once reaped and recorded (a moment: it waits for nothing): whoever saw the
+        death first may start the name again.
+
+        Raises:
+            SpawnError: A live actor of this system, or a spawn under way, has the name.
+        """
+        if name in self._names:
+            holder = self._names[name]
+            if holder is None:
+                raise SpawnError(
+                    f"cannot spawn actor {name!r}: another spawn of that name is under way "
+                    "in this system; a name is one live actor's: wait for that spawn to "
+                    "end, or choose another name"
+                )
+            if holder.process is not None and _exited(holder):
+                await self.await_exit(holder)  # `died` frees the name
+                return await self.claim(name)  # as it is now: another spawn may have it
+            if not self.station.deaths.is_dead(holder.ref.address):
+                raise SpawnError(
+                    f"cannot spawn actor {name!r}: incarnation {holder.ref.incarnation} of "
+                    f"it is alive ({holder.ref.address}); a name is one live actor's: stop "
+                    "it first (await system.stop(ref)), or choose another name"
+                )
+        self._names[name] = None
+
+    def holds(self, name: str) -> bool:
+        """Whether a live child, or a spawn under way, has ``name``."""
+        return name in self._names
+
+    def settle(self, name: str, ref: ActorRef[Any] | None) -> None:
+        """The spawn that claimed ``name`` ended: the child at ``ref`` holds it now, until
+        it dies; nobody does when the spawn failed or was given up (``None``), or when that
+        child is dead already."""
+        child = None if ref is None else self.live.get(ref.address)
+        if child is None:
+            self._names.pop(name, None)
+        else:
+            self._names[name] = child
 
     def add(self, child: Child) -> None:
         """Record a started child."""
@@ -201,6 +266,8 @@ class ChildTable:
         child.down = down
         child.exited.set()
         self.live.pop(child.ref.address, None)
+        if self._names.get(child.ref.name) is child:
+            del self._names[child.ref.name]
         station = self.station
         if not station.closed:
             station.deaths.mark_dead(down)

@@ -145,7 +145,28 @@ class Spawner:
                 f"spawn takes an Actor subclass, not {actor!r}: pass the class, and its "
                 "constructor's arguments after it (spawn(Echo, 1, name='echo'))"
             )
-        name = name or f"{actor.__name__}-{next(self._names)}"
+        if not name:  # one that no live actor holds (a spawn may have been given it)
+            name = f"{actor.__name__}-{next(self._names)}"
+            while self.children.holds(name):
+                name = f"{actor.__name__}-{next(self._names)}"
+        await self.children.claim(name)
+        try:
+            ref = await self._spawn_claimed(actor, args, kwargs, name, how)
+        except BaseException:
+            self.children.settle(name, None)
+            raise
+        self.children.settle(name, ref)
+        return ref
+
+    async def _spawn_claimed(
+        self,
+        actor: type[Actor[M]],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        name: str,
+        how: SpawnOptions,
+    ) -> ActorRef[M]:
+        """`spawn`, once ``name`` is this spawn's (`ChildTable.claim`)."""
         incarnation = self._incarnations.get(name, 0) + 1
         self._incarnations[name] = incarnation
         if how.start is not None:

@@ -492,7 +492,9 @@ class ActorSystem:
             actor: The Actor subclass.
             *args: Positional arguments of its constructor (msgspec-encodable if it runs in
                 a process).
-            name: The actor's name (default: class name and a counter).
+            name: The actor's name (default: class name and a counter), one live actor's
+                in this system: stop the actor holding it (`stop` returns once it is
+                free) before starting the name again.
             **kwargs: How to start it, each a field of `SpawnOptions` (``process``,
                 ``spawn_timeout``, ``shutdown_timeout``, ``stall_timeout``, ``inherit``,
                 ``start``, ``node``; ``None`` or left out: the system's), and the keyword
@@ -501,9 +503,10 @@ class ActorSystem:
                 `kill`, `watch`, and its death ends as a local child's does).
 
         Raises:
-            SpawnError: Arguments not encodable, import failure, ``on_start`` raised, the
-                process died or did not become ready in time; for ``node``: no such node,
-                or it did not answer.
+            SpawnError: A live actor of this system (or a spawn under way) has ``name``,
+                arguments not encodable, import failure, ``on_start`` raised, the process
+                died or did not become ready in time; for ``node``: no such node, or it did
+                not answer.
             TypeError: ``actor`` is not an Actor subclass.
             ValueError: Options that rule each other out, or an unknown start method.
             MailboxClosedError: The system is closed, or runs in another event loop.

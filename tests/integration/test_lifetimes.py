@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -26,13 +27,14 @@ from runtime import (
     MailboxFullError,
     Message,
     Request,
+    SpawnError,
     handler,
 )
 from runtime._children import TERM_GRACE
 from runtime._spawn import ChildProcess
-from tests.conftest import child_pids, exits_within
+from tests.conftest import actor_pids, child_pids, exits_within
 
-from ._actors import Echo, Ping, Pong, Slow, Tick
+from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, StartsThenWaits, Tick
 from ._scripts import run_script
 
 #: The start methods every root-death test runs under.
@@ -164,6 +166,87 @@ class StubbornParent(Actor[SpawnStubborn]):
 class IgnoresTerm(Echo):
     async def on_start(self) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class TestNames:
+    """A name is one live actor's in its system, as Erlang's register and Akka's actorOf
+    have it, and free again once that actor is dead."""
+
+    @pytest.mark.parametrize("process", [True, False], ids=["process", "in-process"])
+    async def test_a_name_in_use_is_refused_before_anything_starts_and_free_once_stopped(
+        self, process: bool
+    ) -> None:
+        async with ActorSystem() as system:
+            first = await system.spawn(Echo, name="echo", process=process)
+            pids = actor_pids()
+            for other in (process, not process):  # whichever kind holds it, and asks for it
+                with pytest.raises(
+                    SpawnError, match=r"'echo': incarnation 1 of it is alive .*stop it first"
+                ):
+                    await system.spawn(Echo, name="echo", process=other)
+            assert actor_pids() == pids  # refused before any process was started
+            assert await system.lookup("echo") == first
+            await system.stop(first)
+            # Free once stop has returned: stop, then start the name again, at once.
+            second = await system.spawn(Echo, name="echo", process=process)
+            assert (second.incarnation, await second.ask(Ping(n=3))) == (2, Pong(n=3))
+            assert await system.lookup("echo") == second
+
+    async def test_of_two_spawns_of_one_name_at_once_the_second_is_refused(self) -> None:
+        results: list[ActorRef[Any] | SpawnError] = []
+
+        async def spawn(system: ActorSystem) -> None:
+            try:
+                results.append(await system.spawn(Echo, name="echo"))
+            except SpawnError as err:
+                results.append(err)
+
+        async with ActorSystem() as system:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(spawn, system)
+                tg.start_soon(spawn, system)
+            assert len(actor_pids()) == 1
+        (error,) = [r for r in results if isinstance(r, SpawnError)]
+        assert "another spawn of that name is under way" in str(error)
+
+    async def test_a_process_that_exited_frees_its_name_before_its_monitor_has_run(
+        self,
+    ) -> None:
+        async with ActorSystem() as system:
+            first = await system.spawn(Echo, name="echo")
+            pid = system.pid_of(first)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            # Blocks this loop until the process has exited (not reaping it: WNOWAIT), so
+            # the spawn runs before the system's monitor could see the death.
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 - on purpose
+            second = await system.spawn(Echo, name="echo")
+            assert second.incarnation == 2
+            assert (await system.watch(first)).signal == signal.SIGKILL
+
+    @pytest.mark.parametrize("process", [True, False], ids=["process", "in-process"])
+    async def test_a_spawn_given_up_half_way_leaves_its_name_free(self, process: bool) -> None:
+        journal = Journal()
+        async with ActorSystem() as system:
+            recorder = await system.spawn(Recorder, journal, process=False)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(
+                        functools.partial(
+                            system.spawn, StartsThenWaits, recorder, name="late", process=process
+                        )
+                    )
+                    await journal.wait_for(1)  # its on_start runs, and will not return
+                    tg.cancel_scope.cancel()
+            again = await system.spawn(Echo, name="late", process=process)
+            assert again.incarnation == 2
+
+    async def test_a_name_left_out_is_one_no_live_actor_has(self) -> None:
+        async with ActorSystem() as system:
+            given = await system.spawn(Echo, name="Echo-1", process=False)
+            generated = await system.spawn(Echo, process=False)
+            assert generated.name not in ("Echo-1", "")
+            assert await system.lookup("Echo-1") == given
 
 
 class TestMainModule:

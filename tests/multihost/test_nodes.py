@@ -285,6 +285,23 @@ class TestDeathAcrossHosts:
             assert second.incarnation == first.incarnation + 1
             assert await pid_of(second) > 0
 
+    async def test_the_name_of_a_remote_actor_is_free_once_its_death_is_known(
+        self, hosts: Hosts, tmp_path: Path
+    ) -> None:
+        async with two_hosts(hosts, tmp_path) as (system, _station):
+            first = await system.spawn(Worker, name="w", node="b")
+            with pytest.raises(SpawnError, match="'w': incarnation 1 of it is alive"):
+                await system.spawn(Worker, name="w", node="b")
+            watch = system.watch(first)
+            os.kill(await pid_of(first), signal.SIGKILL)
+            with anyio.fail_after(10):
+                await watch
+            # Whoever heard of the death may start the name again at once, as a supervisor
+            # does, though this process records it only after its watchers heard.
+            second = await system.spawn(Worker, name="w", node="b")
+            assert second.incarnation == 2
+            assert await pid_of(second) > 0
+
     async def test_a_killed_node_is_noconnection_within_the_bound_and_its_actor_moves(
         self, hosts: Hosts, tmp_path: Path
     ) -> None:
