@@ -17,7 +17,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._errors import MailboxClosedError
+from ._errors import MailboxClosedError, ProtocolError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -63,6 +63,21 @@ class Sender(Protocol):
     @property
     def thread(self) -> int:
         """The thread whose event loop the station runs in (`threading.get_ident`)."""
+        ...
+
+    @property
+    def name(self) -> str:
+        """Its system's name."""
+        ...
+
+    @property
+    def reply_address(self) -> str:
+        """Its reply inbox: the owner of the actors its system starts in this process."""
+        ...
+
+    @property
+    def cookie(self) -> bytes:
+        """Its system's cookie, the same in every member of that system."""
         ...
 
     def try_tell(self, ref: RefLike, msg: Message, trace: Sequence[str] = ()) -> Frames | None:
@@ -196,6 +211,32 @@ def current_station() -> Sender:
     raise MailboxClosedError(
         "no ActorSystem is open in this thread: the open one runs in another thread's event "
         "loop; send from that loop (asyncio.run_coroutine_threadsafe, anyio.from_thread)"
+    )
+
+
+def refuse_another_systems(ref: RefLike, through: str) -> None:
+    """Refuse to send to ``ref`` through the station at ``through`` when another system
+    open in this process owns it: no frame of one system reaches another's actors (over
+    ipc its directory is not this one's; over tcp its mailbox refuses this system's keys),
+    so a tell was lost, an ask timed out, and the owner logged a stranger's keys. A member
+    of the same system (attached, or a node) shares its cookie, and sends.
+
+    Asked once per address, where a process first subscribes to a death (its first tell or
+    ask to it), never on the hot path.
+
+    Raises:
+        ProtocolError: It is another open system's.
+    """
+    stations = {station.reply_address: station for station in _open}
+    owner, sender = stations.get(ref.owner), stations.get(through)
+    if owner is None or sender is None or owner.cookie == sender.cookie:
+        return
+    raise ProtocolError(
+        f"actor {ref.name!r} is of ActorSystem {owner.name!r}, not of {sender.name!r}, "
+        "which this task sends through (a task sends through the system it opened last, "
+        "or else the one opened last in the process); a system reaches only its own "
+        f"actors: send to it from a task where {owner.name!r} is current (one of its "
+        f"actors, or a task started before {sender.name!r} opened)"
     )
 
 

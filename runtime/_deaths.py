@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._context import refuse_another_systems
 from ._errors import ActorDeadError
 from ._protocol import Cause, Down, Kind, WatchBody, body_encoder, error_decoder
 from ._ref import ActorRef
@@ -120,7 +121,12 @@ class Deaths:
 
     def subscribe(self, ref: RefLike) -> None:
         """Ask the process owning ``ref`` to report its death here (once per address); an
-        owner known dead cannot, and what it owned is dead already."""
+        owner known dead cannot, and what it owned is dead already.
+
+        Raises:
+            ProtocolError: Another system open in this process owns ``ref``
+                (`runtime._context.refuse_another_systems`).
+        """
         owner = ref.owner
         address = ref.address
         if (
@@ -130,6 +136,7 @@ class Deaths:
             or address in self.dead
         ):
             return
+        refuse_another_systems(ref, self.reply_address)
         full: ActorRef[Any] = ActorRef(ref.name, address, ref.incarnation, owner)
         why = self._dead_owners.get(owner)
         if why is not None:

@@ -312,11 +312,11 @@ class Station:
 
     def _learn(self, ref: RefLike) -> None:
         """First message to an address: subscribe to its death if another process owns it."""
+        if ref.owner and ref.owner != self.reply_address:
+            self.deaths.subscribe(ref)  # first: known once it did not refuse the ref
         if len(self._known) >= _KNOWN_KEPT:
             self._known.clear()  # subscribing again is harmless; remembering all is not
         self._known.add(ref.address)
-        if ref.owner and ref.owner != self.reply_address:
-            self.deaths.subscribe(ref)
 
     def check_loop(self) -> asyncio.AbstractEventLoop:
         """The loop this station runs in, when it is the running one.

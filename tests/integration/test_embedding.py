@@ -37,7 +37,18 @@ from runtime import (
 from runtime._transport import LONGEST_STEM
 from tests.conftest import unread_mailbox
 
-from ._actors import Echo, Journal, Ping, Pong, Recorder, Slow, Started, StartsThenWaits, Tick
+from ._actors import (
+    Echo,
+    GetCount,
+    Journal,
+    Ping,
+    Pong,
+    Recorder,
+    Slow,
+    Started,
+    StartsThenWaits,
+    Tick,
+)
 from ._scripts import run_script_to_end
 
 if TYPE_CHECKING:
@@ -353,6 +364,45 @@ class TestAnOpenSystemEnteredAgain:
             assert system.ipc_dir == directory
             await still_serves(system)
         assert not os.path.exists(directory)
+
+
+class TestTwoSystemsInOneLoop:
+    @pytest.mark.parametrize(
+        ("transport", "process"), [("ipc", False), ("ipc", True), ("tcp", False), ("tcp", True)]
+    )
+    async def test_a_ref_of_the_other_system_is_refused_naming_both_and_the_way_out(
+        self, transport: str, process: bool
+    ) -> None:
+        """A task sends through the system it opened last. Before, over tcp, a tell to the
+        other system's actor was lost, an ask timed out ('pass a longer timeout'), and that
+        system logged a connection refused for another system's keys; over ipc, both said
+        the address was 'not an address of this actor system', naming neither."""
+        answers: list[Pong] = []
+        go, answered = anyio.Event(), anyio.Event()
+
+        async def ask_from_a(echo: ActorRef[Ping]) -> None:  # started before b: a's task
+            await go.wait()
+            answers.append(await echo.ask(Ping(n=2), timeout=30))
+            answered.set()
+
+        with anyio.fail_after(60):
+            async with ActorSystem(name="a", transport=transport) as a:
+                echo = await a.spawn(Echo, name="echo", process=process)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ask_from_a, echo)
+                    async with ActorSystem(name="b", transport=transport):
+                        sends = (lambda: echo.tell(Tick(n=1)), lambda: echo.ask(Ping(n=1)))
+                        for send in sends:
+                            with pytest.raises(
+                                ProtocolError,
+                                match=r"'echo' is of ActorSystem 'a', not of 'b', which this "
+                                r"task sends through .* a task started before 'b' opened",
+                            ):
+                                await send()
+                        go.set()
+                        await answered.wait()
+                assert answers == [Pong(n=2)]
+                assert (await echo.ask(GetCount())).n == 0  # the tick was refused, not lost
 
 
 class TestAnotherThreadsLoop:
