@@ -13,7 +13,7 @@ import contextlib
 import inspect
 import types
 import typing
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, overload
 
 from ._context import current_station, leave_traces
@@ -330,6 +330,9 @@ class Actor(Generic[M]):
     system: SystemHandle
     _task_group: anyio.abc.TaskGroup | None = None
     _failure: Exception | None = None
+    #: Runs a part of a handler unless a stop request reached the actor (set by the cell
+    #: that runs it: `runtime._cell.Cell.unless_stopped`); None until one does.
+    _stop_guard: Callable[[Callable[[], Awaitable[None]]], Awaitable[bool]] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -365,6 +368,16 @@ class Actor(Generic[M]):
         """Stop this actor gracefully, as if asked to: messages already queued are handled,
         ``on_stop`` runs, and the exit is normal (a transient child is not restarted)."""
         await current_station().send_stop(self.ref)
+
+    async def _unless_stopped(self, fn: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``fn`` from a handler unless a stop request has reached this actor, and
+        cancel it as soon as one does (`runtime._cell.Cell.unless_stopped`): a long wait in
+        a handler that a stop makes pointless (a supervisor's restart) does not hold the
+        stop up. Returns whether ``fn`` ran to its end."""
+        if self._stop_guard is None:  # not running (built by a test of its arithmetic)
+            await fn()
+            return True
+        return await self._stop_guard(fn)
 
     def crash(self, error: Exception) -> None:
         """End this actor with ``error`` as soon as the running handler returns.

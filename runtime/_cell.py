@@ -73,6 +73,11 @@ def _own_cancellation(err: BaseException) -> bool:
     return task is None or task.cancelling() > 0
 
 
+def _holds_stop(items: list[Item]) -> bool:
+    """Whether a stop request is among ``items``."""
+    return any(type(item) is Envelope and item.header.kind is Kind.STOP for item in items)
+
+
 #: Each actor class's mailbox decoder (`Cell.decoder_for`), as `handler_table` keeps its
 #: handlers: one per class for the life of the process.
 _decoders: dict[type, MailboxDecoder] = {}
@@ -122,6 +127,11 @@ class Cell:
         self._runs = 0
         #: Where the handlers' trace context is current (`serve` makes it so in its task).
         self._trace: TraceSlot = TraceSlot()
+        #: The run of messages being handled, and what was read after it while a handler
+        #: ran (`unless_stopped`), handled next, in order.
+        self._batch: list[Item] = []
+        self._ahead: list[Item] = []
+        actor._stop_guard = self.unless_stopped
 
     def metrics(self) -> ActorMetrics:
         """This actor's statistics now."""
@@ -197,12 +207,59 @@ class Cell:
         mailbox = self.mailbox
         stop: Header | None = None
         while stop is None:
-            items = await mailbox.receive()
+            if self._ahead:  # read while a handler ran (`unless_stopped`)
+                items, self._ahead = self._ahead, []
+            else:
+                items = await mailbox.receive()
+            self._batch = items
             stop = await self._handle_items(items)
+            self._batch = []  # an idle actor keeps no run of messages alive
         # Everything already queued was accepted before the stop: handle it too.
-        while items := mailbox.drain():
+        while items := self._ahead or mailbox.drain():
+            self._ahead = []
             await self._handle_items(items)
         return stop
+
+    async def unless_stopped(self, fn: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``fn``, a part of the running handler, unless a stop request has reached the
+        mailbox, and cancel it as soon as one does.
+
+        While ``fn`` runs, the mailbox is read ahead: what arrives is kept, in order, and
+        handled after the running handler as it would have been; a stop request among it
+        only cancels ``fn`` now. The reading stops when the mailbox's byte budget is full: a
+        stop request behind that is seen when the handler returns, as any message is.
+
+        Returns:
+            Whether ``fn`` ran to its end (False: a stop request had arrived, and ``fn``
+            did not run, or cut it short).
+        """
+        if self.stopping or _holds_stop(self._batch) or _holds_stop(self._ahead):
+            return False
+        with anyio.CancelScope() as scope:
+            reader = asyncio.ensure_future(self._read_ahead(scope))
+            try:
+                await fn()
+            finally:
+                reader.cancel()
+                # Shielded: the mailbox has one reader at a time, and it is back to the
+                # serve loop once this returns.
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait((reader,))
+                failed = None if reader.cancelled() else reader.exception()
+        if failed is not None:  # reading failed (a broken mailbox): the handler fails
+            raise failed
+        return not scope.cancelled_caught
+
+    async def _read_ahead(self, scope: anyio.CancelScope) -> None:
+        """Read the mailbox into `_ahead` until a stop request comes (then cancel ``scope``)
+        or the byte budget is full."""
+        mailbox = self.mailbox
+        while mailbox.has_room():
+            items = await mailbox.receive()
+            self._ahead += items
+            if _holds_stop(items):
+                scope.cancel()
+                return
 
     async def _handle_items(self, items: list[Item]) -> Header | None:
         # Handler times are a sample: one drained run in `_SAMPLED_RUNS` goes through the

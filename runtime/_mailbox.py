@@ -307,6 +307,11 @@ class Mailbox:
         self._received += len(bundled) - 1  # the frame was counted as one
         return bundled
 
+    def has_room(self) -> bool:
+        """Whether the messages read and not yet handled leave room in the byte budget (a
+        reader ahead of the handlers stops when they do not)."""
+        return self._queued_bytes < self._budget
+
     # -- taking messages (the cell) ---------------------------------------------------------
 
     def open(self, frame: bytes) -> Message | None:

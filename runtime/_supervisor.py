@@ -5,13 +5,15 @@ watches each one (deaths arrive as ``Down`` messages in its own mailbox, so rest
 handled one at a time, in order), restarts according to the child's ``Restart`` type and the
 ``Strategy``, backs off exponentially (with jitter) between restarts of the same child, and,
 when more than ``max_restarts`` restarts happen within ``period`` seconds, stops its children
-and fails: its own supervisor sees that ``Down``.
+and fails: its own supervisor sees that ``Down``. A stop request that arrives while it
+restarts cuts the restart short (`Actor._unless_stopped`): it stops at once, normally.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import math
 import random
@@ -397,20 +399,31 @@ class Supervisor(Actor[SupervisorMessage | E], Generic[E]):
             group = self.entries[index:]
         await self._stop_children([e for e in group if e is not entry])
         try:
-            # One incident, however many children it restarts (OTP). A temporary sibling
-            # stopped with the group is not started again: temporary is never.
-            self._count_restart(entry.spec.name)
-            for member in group:
-                if member.spec.restart is not Restart.TEMPORARY:
-                    await self._restart(member)
-                    if self._stopping_now():
-                        return  # on_restart_failed gave up
+            # A stop request that arrives before or during the restart cuts it short (its
+            # backoff, a start that hangs or keeps failing): the supervisor stops, and
+            # `on_stop` stops what was started; only a finished restart is recorded below.
+            restarted = await self._unless_stopped(
+                functools.partial(self._restart_group, entry, group)
+            )
         except RestartIntensityError as err:
             await self.give_up(err)
             return
+        if not restarted or self._stopping_now():
+            return  # stopped meanwhile, or on_restart_failed gave up
         entry.restarted[cause] = entry.restarted.get(cause, 0) + 1
         self.last_restart_ms = (time.monotonic() - seen) * 1000
         _event("restarted", self.ref.name, entry.spec.name, ms=round(self.last_restart_ms, 1))
+
+    async def _restart_group(self, entry: _Entry, group: list[_Entry]) -> None:
+        """Restart ``group`` after the death of ``entry``, in start order."""
+        # One incident, however many children it restarts (OTP). A temporary sibling
+        # stopped with the group is not started again: temporary is never.
+        self._count_restart(entry.spec.name)
+        for member in group:
+            if member.spec.restart is not Restart.TEMPORARY:
+                await self._restart(member)
+                if self._stopping_now():
+                    return  # on_restart_failed gave up
 
     def _stopping_now(self) -> bool:
         """``stopping``, read again after a hook ran (it may have given up)."""

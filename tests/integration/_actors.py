@@ -219,6 +219,7 @@ class Started(Message):
     incarnation: int
     stopped: bool = False
     at: float = 0.0
+    pid: int = 0
 
 
 class Worker(Actor[GetPid | Quit | Crash | Tick | GetCount | Slow]):
@@ -465,18 +466,26 @@ class FailsOnHost(Actor[Ping]):
 
 
 class StartsThenWaits(Actor[Ping | GetPid]):
-    """Reports its start to ``report_to`` from ``on_start``, which then never returns (from
-    incarnation ``holds_from`` on): a spawn, or a restart, that stays under way for as long
-    as the test wants."""
+    """Reports its start (and pid) to ``report_to`` from ``on_start``, which then never
+    returns (from incarnation ``holds_from`` on): a spawn, or a restart, that stays under way
+    for as long as the test wants. With ``fails``, that ``on_start`` raises instead: a
+    restart that fails, and is tried again after its backoff."""
 
-    def __init__(self, report_to: ActorRef[Started], holds_from: int = 1) -> None:
+    def __init__(
+        self, report_to: ActorRef[Started], holds_from: int = 1, fails: bool = False
+    ) -> None:
         self.report_to = report_to
         self.holds_from = holds_from
+        self.fails = fails
 
     async def on_start(self) -> None:
-        await self.report_to.tell(Started(name=self.ref.name, incarnation=self.ref.incarnation))
-        if self.ref.incarnation >= self.holds_from:
-            await anyio.sleep_forever()  # sync-ok: an on_start that never returns is under test
+        started = Started(name=self.ref.name, incarnation=self.ref.incarnation, pid=os.getpid())
+        await self.report_to.tell(started)
+        if self.ref.incarnation < self.holds_from:
+            return
+        if self.fails:
+            raise RuntimeError(f"incarnation {self.ref.incarnation} does not start")
+        await anyio.sleep_forever()  # sync-ok: an on_start that never returns is under test
 
     @handler
     def ping(self, msg: Ping) -> Pong:

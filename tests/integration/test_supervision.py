@@ -30,13 +30,16 @@ from runtime import (
     Supervisor,
     SupervisorStatistics,
     WhichChildren,
+    handler,
 )
 from runtime._children import TERM_GRACE
 from tests.conftest import actor_pids
 
 from ._actors import (
+    Collector,
     Crash,
     Echo,
+    Gathered,
     GetCount,
     GetPid,
     Journal,
@@ -45,6 +48,7 @@ from ._actors import (
     Recorder,
     Slow,
     Started,
+    StartsSlowly,
     StartsThenWaits,
     Stubborn,
     Tick,
@@ -772,3 +776,128 @@ class TestLookupsDuringRestarts:
                 os.kill(await pid_of(model), signal.SIGKILL)
                 await journal.wait_for(2)  # the restart is under way, and stays so
                 assert await system.lookup("db", timeout=10) == db
+
+
+async def restart_under_way(system: ActorSystem, journal: Journal) -> list[int]:
+    """Kill the first incarnation of the `StartsThenWaits` named ``child`` and return once
+    its restart is under way, and stays so: the second incarnation's ``on_start`` hangs, or
+    it failed and the next attempt waits out a long backoff. Returns the pids of its
+    supervisor's children then: its sibling ``db`` and the incarnation being started."""
+    with anyio.fail_after(20):
+        await journal.wait_for(1)
+        first = await system.lookup("child")
+        sibling = await system.lookup("db")
+        os.kill(journal.events[0].pid, signal.SIGKILL)
+        events = await journal.wait_for(2)  # its restart's on_start has begun (within down)
+        assert events[1].incarnation == 2, events
+        assert first.incarnation == 1
+        return [await pid_of(sibling), events[1].pid]
+
+
+#: For each Tick a `Tallies` handled, the incarnation its child ``slow`` had then.
+TALLIED: list[int] = []
+
+
+class Tallies(Supervisor[Tick]):
+    """A supervisor that notes, for each Tick, the incarnation of its child ``slow``."""
+
+    @handler
+    def tick(self, msg: Tick) -> None:
+        ref = self.child("slow")
+        TALLIED.append(0 if ref is None else ref.incarnation)
+
+
+class TestStopsDuringARestart:
+    """A stop that reaches a supervisor while it restarts a child cuts the restart short:
+    it does not wait out the child's start or its backoff, and the stop is a normal one."""
+
+    @pytest.mark.parametrize("process", [True, False], ids=["process", "in-process"])
+    @pytest.mark.parametrize("fails", [False, True], ids=["start-hangs", "long-backoff"])
+    async def test_a_supervisor_stopped_while_it_restarts_stops_at_once_and_normally(
+        self, process: bool, fails: bool
+    ) -> None:
+        journal = Journal()
+        async with ActorSystem() as system:
+            recorder = await system.spawn(Recorder, journal, process=False, name="rec")
+            specs = [
+                ChildSpec(Worker, name="db"),
+                ChildSpec(StartsThenWaits, (recorder, 2, fails), name="child", spawn_timeout=60),
+            ]
+            sup = await system.spawn(
+                Supervisor,
+                specs,
+                max_restarts=10,
+                period=60,
+                backoff=30,  # the second attempt of a failed restart waits 15 to 30 s
+                backoff_max=30,
+                name="sup",
+                process=process,
+                shutdown_timeout=30,
+            )
+            sup_pid = system.pid_of(sup)
+            pids = await restart_under_way(system, journal)
+            with anyio.fail_after(5):  # far within the supervisor's shutdown_timeout
+                down = await system.stop(sup)
+            assert down.normal, down
+            assert [p for p in pids if still_running(p)] == []
+            if sup_pid is not None:
+                assert not still_running(sup_pid)
+            assert actor_pids() == set()  # nothing of the tree is left, reaped or not
+
+    @pytest.mark.parametrize("by", ["user", "parent"])
+    async def test_a_transient_supervisor_stopped_while_it_restarts_is_not_taken_for_crashed(
+        self, by: str
+    ) -> None:
+        journal = Journal()
+        async with ActorSystem() as system:
+            recorder = await system.spawn(Recorder, journal, process=False, name="rec")
+            leaf = ChildSpec(StartsThenWaits, (recorder, 2), name="child", spawn_timeout=60)
+            inner = ChildSpec(
+                Supervisor,
+                kwargs={"children": [ChildSpec(Worker, name="db"), leaf], "max_restarts": 10},
+                name="inner",
+                restart=Restart.TRANSIENT,
+                shutdown_timeout=30,
+            )
+            # In-process: its children are the test system's own, which can stop them.
+            outer = await system.spawn(Supervisor, [inner], name="outer", process=False)
+            inner_ref = await system.lookup("inner")
+            watch = system.watch(inner_ref)
+            pids = await restart_under_way(system, journal)
+            with anyio.fail_after(5):
+                if by == "user":
+                    down = await system.stop(inner_ref)
+                else:
+                    await system.stop(outer)
+                    down = await watch
+            assert down.normal, down
+            assert [p for p in pids if still_running(p)] == []
+            if by == "user":
+                stats = await stats_when(outer, died=1)
+                assert (stats.restarted, stats.intensity_exceeded) == (0, 0)
+                children: Children = await outer.ask(WhichChildren())
+                assert children.refs == {"inner": None}
+            assert actor_pids() == set()
+
+    async def test_what_arrives_during_a_restart_is_still_handled_after_it_in_order(
+        self,
+    ) -> None:
+        # The mailbox is read while a restart runs (for a stop request): what it reads waits
+        # for the restart, as before, and a subclass sees its messages in the same order.
+        TALLIED.clear()
+        gathered = Gathered()
+        async with ActorSystem() as system:
+            collector = await system.spawn(Collector, gathered, process=False, name="col")
+            spec = ChildSpec(StartsSlowly, (collector, 1.0), name="slow")
+            sup = await system.spawn(Tallies, [spec], name="sup", process=False)
+            with anyio.fail_after(20):
+                await gathered.wait_for(n_counts=1)
+                os.kill(gathered.counts[0].n, signal.SIGKILL)
+                await gathered.wait_for(n_counts=2)  # its restart's on_start has begun
+                for n in range(3):
+                    await sup.tell(Tick(n=n))
+                children: Children = await sup.ask(WhichChildren())
+            restarted = children.refs["slow"]
+            assert restarted is not None
+            assert restarted.incarnation == 2
+            assert TALLIED == [2, 2, 2]
