@@ -836,7 +836,7 @@ class TestStopsDuringARestart:
             )
             sup_pid = system.pid_of(sup)
             pids = await restart_under_way(system, journal)
-            with anyio.fail_after(5):  # far within the supervisor's shutdown_timeout
+            with anyio.fail_after(10):  # far within the supervisor's shutdown_timeout
                 down = await system.stop(sup)
             assert down.normal, down
             assert [p for p in pids if still_running(p)] == []
@@ -864,7 +864,7 @@ class TestStopsDuringARestart:
             inner_ref = await system.lookup("inner")
             watch = system.watch(inner_ref)
             pids = await restart_under_way(system, journal)
-            with anyio.fail_after(5):
+            with anyio.fail_after(10):
                 if by == "user":
                     down = await system.stop(inner_ref)
                 else:
