@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ._tokenizer import outside_vocabulary
+
 if TYPE_CHECKING:
     from .messages import SamplingParams
 
-__all__ = ("RequestLimits", "context_refusal", "sampling_refusal")
+__all__ = ("RequestLimits", "context_refusal", "sampling_refusal", "vocabulary_refusal")
 
 
 class RequestLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,4 +112,18 @@ def context_refusal(count: int, context_length: int | None) -> str | None:
     return (
         f"the prompt is {count} tokens: the engine's context holds {context_length} "
         "(prompt and completion), no room is left to generate"
+    )
+
+
+def vocabulary_refusal(ids: list[int], size: int) -> str | None:
+    """Why a prompt of ``ids`` is not one for an engine whose vocabulary is ``0..size-1``
+    (``None``: every id is in it): the engine would index past its embeddings. Both doors
+    to an engine refuse it with this reason: the scheduler and a worker that is the
+    engine's client itself."""
+    outside = outside_vocabulary(ids, size)
+    if outside is None:
+        return None
+    return (
+        f"prompt id {outside} is outside the engine's vocabulary (0..{size - 1}); tokenize "
+        "with the tokenizer of the engine's model"
     )

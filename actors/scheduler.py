@@ -43,7 +43,7 @@ from runtime import (
 )
 
 from . import _metrics, _tracing
-from ._limits import context_refusal, sampling_refusal
+from ._limits import context_refusal, sampling_refusal, vocabulary_refusal
 from ._tokenizer import model_id_of
 from .engines import EngineSpec, StandIn, open_generator
 from .messages import (
@@ -455,12 +455,9 @@ class Scheduler(Actor[SchedulerMessage]):
                 "at the scheduler; give each request of a worker its own rid"
             ), None
         size = 0 if self._generator is None else self._generator.vocab_size
-        outside = [i for i in msg.input_ids if not 0 <= i < size]
-        if outside:
-            return (
-                f"prompt id {outside[0]} is outside the scheduler's vocabulary (0..{size - 1}); "
-                "tokenize with the tokenizer the scheduler was given"
-            ), None if self._generator is None else "invalid_value"
+        refusal = vocabulary_refusal(msg.input_ids, size)
+        if refusal is not None:
+            return refusal, None if self._generator is None else "invalid_value"
         refusal = sampling_refusal(msg.sampling)
         return None if refusal is None else (refusal, "invalid_value")
 

@@ -56,7 +56,7 @@ from runtime import (
 
 from . import _metrics, _tracing
 from ._detokenize import IncrementalDetokenizer
-from ._limits import RequestLimits, context_refusal, sampling_refusal
+from ._limits import RequestLimits, context_refusal, sampling_refusal, vocabulary_refusal
 from ._tokenizer import (
     INLINE_CHARS,
     TOKENIZER_THREADS,
@@ -617,13 +617,12 @@ class TokenizerWorker(Actor[WorkerMessage]):
 
     def _engine_refusal(self, ids: list[int], sampling: SamplingParams) -> tuple[str, str] | None:
         """Why the engine must not see a request, and its `RequestOutput.invalid` code: an
-        id outside the vocabulary (it would index past its embeddings), no room left in its
+        id outside the vocabulary (`vocabulary_refusal`), no room left in its
         context (`context_refusal`), sampling parameters it dies of (`sampling_refusal`):
         what the scheduler refuses on its path."""
-        outside = outside_vocabulary(ids, self._vocab_size)
-        if outside is not None:
-            reason = f"prompt id {outside} is outside the vocabulary (0..{self._vocab_size - 1})"
-            return reason, "invalid_value"
+        refusal = vocabulary_refusal(ids, self._vocab_size)
+        if refusal is not None:
+            return refusal, "invalid_value"
         refusal = context_refusal(len(ids), self.engine_context_length)
         if refusal is not None:
             return refusal, "context_length_exceeded"

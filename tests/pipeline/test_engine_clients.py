@@ -324,6 +324,32 @@ class TestWhatTheEngineMustNotSee:
             assert (kind, body[1]) == (proto.ADD, PROMPT_IDS)
             tg.cancel_scope.cancel()
 
+    async def test_fails_with_the_same_reason_on_either_path_generated_or_streamed(
+        self,
+    ) -> None:
+        refused: list[tuple[list[int], dict[str, Any]]] = [
+            ([1 << 30], {}),
+            ([5] * 512, {}),
+            (PROMPT_IDS, {"temperature": float("nan")}),
+            (PROMPT_IDS, {"temperature": -1.0}),
+        ]
+
+        async def reasons(direct: bool) -> list[str]:
+            found = []
+            async with _attached(direct) as (pipeline, _):
+                for ids, sampling in refused:
+                    with pytest.raises(RequestFailedError) as generated:
+                        await pipeline.generate(ids, max_new_tokens=4, **sampling)
+                    with pytest.raises(RequestFailedError) as streamed:
+                        async for _piece in pipeline.stream(ids, max_new_tokens=4, **sampling):
+                            pass
+                    found += [generated.value.reason, streamed.value.reason]
+            return found
+
+        direct, scheduled = await reasons(True), await reasons(False)
+        assert direct == scheduled
+        assert len(set(direct)) == len(refused)  # generated and streamed alike
+
 
 class TestAnEngineThatNeverConnects:
     async def test_the_workers_requests_fail_after_unreachable_after_naming_why(self) -> None:

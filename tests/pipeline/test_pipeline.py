@@ -240,7 +240,7 @@ class TestDeaths:
 #: A prompt id outside every vocabulary here: the scheduler refuses it with an AbortNotice,
 #: which reaches its caller only through the router.
 OUTSIDE = [1_000_000]
-REFUSED = "outside the scheduler's vocabulary"
+REFUSED = "outside the engine's vocabulary"
 
 
 async def ask_stats(ref: ActorRef[Any], msg: Any, kind: type[Any]) -> Any:
