@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ("ByteTable", "byte_table")
+__all__ = ("ByteTable", "byte_table", "special_ids")
 
 
 def _byte_chars() -> dict[str, int]:
@@ -127,3 +127,24 @@ def byte_table(tokenizer: Any) -> ByteTable | None:
             del _cache[next(iter(_cache))]
         _cache[id(tokenizer)] = (tokenizer, table)
     return table
+
+
+# Tokenizers seen, by id, with their special ids (held as `_cache` holds them).
+_specials: dict[int, tuple[Any, frozenset[int]]] = {}
+
+
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids a decode with ``skip_special_tokens`` leaves out, found once per tokenizer
+    object: its added tokens marked special, as ``tokenizers.Tokenizer`` lists them (none
+    for a tokenizer that lists no added tokens)."""
+    with _lock:
+        hit = _specials.get(id(tokenizer))
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    added = getattr(tokenizer, "get_added_tokens_decoder", None)
+    found = frozenset() if added is None else frozenset(i for i, t in added().items() if t.special)
+    with _lock:
+        if len(_specials) >= _CACHE_SIZE:
+            del _specials[next(iter(_specials))]
+        _specials[id(tokenizer)] = (tokenizer, found)
+    return found

@@ -20,7 +20,7 @@ from codecs import utf_8_decode
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from ._byte_table import byte_table
+from ._byte_table import byte_table, special_ids
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -34,10 +34,12 @@ __all__ = (
 
 _REPLACEMENT = "\ufffd"
 #: Pushes of ids in a row that a window keeps uncommitted, at most, waiting for a character
-#: to complete (at most three byte tokens more, a skipped special token or two between
-#: them) or for text after tokens that decode to nothing: then what they decode to is
-#: committed as it is (a stream of invalid bytes, say), so that the window, and each
-#: push's decode, stays a few pushes long.
+#: to complete (at most three byte tokens more) or for text after tokens that decode to
+#: nothing: then what they decode to is committed as it is (a stream of invalid bytes,
+#: say), so that the window, and each push's decode, stays a few pushes long. Skipped
+#: special tokens never enter the window (a decode leaves them out whatever is around
+#: them): a push of only those adds nothing to wait for, and is not counted, however many
+#: come between the bytes of a character.
 _MAX_WAITS = 32
 
 OriginT = TypeVar("OriginT", bound=Hashable)
@@ -115,6 +117,10 @@ class IncrementalDetokenizer:
         # Layer 1 on bytes: each id's bytes, and a decoder holding an incomplete character.
         self._bytes: tuple[bytes, ...] | None = (
             None if table is None else table.of(skip_special_tokens)
+        )
+        # Layer 1 on windows: the ids left out of them (skipped special tokens).
+        self._skipped = (
+            special_ids(tokenizer) if table is None and skip_special_tokens else frozenset()
         )
         # The bytes of an incomplete last character, held until it completes.
         self._partial = b""
@@ -233,6 +239,8 @@ class IncrementalDetokenizer:
     def _decode(self, new_ids: Sequence[int], finished: bool) -> str:
         """Layer 1: decode the window and return the final new text, all of it final."""
         window = self._window
+        if self._skipped:
+            new_ids = [i for i in new_ids if i not in self._skipped]
         window.extend(new_ids)
         if self._prefix_text is None:
             self._prefix_text = self._tokenizer.decode(

@@ -99,6 +99,43 @@ class TestByteFallback:
         pushes = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True)]
         assert streamed(LLAMA, pushes) == LLAMA.decode(ids)
 
+    @PROPERTY
+    @given(
+        text=st.text(st.sampled_from("a€🌊é中x "), max_size=12),
+        data=st.data(),
+    )
+    def test_runs_of_skipped_special_tokens_inside_a_character_stream_its_decode(
+        self, text: str, data: st.DataObject
+    ) -> None:
+        # Before, 32 pushes in a row of ids that add no text held a character's first bytes
+        # no longer: it streamed as U+FFFD where the one-shot decode gives the character.
+        ids = LLAMA.encode(text).ids
+        specials = ids_of(LLAMA, "<s>", "</s>")
+        pushes: list[list[int]] = []
+        for i in ids:
+            pushes.append([i])
+            run = data.draw(st.sampled_from([0, 0, 1, 31, 32, 33, 100]))
+            pushes += [[data.draw(st.sampled_from(specials))] for _ in range(run)]
+        assert streamed(LLAMA, pushes) == LLAMA.decode(joined(pushes))
+
+    def test_skipped_special_tokens_held_in_a_character_keep_each_push_small(self) -> None:
+        decoded: list[int] = []
+
+        class Counting:
+            def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+                decoded.append(len(ids))
+                return str(LLAMA.decode(ids, skip_special_tokens=skip_special_tokens))
+
+            def get_added_tokens_decoder(self) -> dict[int, AddedToken]:
+                return dict(LLAMA.get_added_tokens_decoder())
+
+        e2, x82, xac, eos = ids_of(LLAMA, "<0xE2>", "<0x82>", "<0xAC>", "</s>")
+        detok = IncrementalDetokenizer(Counting())
+        pieces = [detok.push([e2]), *(detok.push([eos]) for _ in range(2_000))]
+        assert "".join(pieces) == ""  # held: the character is not complete
+        assert detok.push([x82, xac]) + detok.push([], finished=True) == "€"
+        assert max(decoded) <= 4  # the window held the three bytes, never the 2,000 ids
+
     def test_invalid_bytes_without_end_keep_each_push_small(self) -> None:
         decoded: list[int] = []
 
