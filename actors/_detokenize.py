@@ -239,8 +239,9 @@ class IncrementalDetokenizer:
     def _decode(self, new_ids: Sequence[int], finished: bool) -> str:
         """Layer 1: decode the window and return the final new text, all of it final."""
         window = self._window
-        if self._skipped:
-            new_ids = [i for i in new_ids if i not in self._skipped]
+        skipped = self._skipped
+        if skipped and not skipped.isdisjoint(new_ids):  # one C-level look, nearly always
+            new_ids = [i for i in new_ids if i not in skipped]
         window.extend(new_ids)
         if self._prefix_text is None:
             self._prefix_text = self._tokenizer.decode(
