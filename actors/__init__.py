@@ -6,6 +6,10 @@ Import from here: ``from actors import Pipeline, WorkerDiedError``.
 
 from __future__ import annotations
 
+# First: ``python -m actors`` holds its stop signals before the imports that take time.
+from . import _stop_signals as _stop_signals
+
+# isort: split
 from runtime import publish as _publish
 
 from ._errors import InvalidRequestError as InvalidRequestError

@@ -17,11 +17,17 @@ from __future__ import annotations
 
 import sys
 
+from ._stop_signals import release
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the main job, or ``serve``, ``load``, ``make-model`` or ``make-hf-model`` when
     that is the first argument."""
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["load"], ["make-model"], ["make-hf-model"]):
+        # Commands that do not watch for the stop signals themselves: Python's behaviour
+        # back (the package held them until now; `actors._stop_signals`).
+        release()
     if args[:1] == ["serve"]:
         from .http._serve import main as serve
 

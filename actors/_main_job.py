@@ -57,6 +57,7 @@ except ImportError as err:  # the `bench` extra; `make run` installs it
 
 from runtime import SpawnError, configure_logging
 
+from ._stop_signals import open_stop_signals
 from ._tokenizer import DEFAULT_TOKENIZER_PATH, tokenizer_option_error
 
 if TYPE_CHECKING:
@@ -397,7 +398,8 @@ async def main_job(args: argparse.Namespace, console: Console) -> int:
             scope.cancel()
 
     status = 1
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+    # A signal held since `python -m actors` began to import arrives first.
+    with open_stop_signals() as signals:
         async with anyio.create_task_group() as tg:
             with anyio.CancelScope() as job:
                 tg.start_soon(watch, signals, job)

@@ -25,6 +25,7 @@ import anyio
 import msgspec
 from setproctitle import setproctitle
 
+from actors._stop_signals import open_stop_signals
 from actors._tokenizer import tokenizer_option_error
 from actors._vllm_args import max_model_len, overridden
 from actors.engines import LlamaCpp, StandIn, Vllm
@@ -714,7 +715,8 @@ def _check_credentials(path: str | None) -> str | None:
 async def _serve(args: argparse.Namespace, config: ServeConfig) -> int:
     # Open before the server starts and kept until the end: a signal during the start
     # cancels it (what had started stops; nothing was served), one after it drains.
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+    # A signal held since `python -m actors` began to import arrives first.
+    with open_stop_signals() as signals:
         interrupted: list[int] = []
         failed = ""
         async with anyio.create_task_group() as tg:

@@ -1034,6 +1034,74 @@ class TestTheCommand:
             for path in ipc_dirs:
                 portal.call(_until_gone, path, children)
 
+    @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+    def test_a_signal_while_python_still_imports_it_stops_it_the_same_way(
+        self, tmp_path: Path, signum: int
+    ) -> None:
+        # Held while the package imports, before the server's own signal receivers are
+        # open. Before, SIGINT there was a KeyboardInterrupt traceback from the import
+        # (and Python's status for it), and SIGTERM killed it without a word.
+        port = str(free_port())
+        done = signalled_while_importing(
+            tmp_path, signum, "serve", "--workers", "1", "--port", port
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        name = signal.Signals(signum).name
+        assert LOG_LINE.fullmatch(line), line
+        assert line.endswith(
+            f"tokenyard.http: {name} while starting: stopped before serving anything"
+        )
+
+
+def signalled_while_importing(
+    tmp_path: Path, signum: int, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m actors ARGS``, sent ``signum`` while it imports the package (held at its
+    first import of ``runtime``, from the package's ``__init__``), then let go: how it
+    ended, checked to leave no process and no ipc directory behind."""
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    (tmp_path / "sitecustomize.py").write_text(_IMPORT_GATE)
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join((str(tmp_path), str(ROOT))),
+        TOKENYARD_TEST_START_GATE=str(gate),
+        TOKENYARD_TEST_IMPORT_GATE="runtime",
+        TOKENYARD_TEST_MARK=mark,
+    )
+    with subprocess.Popen(
+        [sys.executable, "-m", "actors", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        preexec_fn=_stop_signals_by_default,
+    ) as proc:  # fmt: skip
+        held = -1
+        try:
+            held = anyio.run(_at_the_gate, gate, proc)
+            proc.send_signal(signum)  # pending before the gate opens: received at the gate
+            os.close(held)
+            held = -1
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if held >= 0:
+                os.close(held)
+    left = _pids_with(f"TOKENYARD_TEST_MARK={mark}".encode())
+    assert not left, f"python -m actors {args} left processes behind: {left}"
+    assert not list(Path(tempfile.gettempdir()).glob(f"tokenyard-{proc.pid}-*"))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _stop_signals_by_default() -> None:
+    """SIGINT, SIGTERM and SIGHUP as a terminal's program has them (a suite run from a
+    shell's background job ignores SIGINT, and so would the processes it starts)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
 
 @contextlib.asynccontextmanager
 async def _one_long_stream() -> AsyncIterator[tuple[Server, TaskGroup, aiohttp.ClientResponse]]:
@@ -1210,6 +1278,30 @@ if os.environ.get("TOKENYARD_TEST_START_GATE") and str(os.getpid()) != os.enviro
 ):
     with open(os.environ["TOKENYARD_TEST_START_GATE"], "rb") as gate:
         gate.read()
+"""
+
+
+#: A ``sitecustomize`` that holds the Python process started with
+#: ``TOKENYARD_TEST_IMPORT_GATE`` in its environment at its first import of the module it
+#: names, until the FIFO ``TOKENYARD_TEST_START_GATE`` is opened to write and closed again;
+#: the processes it starts afterwards pass (the variable is gone from their environment).
+_IMPORT_GATE = """
+import os
+import sys
+
+
+class _Gate:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == os.environ.get("TOKENYARD_TEST_IMPORT_GATE"):
+            sys.meta_path.remove(_Gate)
+            del os.environ["TOKENYARD_TEST_IMPORT_GATE"]
+            with open(os.environ["TOKENYARD_TEST_START_GATE"], "rb") as gate:
+                gate.read()
+        return None  # the usual finders find it
+
+
+sys.meta_path.insert(0, _Gate)
 """
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.http.test_serve import signalled_while_importing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,3 +103,17 @@ def test_a_port_in_use_is_one_line_and_status_1() -> None:
     assert done.returncode == 1, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert f"cannot serve on 127.0.0.1:{port}: address already in use" in out
     assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_signal_while_python_still_imports_it_stops_it_as_a_later_one_does(
+    tmp_path: Path, signum: int
+) -> None:
+    # Before, SIGINT there was a KeyboardInterrupt traceback from the import, and SIGTERM
+    # killed it without a word.
+    args = ("--engine", "stand-in", "--workers", "1", "--requests", "10")
+    done = signalled_while_importing(tmp_path, signum, *args)
+    assert done.returncode == 128 + signum, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "interrupted"
+    assert f"{signal.Signals(signum).name}: stopping" in done.stdout
+    assert done.stderr == ""
