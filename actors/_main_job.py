@@ -502,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model is llama.cpp's: leave it out with --engine stand-in")
     if args.model is not None and not Path(args.model).is_file():
         parser.error(f"--model {args.model}: no such file (a GGUF)")
-    from .http._serve import check_gguf, check_port
+    from .http._serve import check_fd_limit, check_gguf, check_port, default_detokenizers
 
     problem = check_port(args.port) or (
         None if args.model is None else check_gguf(Path(args.model))
@@ -523,6 +523,16 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         console.print(f"[red]{escape(problem)}[/]", soft_wrap=True)
         return 2
+    # Before anything starts: below it, libzmq aborts this process during the start.
+    short = check_fd_limit(
+        args.workers,
+        default_detokenizers(args.workers),
+        clients=args.concurrency + FRESH_CLIENTS,
+        fewer="ask for fewer --workers or a lower --concurrency",
+    )
+    if short is not None:  # the environment's fault, not an option's: as a busy port
+        console.print(f"[red]{escape(short)}[/]", soft_wrap=True)
+        return 1
     try:
         return anyio.run(main_job, args, console)
     except KeyboardInterrupt:

@@ -678,24 +678,42 @@ FDS_AT_REST = 32
 FDS_PER_PROCESS = 12
 
 
-def check_fd_limit(workers: int, detokenizers: int) -> str | None:
+def check_fd_limit(
+    workers: int,
+    detokenizers: int,
+    *,
+    clients: int = 0,
+    fewer: str = "serve fewer --workers or --detokenizers",
+) -> str | None:
     """Why the open-file limit is too low for the processes of this pipeline, or ``None``.
 
     The serving process takes its hard ``RLIMIT_NOFILE`` as its soft one; below what its
     members' connections take, libzmq aborts it during the start (``Too many open files
-    (src/ipc_listener.cpp:297)``, with no word of which limit).
+    (src/ipc_listener.cpp:297)``, with no word of which limit). Checked by ``serve`` and
+    the main job before anything starts.
+
+    Args:
+        workers: Tokenizer workers.
+        detokenizers: Detokenizers.
+        clients: HTTP clients the process runs besides (the main job's load), a
+            descriptor each.
+        fewer: The knobs that ask for fewer descriptors, as the line ends.
     """
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # The members, the router, the scheduler and the fork server.
     processes = workers + detokenizers + 3
-    needed = FDS_AT_REST + FDS_PER_PROCESS * processes
+    needed = FDS_AT_REST + FDS_PER_PROCESS * processes + clients
     if hard == resource.RLIM_INFINITY or hard >= needed:
         return None
+    members = (_count(workers, "worker"), _count(detokenizers, "detokenizer"))
+    if clients:
+        what = f"{members[0]}, {members[1]} and {_count(clients, 'HTTP client')}"
+    else:
+        what = f"{members[0]} and {members[1]}"
     return (
-        f"the open-file limit (RLIMIT_NOFILE) is {hard}, and {_count(workers, 'worker')} "
-        f"and {_count(detokenizers, 'detokenizer')} need at least {needed} in this process: "
-        f"raise it (ulimit -n {needed}, or LimitNOFILE= under systemd), or serve fewer "
-        "--workers or --detokenizers"
+        f"the open-file limit (RLIMIT_NOFILE) is {hard}, and {what} need at least {needed} "
+        f"in this process: raise it (ulimit -n {needed}, or LimitNOFILE= under systemd), or "
+        f"{fewer}"
     )
 
 

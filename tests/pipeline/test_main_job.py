@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.http.test_serve import signalled_while_importing
+from tests.http.test_serve import _pids_with, signalled_while_importing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,3 +120,30 @@ def test_a_signal_while_python_still_imports_it_stops_it_as_a_later_one_does(
     assert done.stdout.splitlines()[-1] == "interrupted"
     assert f"{signal.Signals(signum).name}: stopping" in done.stdout
     assert done.stderr == ""
+
+
+def test_an_open_file_limit_too_low_for_its_processes_is_one_line_and_status_1() -> None:
+    # Before, libzmq aborted the job during the start (SIGABRT, 'Too many open files
+    # (src/ipc_listener.cpp:297)'), its workers already started.
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENYARD_TEST_MARK=mark)
+    with subprocess.Popen(
+        [sys.executable, "-m", "actors", "--engine", "stand-in", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        preexec_fn=limit_files,
+    ) as proc:  # fmt: skip
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out + err
+    assert err == ""
+    (line,) = out.splitlines()
+    assert re.fullmatch(
+        r"the open-file limit \(RLIMIT_NOFILE\) is 64, and 2 workers, 1 detokenizer and 36 "
+        r"HTTP clients need at least (\d+) in this process: raise it \(ulimit -n \1, or "
+        r"LimitNOFILE= under systemd\), or ask for fewer --workers or a lower --concurrency",
+        line,
+    ), line
+    assert not _pids_with(f"TOKENYARD_TEST_MARK={mark}".encode())
+    assert not list(Path(tempfile.gettempdir()).glob(f"tokenyard-{proc.pid}-*"))
