@@ -6,7 +6,8 @@ receivers are open (`open_stop_signals`). Before that, Python imports for a few 
 second: a Ctrl-C there was a ``KeyboardInterrupt`` traceback from some import, and a
 SIGTERM killed the process with no word. Nothing has started by then, so such a signal is
 held instead (`hold`, the first thing the package does when it is the program) and given to
-the receivers once they are open, where it stops the start the way a later one does. A
+the receivers once they are open, where it stops the start the way a later one does (the
+same signal sent again before then acts at once, as if nothing held it). A
 command that watches for no signal of its own (``load``, ``make-model``) gets Python's
 behaviour back at once (`release`), a signal held meanwhile included.
 
@@ -37,6 +38,11 @@ _before: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
+    if signum in _held:
+        # Sent again: the start has not got as far as its receivers (a check that hangs,
+        # a slow disk), and whoever sends it wants it now: Python's behaviour, at once.
+        release()
+        return
     _held.append(signum)
 
 
