@@ -103,11 +103,11 @@ class VllmClient:
         self._on_outputs = on_outputs
         self._on_unreachable = on_unreachable
         self._ctx = zmq.asyncio.Context()
-        self._input = bounded_socket(self._ctx, zmq.ROUTER)
+        self._input = bounded_socket(self._ctx, zmq.ROUTER, client.max_frame)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._input.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_IVL)
         self._input.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT)
-        self._output = bounded_socket(self._ctx, zmq.PULL)
+        self._output = bounded_socket(self._ctx, zmq.PULL, client.max_frame)
         for sock in (self._input, self._output):
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
         #: Bumped by `forget`: a send that was waiting meanwhile belongs to the old queue.

@@ -80,7 +80,6 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ENGINE_IDENTITY",
-    "MAX_ENGINE_FRAME",
     "EngineLostError",
     "VllmModel",
     "bounded_socket",
@@ -89,6 +88,7 @@ __all__ = (
     "open_vllm",
     "process_tree",
     "shared_memory_of",
+    "step_bytes",
 )
 
 logger = logging.getLogger("tokenyard.vllm")
@@ -102,17 +102,21 @@ PYTHON_ENV = "TOKENYARD_VLLM_PYTHON"
 #: Seconds a launched engine has to stop after SIGTERM before its group is killed.
 _STOP_GRACE = 10.0
 
-#: Largest frame taken from the engine: a step's outputs take a few hundred bytes a
-#: request at most (vLLM 0.32's first, with its stats, about 250; the next ones about 60),
-#: so 4 MiB holds a step of over 10,000. A larger one ends the connection that sent it
-#: (libzmq's ``MAXMSGSIZE``), unread; the engine's side makes it again.
-MAX_ENGINE_FRAME = 4 << 20
+#: Bytes of one request's output in a step at most, as vLLM 0.32 writes it: its first
+#: (its events and prefill statistics, a rid of 40 characters, the ids of a speculative
+#: step) takes under 300, the next ones about 60; and of the engine's statistics, which
+#: one frame a step carries, about 600 (4 KiB allowed): what a step of ``max_num_seqs``
+#: requests may take, compared with `actors.engines.Vllm.max_frame`.
+_OUTPUT_BYTES = 320
+_STATS_BYTES = 4 << 10
 
 #: Frames each socket queues to send (ours, bounded before they are queued).
 _SNDHWM = 10_000
 
-#: Frames each socket queues as they come from the engine before they are read: with
-#: `MAX_ENGINE_FRAME`, at most 256 MiB a socket, whoever sends them. The engine waits (its
+#: Frames each socket queues as they come from the engine before they are read, each of
+#: at most `actors.engines.Vllm.max_frame` bytes (a larger one ends the connection that
+#: sent it, unread: libzmq's ``MAXMSGSIZE``): 256 MiB a socket at the default 4 MiB,
+#: whoever sends them. The engine waits (its
 #: socket blocks) while the reader is behind; it never drops a frame.
 _RCVHWM = 64
 
@@ -129,16 +133,22 @@ _OUTPUTS = msgspec.msgpack.Decoder(proto.EngineCoreOutputs)
 ENGINE_IDENTITY = (0).to_bytes(2, "little")
 
 
-def bounded_socket(ctx: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+def bounded_socket(ctx: zmq.asyncio.Context, kind: int, max_frame: int) -> zmq.asyncio.Socket:
     """A socket to or from the engine that queues at most ``_SNDHWM`` frames to send and
-    ``_RCVHWM`` received, none over `MAX_ENGINE_FRAME` bytes, and drops what it holds when
+    ``_RCVHWM`` received, none over ``max_frame`` bytes, and drops what it holds when
     closed."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, _SNDHWM)
     sock.setsockopt(zmq.RCVHWM, _RCVHWM)
-    sock.setsockopt(zmq.MAXMSGSIZE, MAX_ENGINE_FRAME)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
     return sock
+
+
+def step_bytes(max_num_seqs: int) -> int:
+    """The most bytes one step's outputs to one client may take: ``max_num_seqs`` requests
+    at their largest, and the engine's statistics (as vLLM 0.32 writes them)."""
+    return max_num_seqs * _OUTPUT_BYTES + _STATS_BYTES
 
 
 def abort_frames(rid: str) -> list[bytes]:
@@ -324,7 +334,7 @@ class VllmModel:
         self.rejected_outputs = 0
 
     def _socket(self, kind: int) -> zmq.asyncio.Socket:
-        return bounded_socket(self._ctx, kind)
+        return bounded_socket(self._ctx, kind, self._spec.max_frame)
 
     # -- the Generator ------------------------------------------------------------------------
 
@@ -545,6 +555,18 @@ class VllmModel:
             time.monotonic() - started,
             "its launch" if self._process else "the handshake socket was bound",
         )
+        largest = step_bytes(ready.max_num_seqs)
+        if largest > self._spec.max_frame:
+            logger.warning(
+                "vLLM's engine runs up to %d requests a step (max_num_seqs): one step's "
+                "outputs may take about %d bytes, more than Vllm.max_frame=%d (serve "
+                "--vllm-max-frame); a frame over it ends its connection unread, and the "
+                "outputs it carried are lost: give at least %d",
+                ready.max_num_seqs,
+                largest,
+                self._spec.max_frame,
+                largest,
+            )
         if ready.vllm_version and not ready.vllm_version.startswith(proto.VLLM_VERSION):
             logger.warning(
                 "the engine runs vLLM %s; tokenyard speaks the protocol of %s",

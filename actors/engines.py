@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .messages import SamplingParams
 
 __all__ = (
+    "MAX_FRAME",
     "EngineClient",
     "EngineSpec",
     "Generator",
@@ -100,6 +101,15 @@ class LlamaCpp(msgspec.Struct, frozen=True, kw_only=True, tag="llamacpp"):
                 )
 
 
+#: `Vllm.max_frame`'s default: the largest frame, in bytes, a socket takes from vLLM's engine.
+MAX_FRAME = 4 << 20
+
+#: The bounds of `Vllm.max_frame`: below, a step of a few requests may not fit; above, the
+#: 64 frames a socket holds could take 64 GiB.
+_MIN_FRAME = 64 << 10
+_MAX_FRAME_LIMIT = 1 << 30
+
+
 class EngineClient(msgspec.Struct, frozen=True):
     """Where one tokenizer worker talks to vLLM's engine itself (`Vllm.direct`).
 
@@ -117,6 +127,7 @@ class EngineClient(msgspec.Struct, frozen=True):
             says nothing on its output, the worker asks it whether it lives this often.
         silence_timeout: `Vllm.silence_timeout`: past it without a word on the output
             (outputs, or the answer), the worker fails what the engine ran for it.
+        max_frame: `Vllm.max_frame`: the largest frame the worker's sockets take.
     """
 
     index: int
@@ -125,6 +136,7 @@ class EngineClient(msgspec.Struct, frozen=True):
     unreachable_after: float = 15.0
     heartbeat: float = 5.0
     silence_timeout: float = 60.0
+    max_frame: int = MAX_FRAME
 
 
 class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
@@ -174,6 +186,13 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
             connected to it (a port not opened, a wrong host) before they fail, and the
             worker says why in ``/health`` until the engine is back.
         clients: Filled by the pipeline, not by hand: each direct worker's addresses.
+        max_frame: The largest frame, in bytes, a socket to the engine takes (the
+            scheduler's, each direct worker's): a larger one ends the connection that sent
+            it, unread (libzmq's ``MAXMSGSIZE``), and the outputs it carried are lost. Each
+            socket holds at most 64 frames the engine sent and its reader has not taken:
+            256 MiB at the default 4 MiB. One step's outputs take about 300 bytes a request
+            at most, so 4 MiB holds a step of over 13,000 requests; the scheduler warns at
+            the engine's start when its ``max_num_seqs`` could make a larger one.
     """
 
     handshake: str | None = None
@@ -189,6 +208,7 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
     client_port: int = 0
     unreachable_after: float = 15.0
     clients: tuple[EngineClient, ...] = ()
+    max_frame: int = MAX_FRAME
 
     def __post_init__(self) -> None:
         if (self.handshake is None) == (self.model is None):
@@ -212,6 +232,11 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
             )
         if not 0 <= self.client_port < 65536:
             raise ValueError(f"Vllm.client_port={self.client_port}: give a TCP port, or 0")
+        if not _MIN_FRAME <= self.max_frame <= _MAX_FRAME_LIMIT:
+            raise ValueError(
+                f"Vllm.max_frame={self.max_frame}: give bytes within [{_MIN_FRAME}, "
+                f"{_MAX_FRAME_LIMIT}] (the largest frame a socket takes from the engine)"
+            )
         if self.clients and not self.direct:
             raise ValueError("Vllm.clients are the direct workers': none with direct=False")
 
@@ -252,7 +277,15 @@ class Vllm(msgspec.Struct, frozen=True, kw_only=True, tag="vllm"):
                 for k in range(workers)
             ]
         clients = [
-            EngineClient(k + 1, i, o, self.unreachable_after, self.heartbeat, self.silence_timeout)
+            EngineClient(
+                k + 1,
+                i,
+                o,
+                self.unreachable_after,
+                self.heartbeat,
+                self.silence_timeout,
+                self.max_frame,
+            )
             for k, (i, o) in enumerate(addresses)
         ]
         return msgspec.structs.replace(self, clients=tuple(clients))

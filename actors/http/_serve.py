@@ -364,6 +364,15 @@ def _parser() -> argparse.ArgumentParser:
         "connect to it before they fail (default %(default)s)",
     )
     engine.add_argument(
+        "--vllm-max-frame",
+        type=int,
+        default=vllm_defaults.max_frame,
+        metavar="BYTES",
+        help="vllm: the largest frame a socket takes from the engine; a larger one ends its "
+        "connection unread and its outputs are lost (default %(default)s: a step of over "
+        "13,000 requests; each socket holds at most 64 frames)",
+    )
+    engine.add_argument(
         "--engine-start-tries",
         type=int,
         default=3,
@@ -545,6 +554,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
             direct=args.vllm_clients == "workers",
             client_port=args.vllm_client_port,
             unreachable_after=args.vllm_unreachable_after,
+            max_frame=args.vllm_max_frame,
         )
         # Checked by `_check_vllm`; the engine's own, once it is ready, may be shorter.
         return {"engine": vllm, "context_length": max_model_len(args.vllm_args)}
@@ -566,6 +576,10 @@ def _check_vllm(args: argparse.Namespace) -> str | None:
             "--engine vllm needs --engine-handshake tcp://HOST:PORT (attach to an engine "
             "started elsewhere) or --model DIR (launch one), not both"
         )
+    try:
+        Vllm(model="", max_frame=args.vllm_max_frame)
+    except ValueError as err:
+        return f"bad --vllm-max-frame: {err}"
     if args.engine_handshake is not None:
         if args.vllm_args:
             return (

@@ -36,7 +36,7 @@ from openai import AsyncOpenAI
 from actors import InvalidRequestError
 from actors.http import ApiKey, ServeConfig, open_server
 from actors.http._auth import API_KEY_ENV
-from actors.http._serve import _access_config, _config, _parser
+from actors.http._serve import _access_config, _config, _engine_options, _parser
 from actors.http._serve import main as serve_main
 from actors.http.load import LoadResult, LoadSpec, run_load
 from actors.messages import GetWorkerStatistics
@@ -608,6 +608,23 @@ class TestTheVllmArguments:
         assert serve_main([*command, "--", "--dtype", "bfloat16", *vllm_args]) == 2
         err = capsys.readouterr().err
         assert message in err
+        assert len(err.splitlines()) == 1
+
+    def test_the_largest_frame_taken_from_the_engine_is_a_flag(self) -> None:
+        args = _parser().parse_args(
+            ["--engine", "vllm", "--engine-handshake", "tcp://h:1", "--vllm-max-frame", "65536"]
+        )
+        args.vllm_args = []  # what follows -- (none), as `main` splits it off
+        assert _engine_options(args)["engine"].max_frame == 65536
+        assert "--vllm-max-frame BYTES" in _parser().format_help()
+
+    def test_a_largest_frame_out_of_its_bounds_stops_the_command_in_one_line(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        command = ["--engine", "vllm", "--engine-handshake", "tcp://h:1", "--vllm-max-frame"]
+        assert serve_main([*command, "1000"]) == 2
+        err = capsys.readouterr().err
+        assert "bad --vllm-max-frame: Vllm.max_frame=1000: give bytes within" in err
         assert len(err.splitlines()) == 1
 
 

@@ -22,7 +22,6 @@ from zmq.utils.monitor import recv_monitor_message
 from actors import Pipeline, RequestFailedError, Vllm
 from actors import _vllm_protocol as proto
 from actors._tokenizer import DEFAULT_TOKENIZER_PATH, load_tokenizer
-from actors._vllm_engine import MAX_ENGINE_FRAME
 from actors.messages import GetSchedulerStatistics, GetWorkerStatistics, WorkerStatistics
 from tests.conftest import free_port
 from tests.engines.record_golden import PROMPT
@@ -39,16 +38,20 @@ PROMPT_IDS: list[int] = TOKENIZER.encode(PROMPT, add_special_tokens=False).ids
 GREEDY = ids_of("outputs-greedy")
 
 
+#: The largest frame the pipelines below take from the engine (`Vllm.max_frame`): its
+#: least, far above a recorded step's few hundred bytes.
+MAX_FRAME = 64 << 10
+
+
 @contextlib.asynccontextmanager
 async def _attached(direct: bool) -> AsyncIterator[tuple[Pipeline, FakeEngine]]:
     """A one-worker pipeline whose engine is the fake: its worker is the engine's client
     (``direct``), or its scheduler is."""
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine(address)
+    spec = Vllm(handshake=address, unreachable_after=1.0, direct=direct, max_frame=MAX_FRAME)
     try:
-        async with Pipeline(
-            workers=1, engine=Vllm(handshake=address, unreachable_after=1.0, direct=direct)
-        ) as pipeline:
+        async with Pipeline(workers=1, engine=spec) as pipeline:
             await engine.start()
             yield pipeline, engine
     finally:
@@ -234,9 +237,17 @@ class TestAWorkerAsTheEnginesClient:
         self, served: tuple[Pipeline, FakeEngine]
     ) -> None:
         # What libzmq holds for the worker is bounded in bytes: frames of at most
-        # MAX_ENGINE_FRAME (before, 64 MiB, 10,000 of them queued: 640 GiB).
+        # Vllm.max_frame (before, 64 MiB, 10,000 of them queued: 640 GiB).
         pipeline, engine = served
         address = engine.outputs[1].getsockopt_string(zmq.LAST_ENDPOINT)
+        with zmq.Context() as ctx, ctx.socket(zmq.PUSH) as push:
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(address)
+            push.send(b"\xc1" * MAX_FRAME)  # at the bound: taken, and refused as garbage
+            with anyio.fail_after(10):
+                # A worker's counters announce nothing: polled.
+                while (await worker_statistics(pipeline)).engine_rejected < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # sync-ok: polling a counter
 
         def send_too_large() -> bool:
             """Whether the worker's side ended the connection that sent it."""
@@ -250,7 +261,7 @@ class TestAWorkerAsTheEnginesClient:
                 if not monitor.poll(10_000):
                     return False
                 assert recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
-                push.send(b"\xc1" * (MAX_ENGINE_FRAME + 1))
+                push.send(b"\xc1" * (MAX_FRAME + 1))
                 if not monitor.poll(10_000):
                     return False
                 return bool(recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED)
@@ -260,7 +271,7 @@ class TestAWorkerAsTheEnginesClient:
                 ctx.destroy(linger=0)
 
         assert await anyio.to_thread.run_sync(send_too_large)
-        assert (await worker_statistics(pipeline)).engine_rejected == 0  # never decoded
+        assert (await worker_statistics(pipeline)).engine_rejected == 1  # never decoded
         await serve_one_more(pipeline, engine)
 
     async def test_a_peer_claiming_the_engines_identity_gets_no_request(

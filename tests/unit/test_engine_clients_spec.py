@@ -23,6 +23,15 @@ class TestWithClients:
             EngineClient(2, "tcp://10.0.0.5:6002", "tcp://10.0.0.5:6003"),
         )
 
+    def test_the_largest_frame_taken_from_the_engine_reaches_every_worker(self) -> None:
+        spec = Vllm(handshake="tcp://h:1", client_port=6000, max_frame=1 << 20)
+        assert [c.max_frame for c in spec.with_clients(3, None).clients] == [1 << 20] * 3
+
+    @pytest.mark.parametrize("max_frame", [(64 << 10) - 1, (1 << 30) + 1])
+    def test_a_largest_frame_out_of_its_bounds_is_refused(self, max_frame: int) -> None:
+        with pytest.raises(ValueError, match=rf"Vllm.max_frame={max_frame}: give bytes within"):
+            Vllm(model="m", max_frame=max_frame)
+
     def test_attached_without_a_port_a_free_block_below_the_ephemeral_range(self) -> None:
         spec = Vllm(handshake="tcp://127.0.0.1:5570").with_clients(3, None)
         ports = [int(a.rsplit(":", 1)[1]) for c in spec.clients for a in (c.input, c.output)]
