@@ -46,6 +46,11 @@ _PROBES_PER_BOUND = 4
 TERM_GRACE = 2.0
 
 
+def _under(parent: str) -> str:
+    """Whose children the name is among, as an error says it."""
+    return "among the system's own children" if not parent else f"among those of {parent}"
+
+
 def _exited(child: Child) -> bool:
     """Whether ``child``'s process has exited (perhaps not reaped yet), asked of the kernel
     without waiting or reaping."""
@@ -135,16 +140,19 @@ class ChildTable:
     def __init__(self, station: Station) -> None:
         self.live: dict[str, Child] = {}
         self.station = station
-        #: The names spawns of this system took: the live child holding each, ``None``
-        #: while its spawn is under way (`claim`).
-        self._names: dict[str, Child | None] = {}
+        #: The names spawns of this system took, by the parent they were spawned under
+        #: (the in-process actor that spawned, ``""`` for the system): the live child
+        #: holding each, ``None`` while its spawn is under way (`claim`).
+        self._names: dict[tuple[str, str], Child | None] = {}
 
-    async def claim(self, name: str) -> None:
-        """Take ``name`` for a spawn of this system, until the spawn fails (`settle`) or
-        the child it started dies (`died`): a name is one live actor's, as Erlang's
-        ``register`` and Akka's ``actorOf`` have it, so that `ActorSystem.lookup` has one
-        answer. A name is this system's in this process: an actor process's own system
-        (a supervisor's there) has names of its own.
+    async def claim(self, parent: str, name: str) -> None:
+        """Take ``name`` among the children of ``parent`` for a spawn, until the spawn fails
+        (`settle`) or the child it started dies (`died`): a name is one live actor's among
+        its parent's children, as a supervisor's child names are in Erlang/OTP, so that
+        `ActorSystem.lookup` has one answer for a name used once in the tree. ``parent``
+        is the in-process actor that spawns (``""``: the system itself); an actor process
+        has a system of its own, whose spawns are its actor's children, so an in-process
+        supervisor and one in a process scope their children's names alike.
 
         A holder this process knows to be dead frees it even before its record goes (a
         ``Down`` from its node reaches watchers first), and so does one whose process has
@@ -152,40 +160,55 @@ class ChildTable:
         death first may start the name again.
 
         Raises:
-            SpawnError: A live actor of this system, or a spawn under way, has the name.
+            SpawnError: A live child of ``parent``, or a spawn under way, has the name.
         """
-        if name in self._names:
-            holder = self._names[name]
+        key = (parent, name)
+        if key in self._names:
+            holder = self._names[key]
             if holder is None:
                 raise SpawnError(
                     f"cannot spawn actor {name!r}: another spawn of that name is under way "
-                    "in this system; a name is one live actor's: wait for that spawn to "
+                    f"{_under(parent)}; a name is one live actor's: wait for that spawn to "
                     "end, or choose another name"
                 )
             if holder.process is not None and _exited(holder):
                 await self.await_exit(holder)  # `died` frees the name
-                return await self.claim(name)  # as it is now: another spawn may have it
+                return await self.claim(parent, name)  # as it is now: another may have it
             if not self.station.deaths.is_dead(holder.ref.address):
                 raise SpawnError(
                     f"cannot spawn actor {name!r}: incarnation {holder.ref.incarnation} of "
-                    f"it is alive ({holder.ref.address}); a name is one live actor's: stop "
-                    "it first (await system.stop(ref)), or choose another name"
+                    f"it is alive ({holder.ref.address}) {_under(parent)}; a name is one "
+                    "live actor's: stop it first (await system.stop(ref)), or choose another "
+                    "name"
                 )
-        self._names[name] = None
+        self._names[key] = None
 
-    def holds(self, name: str) -> bool:
-        """Whether a live child, or a spawn under way, has ``name``."""
-        return name in self._names
+    def holds(self, parent: str, name: str) -> bool:
+        """Whether a live child of ``parent``, or a spawn under way, has ``name``."""
+        return (parent, name) in self._names
 
-    def settle(self, name: str, ref: ActorRef[Any] | None) -> None:
-        """The spawn that claimed ``name`` ended: the child at ``ref`` holds it now, until
-        it dies; nobody does when the spawn failed or was given up (``None``), or when that
-        child is dead already."""
-        child = None if ref is None else self.live.get(ref.address)
-        if child is None:
-            self._names.pop(name, None)
+    def settle(self, parent: str, name: str, ref: ActorRef[Any] | None) -> None:
+        """The spawn that claimed ``name`` under ``parent`` ended: the child at ``ref`` holds
+        it now, until it dies; nobody does when that child is dead already. A spawn that
+        failed or was given up (``None``) leaves it to its child if that one still lives:
+        an in-process actor whose ``on_start`` holds out against its cancellation past the
+        spawn's wait is still ending, and the name is its until it has."""
+        key = (parent, name)
+        if ref is not None:
+            child = self.live.get(ref.address)
         else:
-            self._names[name] = child
+            child = next(
+                (
+                    c
+                    for c in self.live.values()
+                    if c.ref.name == name and c.parent == parent and not c.exited.is_set()
+                ),
+                None,
+            )
+        if child is None:
+            self._names.pop(key, None)
+        else:
+            self._names[key] = child
 
     def add(self, child: Child) -> None:
         """Record a started child."""
@@ -266,8 +289,9 @@ class ChildTable:
         child.down = down
         child.exited.set()
         self.live.pop(child.ref.address, None)
-        if self._names.get(child.ref.name) is child:
-            del self._names[child.ref.name]
+        key = (child.parent, child.ref.name)
+        if self._names.get(key) is child:
+            del self._names[key]
         station = self.station
         if not station.closed:
             station.deaths.mark_dead(down)

@@ -145,17 +145,18 @@ class Spawner:
                 f"spawn takes an Actor subclass, not {actor!r}: pass the class, and its "
                 "constructor's arguments after it (spawn(Echo, 1, name='echo'))"
             )
+        parent = _spawning_parent.get("")
         if not name:  # one that no live actor holds (a spawn may have been given it)
             name = f"{actor.__name__}-{next(self._names)}"
-            while self.children.holds(name):
+            while self.children.holds(parent, name):
                 name = f"{actor.__name__}-{next(self._names)}"
-        await self.children.claim(name)
+        await self.children.claim(parent, name)
         try:
             ref = await self._spawn_claimed(actor, args, kwargs, name, how)
         except BaseException:
-            self.children.settle(name, None)
+            self.children.settle(parent, name, None)
             raise
-        self.children.settle(name, ref)
+        self.children.settle(parent, name, ref)
         return ref
 
     async def _spawn_claimed(

@@ -493,8 +493,9 @@ class ActorSystem:
             *args: Positional arguments of its constructor (msgspec-encodable if it runs in
                 a process).
             name: The actor's name (default: class name and a counter), one live actor's
-                in this system: stop the actor holding it (`stop` returns once it is
-                free) before starting the name again.
+                among the children of the one spawning (the system's own, from outside
+                any actor): stop the actor holding it (`stop` returns once it is free)
+                before starting the name again.
             **kwargs: How to start it, each a field of `SpawnOptions` (``process``,
                 ``spawn_timeout``, ``shutdown_timeout``, ``stall_timeout``, ``inherit``,
                 ``start``, ``node``; ``None`` or left out: the system's), and the keyword
@@ -503,7 +504,7 @@ class ActorSystem:
                 `kill`, `watch`, and its death ends as a local child's does).
 
         Raises:
-            SpawnError: A live actor of this system (or a spawn under way) has ``name``,
+            SpawnError: A live child of the same parent (or a spawn under way) has ``name``,
                 arguments not encodable, import failure, ``on_start`` raised, the process
                 died or did not become ready in time; for ``node``: no such node, or it did
                 not answer.

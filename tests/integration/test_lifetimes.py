@@ -24,10 +24,14 @@ from runtime import (
     ActorRef,
     ActorSystem,
     Cause,
+    Children,
+    ChildSpec,
     MailboxFullError,
     Message,
     Request,
     SpawnError,
+    Supervisor,
+    WhichChildren,
     handler,
 )
 from runtime._children import TERM_GRACE
@@ -168,9 +172,24 @@ class IgnoresTerm(Echo):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+class HoldsOutInItsStart(Actor[Ping]):
+    """An actor whose ``on_start`` holds out against cancellation until ``released``."""
+
+    def __init__(self, released: anyio.Event) -> None:
+        self.released = released
+
+    async def on_start(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.released.wait()
+
+    @handler
+    def ping(self, msg: Ping) -> Pong:
+        return Pong(n=msg.n)
+
+
 class TestNames:
-    """A name is one live actor's in its system, as Erlang's register and Akka's actorOf
-    have it, and free again once that actor is dead."""
+    """A name is one live actor's among its parent's children, as a supervisor's child
+    names are in Erlang/OTP, and free again once that actor is dead."""
 
     @pytest.mark.parametrize("process", [True, False], ids=["process", "in-process"])
     async def test_a_name_in_use_is_refused_before_anything_starts_and_free_once_stopped(
@@ -239,6 +258,58 @@ class TestNames:
                     await journal.wait_for(1)  # its on_start runs, and will not return
                     tg.cancel_scope.cancel()
             again = await system.spawn(Echo, name="late", process=process)
+            assert again.incarnation == 2
+
+    @pytest.mark.parametrize("process", [True, False], ids=["process", "in-process"])
+    async def test_two_supervisors_may_each_have_a_child_of_one_name(self, process: bool) -> None:
+        # A name is its parent's to give: in a process, a supervisor's children are its own
+        # system's; in-process, they were the root's too, and the second supervisor failed.
+        spec = [ChildSpec(Echo, name="db", process=False)]
+        async with ActorSystem() as system:
+            sups = [
+                await system.spawn(Supervisor, spec, name=name, process=process)
+                for name in ("sup-a", "sup-b")
+            ]
+            dbs = []
+            for sup in sups:
+                children: Children = await sup.ask(WhichChildren())
+                db = children.refs["db"]
+                assert db is not None
+                assert await db.ask(Ping(n=1)) == Pong(n=1)
+                dbs.append(db.address)
+            assert dbs[0] != dbs[1]
+            root_db = await system.spawn(Echo, name="db", process=False)  # the root's own
+            with pytest.raises(
+                SpawnError, match=r"'db': incarnation \d+ of it is alive .* system's own children"
+            ):
+                await system.spawn(Echo, name="db", process=False)
+            await system.stop(root_db)
+
+    async def test_a_name_stays_taken_while_an_actor_whose_spawn_was_given_up_still_ends(
+        self,
+    ) -> None:
+        # Its spawn waited its shutdown_timeout for it to end, then gave up; its on_start
+        # holds out, so it still lives, and the name is still its.
+        released = anyio.Event()
+        async with ActorSystem() as system:
+            with pytest.raises(SpawnError):
+                await system.spawn(
+                    HoldsOutInItsStart,
+                    released,
+                    name="x",
+                    process=False,
+                    spawn_timeout=0.3,
+                    shutdown_timeout=0.3,
+                )
+            with pytest.raises(SpawnError, match="'x': incarnation 1 of it is alive"):
+                await system.spawn(Echo, name="x", process=False)
+            holder = await system.lookup("x")
+            assert holder.incarnation == 1
+            watch = system.watch(holder)
+            released.set()
+            with anyio.fail_after(10):
+                await watch
+            again = await system.spawn(Echo, name="x", process=False)
             assert again.incarnation == 2
 
     async def test_a_name_left_out_is_one_no_live_actor_has(self) -> None:
