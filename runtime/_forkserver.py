@@ -166,13 +166,26 @@ class _Server:
             if thread_count() > 1:  # evaluating its annotations started one
                 raise _Refusal(request.actor.partition(":")[0], thread_count())
             self.frozen = False
-        if not self.frozen:
+        if not self.frozen:  # something was imported since the last fork
+            _reassert_environment()
             # Objects that exist now are never scanned by a child's collector, so its
             # collections do not write to (and so copy) the pages they share with us. The
             # server never collects (`runtime._forkwire.COMMAND`): a collection's freed
             # blocks would be holes in shared pages, which a child's allocations fill.
             gc.freeze()
             self.frozen = True
+
+
+def _reassert_environment() -> None:
+    """Write every variable of ``os.environ`` to the C environment again.
+
+    An import may have changed the C environment behind ``os.environ``'s back
+    (``os.putenv``, a C extension's ``setenv``), and a forked child takes its parent's
+    environment by changing only the variables whose ``os.environ`` value differs
+    (`runtime._child.take_environment`): it would have kept such a change.
+    """
+    for key, value in os.environ.items():
+        os.putenv(key, value)
 
 
 def _send_fail(server: _Server, request_id: int, err: BaseException) -> None:

@@ -20,6 +20,7 @@ from runtime import ActorRef, ActorSystem, ChildSpec, SpawnError, Supervisor, Wh
 from runtime._spawn import child_env
 from tests.conftest import actor_pids, child_pids, exits_within
 
+from . import _putenv as putenv
 from ._forked import ExitWith, Forked, Here, Tokenize, Tokenizing, WhereAmI
 from ._threaded import Threaded
 
@@ -105,6 +106,17 @@ class TestForkedActors:
             "TOKENYARD_TEST_ADDED": "added",
         }
         assert (before.cwd, after.cwd) == (started_in, str(tmp_path))
+
+    async def test_a_forked_actor_has_its_parents_environment_whatever_an_import_changed(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # The preloaded module changes the server's C environment behind os.environ's
+        # back; a forked actor changes only the variables whose os.environ value differs
+        # from its parent's, so the server writes os.environ to its C environment again.
+        monkeypatch.setenv(putenv.VARIABLE, "parent's")
+        async with ActorSystem(preload=["tests.integration._putenv"]) as system:
+            ref = await system.spawn(putenv.ReadsItsEnvironment, name="reads")
+            assert await ref.ask(putenv.WhatIsSet()) == putenv.IsSet(value="parent's")
 
     async def test_start_spawn_gives_a_fresh_interpreter_per_spawn_or_per_system(self) -> None:
         async with ActorSystem() as system:
