@@ -15,9 +15,14 @@ whose table fails the check gets no table, and the caller decodes windows instea
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ("ByteTable", "byte_table", "special_ids")
+
+T = TypeVar("T")
 
 
 def _byte_chars() -> dict[str, int]:
@@ -114,37 +119,40 @@ _cache: dict[int, tuple[Any, ByteTable | None]] = {}
 _CACHE_SIZE = 4
 
 
+def _once_per_tokenizer(
+    cache: dict[int, tuple[Any, T]], tokenizer: Any, build: Callable[[Any], T]
+) -> T:
+    """What ``build`` makes of ``tokenizer``, made once per tokenizer object and kept in
+    ``cache`` (at most `_CACHE_SIZE` of them, the oldest let go first)."""
+    with _lock:
+        hit = cache.get(id(tokenizer))
+        if hit is not None and hit[0] is tokenizer:
+            return hit[1]
+    made = build(tokenizer)
+    with _lock:
+        if len(cache) >= _CACHE_SIZE:
+            del cache[next(iter(cache))]
+        cache[id(tokenizer)] = (tokenizer, made)
+    return made
+
+
 def byte_table(tokenizer: Any) -> ByteTable | None:
     """The byte table of ``tokenizer``, built once per tokenizer object, or ``None`` when its
     decode is not byte-level (the caller then decodes windows of ids instead)."""
-    with _lock:
-        hit = _cache.get(id(tokenizer))
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-    table = _build(tokenizer)
-    with _lock:
-        if len(_cache) >= _CACHE_SIZE:
-            del _cache[next(iter(_cache))]
-        _cache[id(tokenizer)] = (tokenizer, table)
-    return table
+    return _once_per_tokenizer(_cache, tokenizer, _build)
 
 
 # Tokenizers seen, by id, with their special ids (held as `_cache` holds them).
 _specials: dict[int, tuple[Any, frozenset[int]]] = {}
 
 
+def _find_specials(tokenizer: Any) -> frozenset[int]:
+    added = getattr(tokenizer, "get_added_tokens_decoder", None)
+    return frozenset() if added is None else frozenset(i for i, t in added().items() if t.special)
+
+
 def special_ids(tokenizer: Any) -> frozenset[int]:
     """The ids a decode with ``skip_special_tokens`` leaves out, found once per tokenizer
     object: its added tokens marked special, as ``tokenizers.Tokenizer`` lists them (none
     for a tokenizer that lists no added tokens)."""
-    with _lock:
-        hit = _specials.get(id(tokenizer))
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-    added = getattr(tokenizer, "get_added_tokens_decoder", None)
-    found = frozenset() if added is None else frozenset(i for i, t in added().items() if t.special)
-    with _lock:
-        if len(_specials) >= _CACHE_SIZE:
-            del _specials[next(iter(_specials))]
-        _specials[id(tokenizer)] = (tokenizer, found)
-    return found
+    return _once_per_tokenizer(_specials, tokenizer, _find_specials)
