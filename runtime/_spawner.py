@@ -151,12 +151,11 @@ class Spawner:
             while self.children.holds(parent, name):
                 name = f"{actor.__name__}-{next(self._names)}"
         await self.children.claim(parent, name)
+        ref: ActorRef[M] | None = None
         try:
             ref = await self._spawn_claimed(actor, args, kwargs, name, how)
-        except BaseException:
-            self.children.settle(parent, name, None)
-            raise
-        self.children.settle(parent, name, ref)
+        finally:  # to its child, or (failed, given up) to nobody
+            self.children.settle(parent, name, ref)
         return ref
 
     async def _spawn_claimed(
