@@ -42,7 +42,7 @@ from ._stats import ActorMetrics
 from ._throttle import Throttle
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from ._actor import Actor
     from ._mailbox import Item, Mailbox
@@ -73,7 +73,11 @@ def _own_cancellation(err: BaseException) -> bool:
     return task is None or task.cancelling() > 0
 
 
-def _holds_stop(items: list[Item]) -> bool:
+#: No run of messages (what an idle actor's cell holds as its batch).
+_NO_ITEMS: tuple[Item, ...] = ()
+
+
+def _holds_stop(items: Sequence[Item]) -> bool:
     """Whether a stop request is among ``items``."""
     return any(type(item) is Envelope and item.header.kind is Kind.STOP for item in items)
 
@@ -129,7 +133,7 @@ class Cell:
         self._trace: TraceSlot = TraceSlot()
         #: The run of messages being handled, and what was read after it while a handler
         #: ran (`unless_stopped`), handled next, in order.
-        self._batch: list[Item] = []
+        self._batch: Sequence[Item] = _NO_ITEMS
         self._ahead: list[Item] = []
         actor._stop_guard = self.unless_stopped
 
@@ -213,7 +217,7 @@ class Cell:
                 items = await mailbox.receive()
             self._batch = items
             stop = await self._handle_items(items)
-            self._batch = []  # an idle actor keeps no run of messages alive
+            self._batch = _NO_ITEMS  # an idle actor keeps no run of messages alive
         # Everything already queued was accepted before the stop: handle it too.
         while items := self._ahead or mailbox.drain():
             self._ahead = []
