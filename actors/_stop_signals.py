@@ -78,18 +78,25 @@ def release() -> None:
 
 @contextlib.contextmanager
 def open_stop_signals() -> Iterator[AsyncIterator[int]]:
-    """`anyio.open_signal_receiver` for `STOP_SIGNALS`, which first receives those held
-    since `hold` (raised again once it is open: they arrive as if sent then).
+    """`anyio.open_signal_receiver` for the `STOP_SIGNALS` this process does not ignore
+    (`watched`), which first receives those held since `hold` (raised again once it is
+    open: they arrive as if sent then).
 
     Yields:
         The receiver.
     """
     import anyio  # here: this module is imported before any other, to hold at once
 
-    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+    with anyio.open_signal_receiver(*watched()) as signals:
         _before.clear()  # the receiver's handlers replaced `_record`; its end restores Python's
         _raise_held()
         yield signals
+
+
+def watched() -> tuple[signal.Signals, ...]:
+    """The stop signals this process does not ignore: one it was started ignoring (SIGHUP
+    under ``nohup``, SIGINT in a shell's background job) stays ignored, as `hold` leaves it."""
+    return tuple(s for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN)
 
 
 def _raise_held() -> None:

@@ -965,6 +965,21 @@ class TestTheCommand:
         with socket.socket() as again, pytest.raises(ConnectionRefusedError):
             again.connect(("127.0.0.1", run.port))
 
+    def test_a_signal_it_was_started_ignoring_stays_ignored_once_it_serves(self) -> None:
+        # Before, under nohup (SIGHUP ignored), the hangup of the terminal it was started
+        # from drained and stopped it once it served.
+        def ignore_sighup() -> None:
+            _stop_signals_by_default()
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+        with running_serve(stderr=True, preexec_fn=ignore_sighup) as run:
+            run.proc.send_signal(signal.SIGHUP)  # ignored: SIGTERM is the first it hears
+            run.proc.send_signal(signal.SIGTERM)
+            _, err = run.proc.communicate(timeout=30)
+        assert run.proc.returncode == 0, err
+        assert "SIGTERM: draining" in err, err
+        assert "SIGHUP" not in err
+
     def test_past_max_restarts_within_the_period_it_gives_up_and_exits_1(self) -> None:
         with running_serve("--max-restarts", "0", "--restart-period", "60", stderr=True) as run:
             (worker,) = [p for p in _children(run.proc.pid) if "tokenizer_worker:0" in _title(p)]
