@@ -58,7 +58,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             them, 60; past it the connection is closed (its request, if still running, is
             abandoned). A client that reads, however slowly, is never cut by it.
         max_connections: Most connections one worker process serves at once, 2048; the
-            port's owner gives a worker no more, and keeps the rest waiting.
+            port's owner gives a worker no more, and keeps the rest waiting. A server
+            lowers it to what the open-file limit leaves, and says so at start.
         max_waiting: Most accepted connections the port's owner keeps waiting for a
             worker to take them, 1024; past it a new connection is answered 503 with
             ``Retry-After`` at once instead of waiting unseen in the listen backlog.

@@ -40,6 +40,8 @@ CLOSED = b"-"
 MAX_FDS = 64
 #: Most marks (`TAKEN`, `CLOSED`) in one channel message; the owner reads up to this.
 MARKS_PER_MESSAGE = 4096
+#: One line per interval for connections lost for want of a descriptor, however many.
+_lost_log = Throttle(logger)
 
 
 def receive_fds(channel: socket.socket) -> tuple[bytes, list[int]] | None:
@@ -62,7 +64,7 @@ def receive_fds(channel: socket.socket) -> tuple[bytes, list[int]] | None:
     if _flags & socket.MSG_CTRUNC:
         # The kernel could not give this process the descriptors (it has too many open):
         # those connections are closed; their clients see them close.
-        logger.error(
+        _lost_log.error(
             "connections handed to this worker were lost: it has no descriptor left "
             "(raise its RLIMIT_NOFILE, or lower ServeConfig.max_connections)"
         )

@@ -22,8 +22,15 @@ connection and gives it to the live worker serving the fewest, over that worker'
   never fills unseen. A worker that leaves connections untaken for
   `ServeConfig.take_timeout` is stuck: it is reported (its supervisor kills and restarts
   it) and gets nothing more meanwhile.
-- **Out of descriptors** (``EMFILE``), the owner stops accepting for `FD_PAUSE` seconds
-  instead of spinning on a listener that stays readable, and says so once per interval.
+- **Never more connections than descriptors.** The owner holds at most ``hold``
+  connections at once (waiting, handed and not taken, lingering after a 503), and keeps
+  the last of them for the next one it accepts: a connection it cannot keep is answered
+  503 and closed at once. `open_server` takes ``hold`` from the open-file limit, and bounds
+  each worker's ``max_connections`` the same way (`actors.http._descriptors`): libzmq
+  aborts a process that has no descriptor for a connection to its mailbox.
+- **Out of descriptors** all the same (``EMFILE``: something else took them), the owner
+  stops accepting for `FD_PAUSE` seconds instead of spinning on a listener that stays
+  readable, as asyncio's own accept loop does, and says so once per interval.
 
 Only the connection's file descriptor crosses: the request's bytes go straight to the
 worker, which answers on the same connection.
@@ -75,7 +82,8 @@ FD_PAUSE = 0.25
 BUSY = HTTPError(
     503,
     "the server is at capacity: every worker serves its most connections and the queue of "
-    "waiting ones is full (ServeConfig.max_connections, max_waiting); retry shortly",
+    "waiting ones is full (ServeConfig.max_connections, max_waiting, and the open-file "
+    "limit, which may bound both); retry shortly",
     code="service_unavailable",
     headers=((b"retry-after", b"1"),),
 )
@@ -139,6 +147,9 @@ class Dispatcher:
         context_length: Most prompt plus completion tokens of one request.
         max_stream_buffer: Most bytes of a stream held for a client that does not read.
         backlog: Connections the listener keeps waiting.
+        hold: Most connections this process holds at once, the one just accepted
+            included: waiting, handed and not yet taken, or answered 503 and lingering
+            (``None``: no bound but ``config``'s). At least 2.
 
     Attributes:
         created: When it started listening, Unix seconds: the model's ``created`` that
@@ -155,7 +166,13 @@ class Dispatcher:
         context_length: int | None = None,
         max_stream_buffer: int = 4 << 20,
         backlog: int = BACKLOG,
+        hold: int | None = None,
     ) -> None:
+        if hold is not None and hold < 2:
+            raise ValueError(
+                f"Dispatcher hold={hold}: it must be at least 2 (one connection held, and "
+                "one descriptor for the next to be answered with); raise the open-file limit"
+            )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.listener = socket.socket(family, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -168,6 +185,7 @@ class Dispatcher:
         self.listener.setblocking(False)
         self.address: tuple[str, int] = self.listener.getsockname()[:2]
         self.config = config = config or ServeConfig()
+        self.hold = hold
         self.created = int(time.time())
         self._template = HttpSettings(
             channel=-1,
@@ -275,9 +293,9 @@ class Dispatcher:
         self._check_idle()
 
     def _accept_backlog(self) -> None:
-        """Accept every connection in the listen backlog into the waiting queue (one left
-        for want of a descriptor is reset by the kernel with the listener)."""
-        while isinstance(conn := self._accept_one(), socket.socket):
+        """Accept the connections of the listen backlog into the waiting queue, as many as
+        this process may hold (those left are reset by the kernel with the listener)."""
+        while self._room() and isinstance(conn := self._accept_one(), socket.socket):
             self._waiting.append(conn)
 
     def _accept_one(self) -> socket.socket | OSError | None:
@@ -360,7 +378,11 @@ class Dispatcher:
     # -- handing over ---------------------------------------------------------------------
 
     def _place(self, conn: socket.socket) -> None:
-        """A new connection goes to a worker now, else waits here, else is answered 503."""
+        """A new connection goes to a worker now, else waits here, else is answered 503
+        (and closed at once when this process may hold no more)."""
+        if not self._room():
+            self._refuser.refuse(conn, linger=False)
+            return
         if not self._waiting and self._hand(conn):
             return
         if len(self._waiting) < self.config.max_waiting:
@@ -368,6 +390,17 @@ class Dispatcher:
             self._watch_stalls()
             return
         self._refuser.refuse(conn)
+
+    def _room(self) -> bool:
+        """Whether one more connection may be held: one descriptor of `hold` always stays
+        free for the next connection accepted, to be answered with."""
+        if self.hold is None:
+            return True
+        held = len(self._waiting) + self._refuser.lingering
+        held += sum(len(c.untaken) for c in self._channels.values())
+        if self._failure is not None:
+            held += self._failure.lingering
+        return held + 2 <= self.hold
 
     def _flush(self) -> None:
         """Hand what waits here, oldest first, while some worker has room."""

@@ -7,7 +7,8 @@ client would wait unseen until it gave up. The answer is written and the sending
 shut; what the client had sent, or still sends, is read and dropped until it closes or
 `LINGER` seconds pass, so that closing with unread bytes does not reset the connection
 before the client has read the answer (nginx's lingering close, for the same reason). At
-most ``limit`` connections linger; past that one is closed right after its answer.
+most ``limit`` connections linger, and none when the owner needs its descriptors; past
+that one is closed right after its answer (and what its client had sent already).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._errors import HTTPError
 
-__all__ = ("LINGER", "Refuser")
+__all__ = ("LINGER", "LINGERING", "Refuser")
 
 #: Seconds a refused connection is read from before it is closed.
 LINGER = 2.0
+#: Most refused connections lingering at once, by default.
+LINGERING = 256
 
 
 class Refuser:
@@ -34,7 +37,7 @@ class Refuser:
         limit: Most connections lingering at once.
     """
 
-    def __init__(self, error: HTTPError, *, limit: int = 256) -> None:
+    def __init__(self, error: HTTPError, *, limit: int = LINGERING) -> None:
         self.error = error
         self.limit = limit
         #: Connections answered.
@@ -47,10 +50,14 @@ class Refuser:
         """Connections answered and not yet closed."""
         return len(self._lingering)
 
-    def refuse(self, conn: socket.socket) -> None:
+    def refuse(self, conn: socket.socket, *, linger: bool = True) -> None:
         """Answer ``conn`` and close it (now, or once its client closes or `LINGER` passes).
 
         Call it from the event loop that owns the connections.
+
+        Args:
+            conn: The connection.
+            linger: Whether it may linger (``False``: its descriptor is needed now).
         """
         self.refused += 1
         try:
@@ -59,7 +66,14 @@ class Refuser:
         except OSError:
             conn.close()
             return
-        if len(self._lingering) >= self.limit:
+        if not linger or len(self._lingering) >= self.limit:
+            # What the client sent already (a request's head, at most a few reads of it)
+            # is read first: closed with bytes unread, the connection would be reset.
+            with contextlib.suppress(OSError):
+                conn.setblocking(False)
+                for _ in range(4):
+                    if not conn.recv(65536):
+                        break
             conn.close()
             return
         loop = self._loop = self._loop or asyncio.get_running_loop()

@@ -31,10 +31,11 @@ from actors._vllm_args import max_model_len, overridden
 from actors.engines import LlamaCpp, StandIn, Vllm
 from actors.messages import Drain, GetWorkerStatistics
 from actors.pipeline import Pipeline
-from runtime import ActorRef, SpawnError, TokenyardError, configure_logging
+from runtime import ActorRef, SpawnError, TokenyardError, configure_logging, raise_fd_limit
 
 from ._auth import API_KEY_ENV, ApiKey, key_given
 from ._config import ServeConfig
+from ._descriptors import connection_bounds
 from ._dispatch import Dispatcher, DispatchStatistics
 from ._pipeline_engine import DEFAULT_CONTEXT_LENGTH
 from ._worker import CUT_GRACE
@@ -249,7 +250,22 @@ async def open_server(
     Yields:
         The server, once every worker serves: no client is answered before (a
         connection waits in the listen backlog).
+
+    The open-file limit bounds the connections each process holds (a worker's
+    ``max_connections`` may be lowered, with one warning;
+    `actors.http._descriptors.connection_bounds`).
     """
+    config = config or ServeConfig()
+    if detokenizers is None:
+        detokenizers = default_detokenizers(workers)
+    # The limit every process of the server will have: each takes its hard one.
+    raise_fd_limit()
+    bounds = connection_bounds(config, workers, detokenizers)
+    lowered = bounds.lowered(config, workers)
+    if lowered is not None:
+        logger.warning("%s", lowered)
+    if bounds.max_connections < config.max_connections:
+        config = msgspec.structs.replace(config, max_connections=bounds.max_connections)
     dispatcher = Dispatcher(
         host,
         port,
@@ -257,12 +273,13 @@ async def open_server(
         model=model,
         context_length=context_length,
         max_stream_buffer=pipeline.get("max_stream_buffer", 4 << 20),
+        hold=bounds.hold,
     )
     try:
         async with Pipeline(
             workers,
             tokenizer,
-            detokenizers=default_detokenizers(workers) if detokenizers is None else detokenizers,
+            detokenizers=detokenizers,
             channels=dispatcher,
             model=model,
             **pipeline,

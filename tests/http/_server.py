@@ -28,7 +28,7 @@ from tests.conftest import free_port
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 
 class ReadyServer(uvicorn.Server):
@@ -207,9 +207,10 @@ def running_serve(
     env: Mapping[str, str] | None = None,
     stderr: bool = False,
     preexec_fn: Callable[[], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> Iterator[Running]:
     """``python -m actors serve --workers N OPTIONS`` on a free port of 127.0.0.1, until the
-    block ends (then killed, if it still runs)."""
+    block ends (then killed, if it still runs); ``pass_fds`` it inherits."""
     port = free_port()
     command = [sys.executable, "-m", "actors", "serve", "--workers", str(workers)]
     with subprocess.Popen(
@@ -220,6 +221,7 @@ def running_serve(
         env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
         cwd=ROOT,
         preexec_fn=preexec_fn,
+        pass_fds=pass_fds,
     ) as proc:
         try:
             assert proc.stdout is not None
