@@ -30,6 +30,8 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
         keys: Its CURVE keys (tcp only).
         root_pid: Pid of the process owning the directory.
         collector: The system's `MetricsCollector`, if it has one (what ``top`` asks).
+        issuer: The reply inbox of the system that gave them, which an attached client asks
+            for an actor its own `lookup` does not find ('' in credentials older than it).
     """
 
     ipc_dir: str
@@ -38,6 +40,7 @@ class Credentials(msgspec.Struct, frozen=True, kw_only=True):
     root_pid: int
     keys: Keys | None = None
     collector: ActorRef[Any] | None = None
+    issuer: str = ""
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the credentials to ``path``, readable by their owner only (mode 0600).

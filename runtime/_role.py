@@ -49,6 +49,8 @@ class Role:
         cookie: The system's secret, when it joins one (b'': its own, drawn or derived).
         transport: The system's transport settings, when it joins one.
         keys: The system's CURVE keys, or where they are.
+        issuer: For an attached client, the reply inbox of the system that gave its
+            credentials, where the names it does not hold itself resolve ('' otherwise).
     """
 
     kind: RoleKind
@@ -58,6 +60,7 @@ class Role:
     cookie: bytes = b""
     transport: TransportOptions | None = None
     keys: Keys | str | os.PathLike[str] | None = None
+    issuer: str = ""
 
     @classmethod
     def new_root(cls, keys: Keys | str | os.PathLike[str] | None) -> Role:
@@ -79,6 +82,7 @@ class Role:
             cookie=credentials.cookie,
             transport=credentials.options,
             keys=credentials.keys,
+            issuer=credentials.issuer,
         )
 
     @classmethod

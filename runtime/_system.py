@@ -305,6 +305,7 @@ class ActorSystem:
             root_pid=self.root_pid,
             keys=station.keys,
             collector=collector,
+            issuer=station.reply_address,
         )
 
     def save_credentials(
@@ -761,11 +762,13 @@ class ActorSystem:
 
         Children of this system answer first; then each child process is asked about its
         own children (a supervisor's), depth first. After a restart the name resolves to the
-        new incarnation.
+        new incarnation. A system attached to another (``attach=``) then asks the one whose
+        credentials it joined with, which looks under itself the same way.
 
         Raises:
             ActorNotFoundError: Nobody live has that name (unless ``missing_ok``).
         """
+        deadline = anyio.current_time() + timeout
         children = list(self.spawner.children.live.values())
         for child in reversed(children):  # the newest incarnation of a name wins
             if child.ref.name == name:
@@ -798,21 +801,31 @@ class ActorSystem:
                 for i, child in enumerate(asked):
                     tg.start_soon(ask, i, child, scope)
         found = next((ref for ref in answers if ref is not None), None)
+        issuer = self.role.issuer
+        if found is None and issuer:
+            left = deadline - anyio.current_time()
+            with contextlib.suppress(TokenyardError):  # gone, or too busy: no answer there
+                found = None if left <= 0 else await self._lookup_at(issuer, name, left)
         if found is not None or missing_ok:
             return found
-        raise ActorNotFoundError(f"no live actor named {name!r} under system {self.name!r}")
+        where = f"system {self.name!r}" + (" nor in the system it is attached to" if issuer else "")
+        raise ActorNotFoundError(f"no live actor named {name!r} under {where}")
 
     async def _lookup_in(self, child: Child, name: str, timeout: float) -> ActorRef[Any] | None:
         """Ask a child process (its system) for the live actor named ``name`` under it."""
-        query = LookupQuery(name=name)
         if child.station_address:
-            answer = await self.station.request(
-                child.station_address, Kind.LOOKUP, body_encoder.encode(query), timeout
-            )
-            return lookup_reply_decoder.decode(answer).ref
+            return await self._lookup_at(child.station_address, name, timeout)
         # On another node: its process's inbox is not known here, its mailbox is.
+        query = LookupQuery(name=name)
         reply = await self.station.ask_control(child.ref, Kind.LOOKUP, timeout, query)
         return reply.ref if isinstance(reply, LookupReply) else None
+
+    async def _lookup_at(self, inbox: str, name: str, timeout: float) -> ActorRef[Any] | None:
+        """Ask the system whose reply inbox is ``inbox`` for the live actor named ``name``
+        under it."""
+        body = body_encoder.encode(LookupQuery(name=name))
+        answer = await self.station.request(inbox, Kind.LOOKUP, body, timeout)
+        return lookup_reply_decoder.decode(answer).ref
 
     #: Lookups this process answers at once for its parent; past it, the next is refused.
     _LOOKUPS_AT_ONCE = 64

@@ -26,11 +26,13 @@ from runtime import (
     ActorRef,
     ActorSystem,
     Cause,
+    ChildSpec,
     MailboxClosedError,
     MailboxFullError,
     ProtocolError,
     Request,
     SpawnError,
+    Supervisor,
     TokenyardError,
     handler,
 )
@@ -403,6 +405,38 @@ class TestTwoSystemsInOneLoop:
                         await answered.wait()
                 assert answers == [Pong(n=2)]
                 assert (await echo.ask(GetCount())).n == 0  # the tick was refused, not lost
+
+
+class TestAnAttachedClient:
+    @pytest.mark.parametrize("transport", ["ipc", "tcp"])
+    async def test_it_looks_up_the_actors_of_the_system_it_joined_at_any_depth(
+        self, tmp_path: Path, transport: str
+    ) -> None:
+        """Before, an attached client's lookup searched only its own (no) actors: every
+        name of the system it joined was 'no live actor named ...'."""
+        path = tmp_path / "credentials.json"
+        async with ActorSystem(name="served", transport=transport) as system:
+            await system.spawn(Echo, name="echo")  # a process of its own
+            await system.spawn(Echo, name="near", process=False)
+            # A child of a supervisor's process: found by asking that process in turn.
+            await system.spawn(Supervisor, children=[ChildSpec(Echo, name="deep")], name="sup")
+            system.credentials().save(path)
+            names = ("echo", "near", "deep", "nobody")
+            done = await anyio.to_thread.run_sync(
+                functools.partial(
+                    run_script_to_end, "attached_lookup.py", str(path), *names, timeout=60
+                )
+            )
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        assert lines[:3] == [
+            {"name": name, "incarnation": 1, "pong": 7} for name in ("echo", "near", "deep")
+        ]
+        assert lines[3] == {
+            "name": "nobody",
+            "error": "no live actor named 'nobody' under system 'client' nor in the system "
+            "it is attached to",
+        }
 
 
 class TestAnotherThreadsLoop:
