@@ -46,7 +46,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import msgspec
@@ -61,7 +61,27 @@ __all__ = ("LoadResult", "LoadSpec", "RequestRecord", "main", "run_load", "summa
 #: Seconds a client waits after a refused connection before it tries again, so that a
 #: dead server is not hammered in a tight loop.
 REFUSED_BACKOFF = 0.05
+#: The longest event a stream may send, in bytes (an SSE event: its ``data:`` line up to
+#: the blank line after it). A longer one fails its request as ``too_large`` and ends its
+#: connection, so a server that never ends a line costs at most this much memory a client.
+#: A completion chunk is a few hundred bytes; one with every token's logprobs a few KiB.
+MAX_EVENT = 1 << 20
+#: The most of an answer other than a stream (a 4xx or 5xx) read to report it, in bytes;
+#: the connection of a longer one is closed.
+MAX_ERROR_BODY = 1 << 16
+#: A stream may carry at most this many chunks of text per token asked for (``max_tokens``),
+#: plus ``_SPARE_CHUNKS``: each chunk carries at least a character of a token, so a stream
+#: past that is one that does not end, and every chunk's gap is kept in its record.
+CHUNKS_PER_TOKEN = 16
+_SPARE_CHUNKS = 64
 _DONE = b"[DONE]"
+#: The largest piece of a body read at once (a chunk a server says is larger is read in
+#: pieces), and of a head, a chunk-size or a trailer line.
+_PIECE = 65536
+#: Characters of what a server sent shown in a failure's detail.
+_SHOWN = 200
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\r\n]*))?\r\n")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 #: An HTTP header name (RFC 9110's token).
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -72,7 +92,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     Attributes:
         ok: It streamed to ``[DONE]``.
         error: How it failed (``None`` when ``ok``): ``refused``, ``closed``,
-            ``http_<status>``, ``stream_error``, ``bad_event``, ``incomplete``, ``timeout``.
+            ``http_<status>``, ``stream_error``, ``bad_event``, ``incomplete``, ``timeout``,
+            ``bad_response``, ``too_large``, ``too_long``.
         start: When it was sent, in seconds since the load began.
         ttft: Seconds from sending to the first non-empty text.
         itl: Seconds between successive chunks carrying text.
@@ -80,6 +101,9 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         output_tokens: Completion tokens of the usage chunk (0 without one).
         worker: The worker that answered (its ``x-tokenyard-worker`` header), when known.
         local_port: The client's port of the connection it went on (0 before one).
+        detail: What went wrong, in a line (``None`` when ``ok``): what the server
+            answered or did, its own words quoted and cut short.
+        index: Its number in the order the requests were sent, from 0.
     """
 
     ok: bool
@@ -91,6 +115,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     worker: int | None = None
     local_port: int = 0
+    detail: str | None = None
+    index: int = 0
 
 
 class LoadResult(msgspec.Struct, kw_only=True):
@@ -125,7 +151,9 @@ class LoadSpec:
         prompts: Prompts (chat: the user message), used in turn.
         model: The ``model`` field (``None``: left out).
         ignore_eos: Ask for every ``max_tokens`` token (vLLM's and SGLang's extension).
-        timeout: Seconds one request may take.
+        timeout: Seconds one request may take, from sending it to the end of its answer
+            (then it fails as ``timeout``): a request in flight when ``duration`` is over
+            ends within it.
         keepalive: Reuse each client's connection (``False``: a new connection for every
             request, ``Connection: close``).
         headers: More request headers, as (name, value) pairs (a ``traceparent``, say).
@@ -156,6 +184,8 @@ class LoadSpec:
             raise ValueError(f"concurrency={self.concurrency}: it must be at least 1")
         if not self.prompts:
             raise ValueError("give at least one prompt")
+        if not 0 < self.timeout < math.inf:
+            raise ValueError(f"timeout={self.timeout}: it must be a finite number above 0")
         for name, value in self.headers:
             if not _TOKEN.fullmatch(name) or any(c in value for c in "\r\n\0"):
                 raise ValueError(
@@ -183,7 +213,7 @@ class _Choice(msgspec.Struct):
 
 
 class _Usage(msgspec.Struct):
-    completion_tokens: int = 0
+    completion_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class _Event(msgspec.Struct):
@@ -203,6 +233,24 @@ class _ClosedError(Exception):
     def __init__(self, answered: bool) -> None:
         super().__init__("the server closed the connection")
         self.answered = answered
+
+
+class _BadAnswerError(ValueError):
+    """The server's answer broke HTTP, or a bound of this client: ``kind`` is the failure
+    its request is counted as, ``detail`` what the server did."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+def _shown(data: bytes | str) -> str:
+    """What a server sent, for a line of text: at most ``_SHOWN`` characters, every
+    control character escaped (a hostile answer cannot drive the terminal)."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    cut = text[:_SHOWN]
+    return repr(cut) + ("..." if len(text) > _SHOWN else "")
 
 
 def _server_address(url: str) -> tuple[str, int]:
@@ -262,6 +310,112 @@ def _requests(spec: LoadSpec, host: str) -> list[bytes]:
     return out
 
 
+class _Head:
+    """What the client needs of an answer's head.
+
+    Raises:
+        _BadAnswerError: The head is not HTTP/1.x, or its framing headers are malformed.
+    """
+
+    def __init__(self, head: bytes) -> None:
+        match = _STATUS_LINE.match(head)
+        if match is None:
+            raise _BadAnswerError("bad_response", f"an answer that is not HTTP/1.x: {_shown(head)}")
+        self.status = int(match[2])
+        self.reason = (match[3] or b"").decode("latin-1")
+        fields: dict[bytes, bytes] = {}
+        for line in head[match.end() :].split(b"\r\n"):
+            if not line:
+                continue
+            name, colon, value = line.partition(b":")
+            if not colon:
+                raise _BadAnswerError("bad_response", f"a header line without ':': {_shown(line)}")
+            fields[name.strip().lower()] = value.strip()
+        codings = fields.get(b"transfer-encoding", b"").lower()
+        self.chunked = codings.rsplit(b",", 1)[-1].strip() == b"chunked"
+        self.length: int | None = None
+        if not self.chunked and b"content-length" in fields:
+            length = fields[b"content-length"]
+            if not length.isdigit():
+                raise _BadAnswerError("bad_response", f"a content-length of {_shown(length)}")
+            self.length = int(length)
+        connection = fields.get(b"connection", b"").lower()
+        # HTTP/1.0 keeps a connection only when it says so.
+        self.close = b"close" in connection or (
+            match[1] == b"0" and b"keep-alive" not in connection
+        )
+        worker = fields.get(b"x-tokenyard-worker", b"")
+        self.worker = int(worker) if worker.isdigit() and len(worker) < 10 else None
+        self.location = fields.get(b"location")
+
+
+class _Body:
+    """An answer's body, read in pieces of at most ``_PIECE`` bytes whatever its framing
+    (chunked, a content-length, or to the connection's end), so no chunk size or length a
+    server announces makes this process hold more.
+
+    Raises (from ``read``):
+        asyncio.IncompleteReadError: The connection ended inside the body.
+        _BadAnswerError: A chunk's framing is malformed.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, head: _Head) -> None:
+        self.reader = reader
+        self.chunked = head.chunked
+        # Chunked: what is left of the current chunk (-1 before the first); otherwise what
+        # is left of the body (None: until the connection ends).
+        self.left: int | None = -1 if head.chunked else head.length
+        self.ended = False
+        #: Bytes of the body read so far.
+        self.received = 0
+
+    async def read(self) -> bytes:
+        """The next piece of the body; ``b""`` at its end."""
+        if self.ended:
+            return b""
+        left = self.left
+        if left is None:
+            data = await self.reader.read(_PIECE)
+            self.ended = not data
+            self.received += len(data)
+            return data
+        if self.chunked and left <= 0:
+            if left == 0 and await self.reader.readexactly(2) != b"\r\n":
+                raise _BadAnswerError("bad_response", "a chunk longer than its size said")
+            left = await self._size()
+            if left == 0:
+                while await self._line() != b"\r\n":  # trailers
+                    pass
+        if left == 0:
+            self.ended = True
+            return b""
+        data = await self.reader.read(min(left, _PIECE))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", left)
+        self.left = left - len(data)
+        self.received += len(data)
+        return data
+
+    async def _size(self) -> int:
+        line = await self._line()
+        size = line[:-2].split(b";", 1)[0].strip()
+        if not _HEX.fullmatch(size):
+            raise _BadAnswerError(
+                "bad_response", f"a chunk size that is not a number: {_shown(line)}"
+            )
+        return int(size, 16)
+
+    async def _line(self) -> bytes:
+        try:
+            line = await self.reader.readuntil(b"\r\n")
+        except asyncio.LimitOverrunError as err:
+            raise _BadAnswerError(
+                "bad_response", f"a chunk-size or trailer line longer than {_PIECE} bytes"
+            ) from err
+        self.received += len(line)
+        return line
+
+
 class _Client:
     """One closed-loop client and its connection."""
 
@@ -272,6 +426,8 @@ class _Client:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.local_port = 0
+        #: The body being read (what a timeout says came of it).
+        self.body: _Body | None = None
 
     async def connect(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -285,124 +441,201 @@ class _Client:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def send(self, request: bytes, t0: float, record: RequestRecord) -> None:
+    async def send(self, request: bytes, t0: float, record: RequestRecord, max_text: int) -> None:
         """Send one request and read its stream into ``record``; reconnect as needed."""
         for attempt in range(2):
+            self.body = None
             fresh = self.writer is None
             if fresh:
                 try:
                     await self.connect()
-                except OSError:
+                except OSError as err:
                     record.error = "refused"
+                    record.detail = f"no connection to {self.host}:{self.port}: {err}"
                     await asyncio.sleep(REFUSED_BACKOFF)
                     return
             record.local_port = self.local_port
             try:
-                await self._exchange(request, t0, record)
+                await self._exchange(request, t0, record, max_text)
                 return
             except _ClosedError as err:
                 self.tally.server_closes += 1
                 await self.drop()
                 if err.answered or fresh or attempt:
                     record.error = "closed"
+                    received = 0 if self.body is None else self.body.received
+                    record.detail = (
+                        f"the server closed the connection {received} bytes into the body "
+                        "of its answer"
+                        if err.answered
+                        else "the server closed the connection before answering"
+                    )
                     return
                 # The reused connection was closed before it answered: send again.
+            except _BadAnswerError as err:
+                # Whatever follows on this connection cannot be trusted to frame an answer.
+                record.error, record.detail = err.kind, err.detail
+                await self.drop()
+                return
 
-    async def _exchange(self, request: bytes, t0: float, record: RequestRecord) -> None:
+    def stalled(self, timeout: float) -> str:
+        """What a request that timed out had received."""
+        if self.body is None:
+            return f"no answer within --timeout {timeout:g} s"
+        return (
+            f"the answer did not end within --timeout {timeout:g} s "
+            f"({self.body.received} bytes of its body came)"
+        )
+
+    async def _exchange(
+        self, request: bytes, t0: float, record: RequestRecord, max_text: int
+    ) -> None:
         reader, writer = self.reader, self.writer
         assert reader is not None
         assert writer is not None
         try:
             writer.write(request)
             await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = _Head(await reader.readuntil(b"\r\n\r\n"))
+            # An interim answer (100 Continue) comes before the real one.
+            while 100 <= head.status < 200:
+                head = _Head(await reader.readuntil(b"\r\n\r\n"))
         except asyncio.IncompleteReadError as err:
+            if err.partial and not err.partial.startswith(b"HTTP/"):
+                raise _BadAnswerError(
+                    "bad_response", f"an answer that is not HTTP/1.x: {_shown(err.partial)}"
+                ) from err
             raise _ClosedError(answered=bool(err.partial)) from err
-        except (ConnectionError, asyncio.LimitOverrunError) as err:
+        except asyncio.LimitOverrunError as err:
+            raise _BadAnswerError(
+                "bad_response", f"an answer whose head is longer than {_PIECE} bytes"
+            ) from err
+        except ConnectionError as err:
             raise _ClosedError(answered=False) from err
-        status = int(head[9:12])
-        headers = head.lower()
-        at = headers.find(b"\r\nx-tokenyard-worker:")
-        if at >= 0:
-            record.worker = int(headers[at + 21 : headers.index(b"\r\n", at + 2)])
-        chunked = b"\r\ntransfer-encoding: chunked" in headers
-        close = b"\r\nconnection: close" in headers
+        record.worker = head.worker
+        self.body = body = _Body(reader, head)
         try:
-            if status != 200:
-                record.error = f"http_{status}"
-                await self._discard(reader, headers, chunked)
+            if head.status != 200:
+                record.error = f"http_{head.status}"
+                record.detail = await self._refusal(body, head, record)
             else:
-                await self._stream(reader, chunked, t0, record)
+                await _stream(body, t0, record, max_text)
         except (asyncio.IncompleteReadError, ConnectionError) as err:
             raise _ClosedError(answered=True) from err
-        if close:
-            self.tally.server_closes += 1
+        # A body without a length or chunks ends with the connection.
+        closed = head.close or (body.ended and not head.chunked and head.length is None)
+        self.tally.server_closes += closed
+        if closed or not body.ended:
             await self.drop()
 
-    async def _discard(self, reader: asyncio.StreamReader, headers: bytes, chunked: bool) -> None:
-        if chunked:
-            while await _chunk(reader):
-                pass
-            return
-        at = headers.find(b"\r\ncontent-length:")
-        if at >= 0:
-            end = headers.index(b"\r\n", at + 2)
-            await reader.readexactly(int(headers[at + 17 : end]))
+    async def _refusal(self, body: _Body, head: _Head, record: RequestRecord) -> str:
+        """Read an answer that is not a stream, up to ``MAX_ERROR_BODY`` bytes (the rest is
+        left with its connection), and say what it was."""
+        kept = bytearray()
+        while len(kept) <= MAX_ERROR_BODY and (data := await body.read()):
+            kept += data
+        said = f"the server answered {head.status} {head.reason}".rstrip()
+        message = _error_message(bytes(kept[:MAX_ERROR_BODY]))
+        if message:
+            said += f": {_shown(message)}"
+        if head.location is not None:
+            said += f" (location: {_shown(head.location)})"
+        return said
 
-    async def _stream(
-        self, reader: asyncio.StreamReader, chunked: bool, t0: float, record: RequestRecord
-    ) -> None:
-        buffer = b""
-        last: float | None = None
-        done = False
-        while True:
-            data = await _chunk(reader) if chunked else await reader.read(65536)
-            if not data:
-                break
-            buffer += data
-            while (end := buffer.find(b"\n\n")) >= 0:
-                event, buffer = buffer[:end], buffer[end + 2 :]
-                if not event.startswith(b"data: "):
-                    continue
-                payload = event[6:]
-                if payload == _DONE:
-                    done = True
-                    continue
-                try:
-                    chunk = _EVENT.decode(payload)
-                except msgspec.DecodeError:
-                    record.error = "bad_event"
-                    continue
-                if chunk.error is not None:
-                    record.error = "stream_error"
-                if chunk.usage is not None:
-                    record.output_tokens = chunk.usage.completion_tokens
-                for choice in chunk.choices:
-                    text = choice.text if choice.delta is None else choice.delta.content
-                    if text:
-                        now = time.perf_counter()
-                        if last is None:
-                            record.ttft = now - t0
-                        else:
-                            record.itl.append(now - last)
-                        last = now
+
+def _error_message(body: bytes) -> str:
+    """The message of an error answer's body: OpenAI's ``error.message``, FastAPI's
+    ``detail``, or the body itself."""
+    try:
+        decoded = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return body.decode("utf-8", "replace").strip()
+    if isinstance(decoded, dict):
+        error = decoded.get("error", decoded)
+        if isinstance(error, dict):
+            error = error.get("message", error.get("detail", error))
+        return error if isinstance(error, str) else msgspec.json.encode(error).decode()
+    return body.decode("utf-8", "replace").strip()
+
+
+async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) -> None:
+    """Read a stream of events into ``record``, to the body's end.
+
+    Raises:
+        _BadAnswerError: An event longer than ``MAX_EVENT`` bytes, or more chunks of text
+            than ``max_text``.
+    """
+    buffer = bytearray()
+    scanned = 0
+    last: float | None = None
+    done = False
+    texts = 0
+
+    def failed(kind: str, detail: str) -> None:
         if record.error is None:
+            record.error, record.detail = kind, detail
+
+    while data := await body.read():
+        buffer += data
+        # Search only what came since the last search (a trickled event is not searched
+        # again and again from its start).
+        while (end := buffer.find(b"\n\n", scanned)) >= 0:
+            event = bytes(buffer[:end])
+            del buffer[: end + 2]
+            scanned = 0
+            if not event.startswith(b"data: "):
+                continue
+            payload = event[6:]
             if done:
-                record.ok = True
-            else:
-                record.error = "incomplete"
-
-
-async def _chunk(reader: asyncio.StreamReader) -> bytes:
-    """The next chunk of a chunked body (``b""`` at its end, trailers read)."""
-    line = await reader.readuntil(b"\r\n")
-    size = int(line.split(b";", 1)[0], 16)
-    if size == 0:
-        while await reader.readuntil(b"\r\n") != b"\r\n":
-            pass
-        return b""
-    data = await reader.readexactly(size + 2)
-    return data[:-2]
+                failed("bad_event", f"an event after [DONE]: {_shown(payload)}")
+                continue
+            if payload == _DONE:
+                done = True
+                continue
+            try:
+                chunk = _EVENT.decode(payload)
+            except msgspec.DecodeError as err:
+                failed(
+                    "bad_event",
+                    f"an event that is not a completion chunk ({err}): {_shown(payload)}",
+                )
+                continue
+            if chunk.error is not None:
+                failed(
+                    "stream_error",
+                    f"an error event: {_shown(str(chunk.error.get('message', chunk.error)))}",
+                )
+            if chunk.usage is not None:
+                record.output_tokens = chunk.usage.completion_tokens
+            for choice in chunk.choices:
+                text = choice.text if choice.delta is None else choice.delta.content
+                if text:
+                    texts += 1
+                    if texts > max_text:
+                        raise _BadAnswerError(
+                            "too_long",
+                            f"more than {max_text} chunks of text for max_tokens "
+                            f"{(max_text - _SPARE_CHUNKS) // CHUNKS_PER_TOKEN}",
+                        )
+                    now = time.perf_counter()
+                    if last is None:
+                        record.ttft = now - t0
+                    else:
+                        record.itl.append(now - last)
+                    last = now
+        scanned = max(len(buffer) - 1, 0)
+        if len(buffer) > MAX_EVENT:
+            raise _BadAnswerError(
+                "too_large",
+                f"an event longer than {MAX_EVENT} bytes (MAX_EVENT), which began "
+                f"{_shown(bytes(buffer[:_SHOWN]))}",
+            )
+    if record.error is None:
+        if done:
+            record.ok = True
+        else:
+            record.error = "incomplete"
+            record.detail = f"the stream ended without [DONE], {body.received} bytes into it"
 
 
 @dataclass
@@ -440,6 +673,8 @@ async def run_load(
     deadline = math.inf if spec.duration is None else t0 + spec.duration
     budget = math.inf if spec.requests is None else spec.requests
 
+    max_text = CHUNKS_PER_TOKEN * spec.max_tokens + _SPARE_CHUNKS
+
     async def client() -> None:
         c = _Client(host, port, tally)
         try:
@@ -449,14 +684,15 @@ async def run_load(
                 and not (stop is not None and stop.is_set())
             ):
                 request = requests[tally.sent % len(requests)]
-                tally.sent += 1
                 start = time.perf_counter()
-                record = RequestRecord(ok=False, start=start - t0)
+                record = RequestRecord(ok=False, start=start - t0, index=tally.sent)
+                tally.sent += 1
                 try:
                     async with asyncio.timeout(spec.timeout):
-                        await c.send(request, start, record)
+                        await c.send(request, start, record, max_text)
                 except TimeoutError:
                     record.error = "timeout"
+                    record.detail = c.stalled(spec.timeout)
                     await c.drop()
                 record.e2e = time.perf_counter() - start
                 tally.records.append(record)
@@ -494,12 +730,15 @@ async def stream_chat(url: str, prompt: str, max_tokens: int) -> AsyncIterator[s
     try:
         writer.write(request)
         await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        if head[9:12] != b"200":
-            raise ValueError(f"the server answered {head[9:12].decode()}")
+        head = _Head(await reader.readuntil(b"\r\n\r\n"))
+        if head.status != 200:
+            raise ValueError(f"the server answered {head.status}")
+        body = _Body(reader, head)
         buffer = b""
-        while data := await _chunk(reader):
+        while data := await body.read():
             buffer += data
+            if len(buffer) > MAX_EVENT and b"\n\n" not in buffer:
+                raise ValueError(f"the server sent an event longer than {MAX_EVENT} bytes")
             while (end := buffer.find(b"\n\n")) >= 0:
                 event, buffer = buffer[:end], buffer[end + 2 :]
                 if not event.startswith(b"data: ") or event[6:] == _DONE:

@@ -15,7 +15,15 @@ import pytest
 
 from actors.__main__ import main as actors_main
 from actors.http import ApiKey, ServeConfig
-from actors.http.load import LoadResult, LoadSpec, main, run_load, summarize
+from actors.http.load import (
+    CHUNKS_PER_TOKEN,
+    MAX_EVENT,
+    LoadResult,
+    LoadSpec,
+    main,
+    run_load,
+    summarize,
+)
 
 from ._server import running_serve, serve_pipeline
 
@@ -344,3 +352,160 @@ class TestRefusedArguments:
             assert summarize(await run_load(spec))["ok"] == 2
         with pytest.raises(ValueError, match="give the server as http://host:port"):
             await run_load(LoadSpec(url="http://127.0.0.1", concurrency=1, requests=1))
+
+
+def raw_response(status: bytes, *headers: bytes, body: bytes = b"") -> bytes:
+    return b"HTTP/1.1 " + status + b"\r\n" + b"".join(h + b"\r\n" for h in headers) + b"\r\n" + body
+
+
+class TestAServerThatMisbehaves:
+    """Servers an operator does not control: each misbehaviour fails its request with a
+    kind and a line saying what the server did, within its bounds, never a traceback."""
+
+    @pytest.mark.parametrize(
+        ("answer", "said"),
+        [
+            (b"SSH-2.0-OpenSSH_8.9\r\n\r\n", "an answer that is not HTTP/1.x: 'SSH-2.0"),
+            (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "a header line without ':'"),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n",
+                "a content-length of 'ten'",
+            ),
+            (sse_response(b"zz\r\nhello\r\n"), "a chunk size that is not a number: 'zz\\r\\n'"),
+            (sse_response(b"5" * 70_000), "a chunk-size or trailer line longer than 65536"),
+            (sse_response(b"3\r\nabcde\r\n"), "a chunk longer than its size said"),
+            (b"HTTP/1.1 200 OK\r\nx-pad: " + b"x" * 70_000, "whose head is longer than 65536"),
+        ],
+        ids=[
+            "not-http",
+            "header-without-colon",
+            "length-not-a-number",
+            "chunk-size-not-hex",
+            "chunk-size-line-too-long",
+            "chunk-longer-than-said",
+            "head-too-long",
+        ],
+    )
+    async def test_an_answer_that_breaks_http_fails_as_bad_response(
+        self, answer: bytes, said: str
+    ) -> None:
+        """Before, each was a ValueError or LimitOverrunError traceback out of the task
+        group, the whole load lost (or, for a long head, counted as the server closing)."""
+        async with scripted(lambda i: answer, lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2, timeout=5))
+        assert [r.error for r in result.records] == ["bad_response"] * 2
+        assert all(r.detail is not None and said in r.detail for r in result.records), [
+            r.detail for r in result.records
+        ]
+        assert result.connects == 2  # the connection of a broken answer is not reused
+
+    async def test_a_worker_header_that_is_not_a_number_is_left_out(self) -> None:
+        """Before, a ValueError traceback: the header is only informational."""
+        answer = sse_response(chunked(OK_EVENTS), b"x-tokenyard-worker: abc")
+        async with scripted(lambda i: answer, lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2))
+        assert [(r.ok, r.worker) for r in result.records] == [(True, None)] * 2
+
+    async def test_an_answer_with_a_length_ends_there_not_at_the_timeout(self) -> None:
+        """A 200 that is JSON, not a stream, on a kept-alive connection: before, the client
+        read until the server closed, so the request waited for its whole timeout."""
+        body = b'{"choices":[{"text":"hi"}]}'
+        answer = raw_response(
+            b"200 OK",
+            b"content-type: application/json",
+            b"content-length: %d" % len(body),
+            body=body,
+        )
+        async with scripted(lambda i: answer, lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2, timeout=3))
+        assert [r.error for r in result.records] == ["incomplete"] * 2
+        assert all(r.e2e < 2 for r in result.records)
+        assert result.connects == 1
+
+    async def test_an_error_answer_that_ends_with_its_connection_is_read_to_that_end(
+        self,
+    ) -> None:
+        """Before, its body was not read: the next request went on the closed connection,
+        was sent again and counted as the server closing, alternately."""
+        answer = raw_response(b"503 Service Unavailable", body=b"try later, no length")
+        async with scripted(lambda i: answer, lambda i: True) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=4))
+        assert [r.error for r in result.records] == ["http_503"] * 4
+        assert result.records[0].detail == (
+            "the server answered 503 Service Unavailable: 'try later, no length'"
+        )
+        assert (result.connects, result.server_closes) == (4, 4)
+
+    @pytest.mark.parametrize(
+        ("body", "said"),
+        [
+            (
+                b'{"error":{"message":"boom","type":"server_error"}}',
+                "500 Internal Server Error: 'boom'",
+            ),
+            (b'{"detail":"Not Found"}', "500 Internal Server Error: 'Not Found'"),
+            (b"\x1b[2Jplain", "500 Internal Server Error: '\\x1b[2Jplain'"),
+        ],
+        ids=["openai", "fastapi", "text-with-an-escape"],
+    )
+    async def test_an_error_answer_says_what_the_server_said(self, body: bytes, said: str) -> None:
+        answer = raw_response(
+            b"500 Internal Server Error", b"content-length: %d" % len(body), body=body
+        )
+        async with scripted(lambda i: answer, lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=1))
+        (record,) = result.records
+        assert (record.error, record.detail) == ("http_500", f"the server answered {said}")
+
+    async def test_a_chunk_or_event_past_the_bound_fails_as_too_large_at_once(self) -> None:
+        """Before, a chunk announced as 256 MiB was waited for whole (its bytes kept, until
+        the timeout), and an event line without end was kept however long it grew."""
+        endless_line = sse_response(chunked(b"data: " + b"x" * (MAX_EVENT + 10)))
+        huge_chunk = sse_response(b"10000000\r\n" + b"y" * (MAX_EVENT + 10))
+        answers = [endless_line, huge_chunk]
+        async with scripted(lambda i: answers[i], lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2, timeout=5))
+        assert [r.error for r in result.records] == ["too_large"] * 2
+        assert all(
+            f"an event longer than {MAX_EVENT} bytes" in (r.detail or "") for r in result.records
+        )
+        assert result.connects == 2
+
+    async def test_a_stream_with_far_more_text_than_asked_for_fails_as_too_long(self) -> None:
+        """Before, every chunk's gap was kept: a stream that never ends grew the record
+        until the timeout (hundreds of MB a minute)."""
+        text = b'data: {"choices":[{"text":"a"}]}\n\n'
+        limit = CHUNKS_PER_TOKEN * 2 + 64
+        answers = [text * limit + b"data: [DONE]\n\n", text * (limit + 1) + b"data: [DONE]\n\n"]
+        async with scripted(lambda i: sse_response(chunked(answers[i])), lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2, max_tokens=2))
+        assert [r.error for r in result.records] == [None, "too_long"]
+        assert len(result.records[0].itl) == limit - 1
+        assert result.records[1].detail == f"more than {limit} chunks of text for max_tokens 2"
+
+    @pytest.mark.parametrize(
+        ("events", "said"),
+        [
+            (OK_EVENTS + b'data: {"choices":[{"text":"more"}]}\n\n', "an event after [DONE]"),
+            (
+                b'data: {"choices":[],"usage":{"completion_tokens":-5}}\n\ndata: [DONE]\n\n',
+                "an event that is not a completion chunk (Expected `int` >= 0",
+            ),
+            (
+                b'data: {"choices":[],"usage":{"completion_tokens":"7"}}\n\ndata: [DONE]\n\n',
+                "an event that is not a completion chunk (Expected `int`, got `str`",
+            ),
+        ],
+        ids=["data-after-done", "negative-usage", "usage-a-string"],
+    )
+    async def test_events_a_stream_must_not_carry_fail_it_as_bad_event(
+        self, events: bytes, said: str
+    ) -> None:
+        """Before, text after [DONE] was counted in the request's figures, and a negative
+        token count was taken into the throughput."""
+        async with scripted(lambda i: sse_response(chunked(events)), lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=1))
+        (record,) = result.records
+        assert record.error == "bad_event"
+        assert record.detail is not None
+        assert said in record.detail
