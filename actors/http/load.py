@@ -20,14 +20,20 @@ Per request it records the time to the first text (TTFT), the gaps between text 
 (a chunk may carry several tokens when the server coalesces), the end-to-end latency, the
 output tokens of the usage chunk, and how it failed if it did: ``refused`` (no connection),
 ``closed`` (the server closed or reset the connection mid-response), ``http_<status>``,
-``stream_error`` (an error event), ``bad_event`` (an event that is not a JSON chunk),
-``incomplete`` (the body ended without ``[DONE]``), ``timeout``. A connection the server
+``stream_error`` (an error event), ``bad_event`` (an event that is not a completion chunk,
+or one after ``[DONE]``), ``incomplete`` (the body ended without ``[DONE]``), ``timeout``
+(the answer did not end within the request's timeout), ``bad_response`` (not HTTP/1.x, or
+its framing broken), ``too_large`` (an event over ``MAX_EVENT``), ``too_long`` (far more
+chunks of text than tokens asked for), with a line of what the server did. Whatever a
+server sends, a client holds a bounded part of it and no request outlives its timeout;
+a server's misbehaviour is a figure, never a traceback. A connection the server
 closed is counted and replaced; a request that found its reused connection already closed,
 before any byte of its answer, is sent again on a fresh one (the race every keep-alive
 client has), so only real failures are failures.
 
 Run ``python -m actors load --url http://127.0.0.1:8000 --concurrency 8
---duration 10`` (``--help`` for the rest); ``--json PATH`` writes every record. Against a
+--duration 10`` (``--help`` for the rest); ``--json PATH`` writes every record; SIGINT or
+SIGTERM ends a run early with the summary of what ended. Against a
 server that asks for an API key, each request carries ``Authorization: Bearer KEY``: the
 key of ``--api-key``, else of ``TOKENYARD_API_KEY``, the variable the server reads.
 """
@@ -41,7 +47,9 @@ import math
 import os
 import re
 import resource
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -75,6 +83,10 @@ MAX_ERROR_BODY = 1 << 16
 CHUNKS_PER_TOKEN = 16
 _SPARE_CHUNKS = 64
 _DONE = b"[DONE]"
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: Descriptors the command holds besides its clients' connections (stdio, the event loop's,
+#: the --json file).
+_FDS_BESIDES = 16
 #: The largest piece of a body read at once (a chunk a server says is larger is read in
 #: pieces), and of a head, a chunk-size or a trailer line.
 _PIECE = 65536
@@ -128,6 +140,8 @@ class LoadResult(msgspec.Struct, kw_only=True):
         cpu_seconds: User plus system CPU time this process spent meanwhile.
         connects: Connections opened.
         server_closes: Connections the server closed (cleanly or not), each replaced.
+        in_flight: Requests sent but left out of ``records``: in flight when the load
+            was abandoned.
     """
 
     records: list[RequestRecord]
@@ -135,6 +149,7 @@ class LoadResult(msgspec.Struct, kw_only=True):
     cpu_seconds: float
     connects: int
     server_closes: int
+    in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,6 +286,12 @@ def _server_address(url: str) -> tuple[str, int]:
             "it is ignored)"
         )
     return parts.hostname, port
+
+
+def _host_header(host: str, port: int) -> str:
+    """The ``host`` header of the server at ``host`` and ``port`` (an IPv6 address in
+    brackets, as in a URL)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _requests(spec: LoadSpec, host: str) -> list[bytes]:
@@ -646,6 +667,11 @@ class _Tally:
     sent: int = 0
 
 
+def _clients(spec: LoadSpec) -> int:
+    """The clients a load runs: one beyond the requests to send would send none."""
+    return spec.concurrency if spec.requests is None else min(spec.concurrency, spec.requests)
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -655,6 +681,8 @@ async def run_load(
     spec: LoadSpec,
     stop: asyncio.Event | None = None,
     on_record: Callable[[RequestRecord], object] | None = None,
+    *,
+    abandon: asyncio.Event | None = None,
 ) -> LoadResult:
     """Run the load described by ``spec`` and return every request's record.
 
@@ -662,12 +690,14 @@ async def run_load(
         spec: What to send, for how long.
         stop: Ends the load early once set (each client finishes its request first).
         on_record: Called with each request's record as it ends (a progress bar).
+        abandon: Ends the load at once once set: the requests in flight are cancelled
+            and left out of the records (a Ctrl-C).
 
     Raises:
         ValueError: ``spec.url`` is not ``http://host:port``.
     """
     host, port = _server_address(spec.url)
-    requests = _requests(spec, f"{host}:{port}")
+    requests = _requests(spec, _host_header(host, port))
     tally = _Tally()
     t0 = time.perf_counter()
     deadline = math.inf if spec.duration is None else t0 + spec.duration
@@ -701,16 +731,34 @@ async def run_load(
         finally:
             await c.drop()
 
+    async def clients() -> None:
+        async with asyncio.TaskGroup() as tg:
+            # A client beyond the requests to send would send none.
+            for _ in range(_clients(spec)):
+                tg.create_task(client())
+
     cpu0 = _cpu_seconds()
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(spec.concurrency):
-            tg.create_task(client())
+    if abandon is None:
+        await clients()
+    else:
+        running = asyncio.ensure_future(clients())
+        abandoned = asyncio.ensure_future(abandon.wait())
+        try:
+            await asyncio.wait((running, abandoned), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abandoned.cancel()
+            running.cancel()
+            # Each client closes its connection as it is cancelled.
+            await asyncio.wait((running,))
+        if not running.cancelled():
+            running.result()
     return LoadResult(
         records=tally.records,
         elapsed=time.perf_counter() - t0,
         cpu_seconds=_cpu_seconds() - cpu0,
         connects=tally.connects,
         server_closes=tally.server_closes,
+        in_flight=tally.sent - len(tally.records),
     )
 
 
@@ -725,7 +773,7 @@ async def stream_chat(url: str, prompt: str, max_tokens: int) -> AsyncIterator[s
     """
     host, port = _server_address(url)
     spec = LoadSpec(url=url, api="chat", max_tokens=max_tokens, prompts=(prompt,), ignore_eos=False)
-    (request,) = _requests(spec, f"{host}:{port}")
+    (request,) = _requests(spec, _host_header(host, port))
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(request)
@@ -800,11 +848,17 @@ def summarize(result: LoadResult) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: run a load and print its summary as JSON.
 
+    Each kind of failure is one line on stderr after the summary: how many, and what the
+    server did to the first. SIGINT or SIGTERM ends the run at once (a second acts as
+    Python's): the requests in flight are left out, the summary of those that ended is
+    printed and ``--json`` written.
+
     Returns:
-        0 when every request streamed to its end; 1 when some failed, or when the
-        ``--json`` file failed to be written (after the summary is printed); 2 for an
-        argument refused before the load runs (a ``--json`` file that cannot be written is
-        one). A refusal or a failed write is one line on stderr.
+        0 when every request streamed to its end; 1 when some failed, or when the summary
+        could not be printed (stdout closed) or the ``--json`` file failed to be written
+        (after the summary is printed); 2 for an argument refused before the load runs (a
+        ``--json`` file that cannot be written is one); 128 + the signal's number after
+        SIGINT or SIGTERM. A refusal or a failed write is one line on stderr.
     """
     parser = argparse.ArgumentParser(
         prog="python -m actors load",
@@ -812,7 +866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "measured as JSON.",
     )
     parser.add_argument(
-        "--url", required=True, help="http://host:port of the server (a path is ignored)"
+        "--url", required=True, help="http://host:port of the server (a path or query is ignored)"
     )
     parser.add_argument(
         "--api", choices=("completions", "chat"), default="completions", help="(%(default)s)"
@@ -828,6 +882,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--max-tokens", type=int, default=32, help="max_tokens of each request (%(default)s)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=LoadSpec.timeout,
+        metavar="S",
+        help="seconds a request may take, from sending it to the end of its answer, before "
+        "it fails as a timeout (%(default)g); the requests in flight when --duration is over "
+        "end within it",
     )
     parser.add_argument("--model")
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
@@ -846,15 +909,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = _spec(args)
+        _check_descriptors(spec)
         if args.json:
             _check_writable(args.json)
     except ValueError as err:
         sys.stderr.write(f"{parser.prog}: {err}\n")
         return 2
-    result = asyncio.run(run_load(spec))
+    result, signum = asyncio.run(_until_signalled(spec))
+    status = 0 if result.records and all(r.ok for r in result.records) else 1
     # The summary first: a file that fails to be written (a full disk) loses no more.
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(summarize(result)).decode()) + "\n")
-    sys.stdout.flush()
+    summary = msgspec.json.format(msgspec.json.encode(summarize(result)).decode()) + "\n"
+    try:
+        if sys.stdout is None:  # started with stdout closed (>&-)
+            raise OSError("stdout is closed")
+        sys.stdout.write(summary)
+        sys.stdout.flush()
+    except OSError as err:
+        # A reader that went away (| head -0): say so once, not at every later flush.
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.stderr.write(f"{parser.prog}: the summary was not printed: {err}\n")
+        status = 1
+    for line in _failures(result.records):
+        sys.stderr.write(f"{parser.prog}: {line}\n")
+    if signum is not None:
+        sys.stderr.write(
+            f"{parser.prog}: {signal.Signals(signum).name}: stopped, "
+            f"{_count(result.in_flight, 'request')} in flight left out\n"
+        )
+        status = 128 + signum
     if args.json:
         try:
             with open(args.json, "wb") as out:
@@ -863,8 +946,88 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stderr.write(
                 f"{parser.prog}: --json {args.json}: the records were not written: {err}\n"
             )
-            return 1
-    return 0 if result.records and all(r.ok for r in result.records) else 1
+            return status if signum is not None else 1
+    return status
+
+
+async def _until_signalled(spec: LoadSpec) -> tuple[LoadResult, int | None]:
+    """The load, and the stop signal that ended it early (``None``: it ran its course).
+
+    A signal this process was started ignoring (``nohup``, ``&`` in a script) stays
+    ignored; after the first, the handlers are Python's again. Only the main thread can
+    watch for signals: elsewhere (``main`` called from a thread) none is watched.
+    """
+    loop = asyncio.get_running_loop()
+    abandon = asyncio.Event()
+    received: list[int] = []
+    watched = [
+        s
+        for s in _STOP_SIGNALS
+        if threading.current_thread() is threading.main_thread()
+        and signal.getsignal(s) is not signal.SIG_IGN
+    ]
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        abandon.set()
+        for s in watched:
+            loop.remove_signal_handler(s)
+
+    for s in watched:
+        loop.add_signal_handler(s, on_signal, s)
+    try:
+        result = await run_load(spec, abandon=abandon)
+    finally:
+        for s in watched:
+            loop.remove_signal_handler(s)
+    return result, received[0] if received else None
+
+
+def _failures(records: Sequence[RequestRecord]) -> list[str]:
+    """One line a kind of failure, the most frequent first: how many, and the first's
+    request and detail."""
+    counts = Counter(r.error for r in records if r.error is not None)
+    first: dict[str, RequestRecord] = {}
+    for record in records:
+        if record.error is not None and (
+            record.error not in first or record.index < first[record.error].index
+        ):
+            first[record.error] = record
+    lines = []
+    for kind, n in counts.most_common():
+        record = first[kind]
+        port = f" on local port {record.local_port}" if record.local_port else ""
+        lines.append(
+            f"{_count(n, 'request')} failed as {kind}; the first, request {record.index} "
+            f"(sent at {record.start:.3f} s{port}): {record.detail or kind}"
+        )
+    return lines
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n:,} {thing}" + ("" if n == 1 else "s")
+
+
+def _check_descriptors(spec: LoadSpec) -> None:
+    """Make room for a connection a client, under the hard open-file limit, or refuse the
+    load: past it, clients would fail to connect and be counted as refused by the server.
+
+    Raises:
+        ValueError: The hard limit is too low for ``spec``'s clients.
+    """
+    clients = _clients(spec)
+    needed = clients + _FDS_BESIDES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise ValueError(
+        f"--concurrency {spec.concurrency}: each client holds a connection, and the "
+        f"open-file limit (RLIMIT_NOFILE) is {hard}: give at most "
+        f"{max(hard - _FDS_BESIDES, 0)}, or raise the limit (ulimit -n {needed})"
+    )
 
 
 def _check_writable(path: str) -> None:
@@ -896,8 +1059,12 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
         raise ValueError(f"--requests {args.requests}: it must be at least 1")
     if args.concurrency < 1:
         raise ValueError(f"--concurrency {args.concurrency}: it must be at least 1")
-    if args.duration is not None and not args.duration > 0:
-        raise ValueError(f"--duration {args.duration:g}: it must be more than 0 seconds")
+    if args.duration is not None and not 0 < args.duration < math.inf:
+        raise ValueError(
+            f"--duration {args.duration:g}: it must be more than 0 seconds, and finite"
+        )
+    if not 0 < args.timeout < math.inf:
+        raise ValueError(f"--timeout {args.timeout:g}: it must be more than 0 seconds, and finite")
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens {args.max_tokens}: it must be at least 1")
     if "" in (args.prompt or ()):
@@ -913,6 +1080,7 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
         max_tokens=args.max_tokens,
         model=args.model,
         prompts=tuple(args.prompt or LoadSpec.prompts),
+        timeout=args.timeout,
         api_key=key,
     )
 

@@ -7,8 +7,12 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import resource
+import signal
 import socket
-from typing import TYPE_CHECKING
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
@@ -25,7 +29,7 @@ from actors.http.load import (
     summarize,
 )
 
-from ._server import running_serve, serve_pipeline
+from ._server import ROOT, running_serve, serve_pipeline
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -54,6 +58,7 @@ async def scripted(
     answer: Callable[[int], bytes],
     close_after: Callable[[int], bool],
     heads: list[bytes] | None = None,
+    host: str = "127.0.0.1",
 ) -> AsyncIterator[str]:
     """A server on 127.0.0.1 answering request ``i`` (counted over all connections) with
     ``answer(i)``, then closing the connection if ``close_after(i)``; each request's head
@@ -86,10 +91,10 @@ async def scripted(
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, host, 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     finally:
         server.close()
         await server.wait_closed()
@@ -220,7 +225,8 @@ class TestFailures:
         assert main(["--url", url, "--requests", "1", "--json", "/dev/full"]) == 1
         out, err = capsys.readouterr()
         assert '"refused": 1' in out
-        (line,) = err.splitlines()
+        failed, line = err.splitlines()
+        assert failed.startswith("python -m actors load: 1 request failed as refused")
         assert line.startswith("python -m actors load: --json /dev/full: the records were not")
         assert "No space left on device" in line
 
@@ -295,6 +301,9 @@ class TestRefusedArguments:
             (["--concurrency", "0"], "--concurrency 0: it must be at least 1"),
             (["--duration", "0"], "--duration 0: it must be more than 0 seconds"),
             (["--duration", "nan"], "--duration nan: it must be more than 0 seconds"),
+            (["--duration", "inf"], "--duration inf: it must be more than 0 seconds, and finite"),
+            (["--timeout", "0"], "--timeout 0: it must be more than 0 seconds, and finite"),
+            (["--timeout", "nan"], "--timeout nan: it must be more than 0 seconds, and finite"),
             (["--max-tokens", "0"], "--max-tokens 0: it must be at least 1"),
             (["--prompt", ""], "--prompt '': a prompt must not be empty"),
             (["--url", "127.0.0.1:8000"], "url '127.0.0.1:8000': give the server as http://"),
@@ -313,6 +322,9 @@ class TestRefusedArguments:
             "concurrency-0",
             "duration-0",
             "duration-nan",
+            "duration-inf",
+            "timeout-0",
+            "timeout-nan",
             "max-tokens-0",
             "prompt-empty",
             "no-scheme",
@@ -336,7 +348,8 @@ class TestRefusedArguments:
         """Before, --requests 0 sent 100 requests and --concurrency 0 or a bad port was a
         traceback; a URL without http:// went to port 80 of another host; a --json file
         that could not be written was a traceback after the whole run, its summary lost;
-        --max-tokens 0 or an empty --prompt ran the whole load, every request a 400."""
+        --max-tokens 0 or an empty --prompt ran the whole load, every request a 400;
+        --duration inf ran for ever; there was no --timeout."""
         monkeypatch.delenv("TOKENYARD_API_KEY", raising=False)
         argv = ["--url", "http://127.0.0.1:8000", *arguments]
         assert actors_main(["load", *argv]) == 2
@@ -509,3 +522,150 @@ class TestAServerThatMisbehaves:
         assert record.error == "bad_event"
         assert record.detail is not None
         assert said in record.detail
+
+
+def refused_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def load_process(*arguments: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """``python -m actors load`` with ``arguments``, in a process of its own."""
+    command = [sys.executable, "-m", "actors", "load", *arguments]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TOKENYARD_API_KEY", None)
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, **popen)
+
+
+class TestTheCommandAgainstAServerThatMisbehaves:
+    async def test_a_stalled_answer_fails_at_the_timeout_given(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, there was no --timeout: a stalled answer held its client 60 s."""
+        answer = raw_response(b"200 OK", b"transfer-encoding: chunked")  # and nothing more
+        async with scripted(lambda i: answer, lambda i: False) as url:
+            argv = ["--url", url, "--requests", "1", "--concurrency", "1", "--timeout", "0.5"]
+            assert await asyncio.to_thread(main, argv) == 1
+        out, err = capsys.readouterr()
+        assert msgspec.json.decode(out)["errors"] == {"timeout": 1}
+        (line,) = err.splitlines()
+        assert line.startswith("python -m actors load: 1 request failed as timeout; the first, ")
+        assert line.endswith(
+            ": the answer did not end within --timeout 0.5 s (0 bytes of its body came)"
+        )
+
+    async def test_each_kind_of_failure_is_one_line_naming_the_first_request(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, the summary counted the kinds and nothing said what the server did."""
+        refused = raw_response(b"401 Unauthorized", b"content-length: 4", body=b"\x1b[2J")
+        answers = [refused, b"SSH-2.0-OpenSSH_8.9\r\n\r\n", refused]
+        async with scripted(lambda i: answers[i % 3], lambda i: False) as url:
+            argv = ["--url", url, "--requests", "3", "--concurrency", "1"]
+            assert await asyncio.to_thread(main, argv) == 1
+        out, err = capsys.readouterr()
+        assert msgspec.json.decode(out)["errors"] == {"http_401": 2, "bad_response": 1}
+        first, second = err.splitlines()
+        prog = "python -m actors load: "
+        assert first.startswith(
+            prog + "2 requests failed as http_401; the first, request 0 (sent at "
+        )
+        assert first.endswith("): the server answered 401 Unauthorized: '\\x1b[2J'")
+        assert second.startswith(prog + "1 request failed as bad_response; the first, request 1 (")
+        assert second.endswith(
+            "): an answer that is not HTTP/1.x: 'SSH-2.0-OpenSSH_8.9\\r\\n\\r\\n'"
+        )
+
+    @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+    async def test_a_stop_signal_prints_what_ended_and_exits_128_plus_it(
+        self, signum: signal.Signals
+    ) -> None:
+        """Before, SIGINT was a KeyboardInterrupt traceback and SIGTERM killed the process
+        without a word, the measurements lost either way."""
+        stalled = raw_response(b"200 OK", b"transfer-encoding: chunked")
+        waiting = asyncio.Event()
+
+        def answer(i: int) -> bytes:
+            if i < 2:
+                return sse_response(chunked(OK_EVENTS))
+            waiting.set()
+            return stalled
+
+        async with scripted(answer, lambda i: False) as url:
+            proc = load_process(
+                "--url", url, "--requests", "5", "--concurrency", "1", stdout=subprocess.PIPE
+            )
+            try:
+                await waiting.wait()  # the third request waits on its answer
+                proc.send_signal(signum)
+                out, err = await asyncio.to_thread(proc.communicate, timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        assert proc.returncode == 128 + signum
+        summary = msgspec.json.decode(out)
+        assert (summary["requests"], summary["ok"]) == (2, 2)
+        assert err.decode().splitlines() == [
+            f"python -m actors load: {signum.name}: stopped, 1 request in flight left out"
+        ]
+
+    def test_a_closed_stdout_is_one_line_and_status_1(self) -> None:
+        """Before, a BrokenPipeError traceback (and AttributeError for a stdout closed at
+        start)."""
+        proc = load_process("--url", refused_url(), "--requests", "1", stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            proc.stdout.close()  # the reader is gone before the summary
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 1
+        assert err.decode().splitlines() == [
+            "python -m actors load: the summary was not printed: [Errno 32] Broken pipe",
+            "python -m actors load: 1 request failed as refused; the first, request 0 (sent at "
+            + err.decode().split("(sent at ", 1)[1].split("\n")[0],
+        ]
+
+    @pytest.mark.skipif(
+        resource.getrlimit(resource.RLIMIT_NOFILE)[1] == resource.RLIM_INFINITY,
+        reason="needs a hard open-file limit",
+    )
+    def test_more_clients_than_the_open_file_limit_allows_are_refused_before_the_run(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, the clients past the limit failed to connect (EMFILE) and were counted as
+        refused by the server. Clients beyond the requests are not run, so they count for
+        nothing."""
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        url = refused_url()
+        argv = ["--url", url, "--duration", "0.2", "--concurrency", str(hard)]
+        assert main(argv) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line == (
+            f"python -m actors load: --concurrency {hard}: each client holds a connection, and "
+            f"the open-file limit (RLIMIT_NOFILE) is {hard}: give at most {hard - 16}, or raise "
+            f"the limit (ulimit -n {hard + 16})"
+        )
+        assert main(["--url", url, "--requests", "1", "--concurrency", str(hard)]) == 1
+
+    async def test_an_ipv6_server_gets_its_address_in_brackets_in_the_host_header(self) -> None:
+        """Before, ``host: ::1:PORT``, which a server may refuse."""
+        heads: list[bytes] = []
+        try:
+            server = scripted(
+                lambda i: sse_response(chunked(OK_EVENTS)), lambda i: False, heads, "::1"
+            )
+            url = await server.__aenter__()
+        except OSError:
+            pytest.skip("no IPv6 loopback")
+        try:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=1))
+        finally:
+            await server.__aexit__(None, None, None)
+        assert result.records[0].ok
+        port = url.rsplit(":", 1)[1]
+        assert f"\r\nhost: [::1]:{port}\r\n".encode() in heads[0]
