@@ -93,7 +93,6 @@ _PIECE = 65536
 #: Characters of what a server sent shown in a failure's detail.
 _SHOWN = 200
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([^\r\n]*))?\r\n")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 #: An HTTP header name (RFC 9110's token).
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -392,21 +391,45 @@ class _Body:
 
     async def read(self) -> bytes:
         """The next piece of the body; ``b""`` at its end."""
+        left = self.left
+        if self.chunked and left is not None and left <= 0 and not self.ended:
+            # The next chunk (the path of every piece of a stream: kept to one coroutine).
+            reader = self.reader
+            if left == 0 and await reader.readexactly(2) != b"\r\n":
+                raise _BadAnswerError("bad_response", "a chunk longer than its size said")
+            try:
+                line = await reader.readuntil(b"\r\n")
+                # int() takes the spaces and the line end around the size.
+                left = int(line.split(b";", 1)[0], 16)
+            except asyncio.LimitOverrunError as err:
+                raise _BadAnswerError(
+                    "bad_response", f"a chunk-size line longer than {_PIECE} bytes"
+                ) from err
+            except ValueError:
+                left = -1
+            if left < 0:
+                raise _BadAnswerError(
+                    "bad_response", f"a chunk size that is not a number: {_shown(line)}"
+                )
+            self.received += len(line)
+            if left == 0:
+                while await self._line() != b"\r\n":  # trailers
+                    pass
+            elif left <= _PIECE:
+                # A chunk of ordinary size, in one read with its line end.
+                data = await reader.readexactly(left + 2)
+                if data[-2:] != b"\r\n":
+                    raise _BadAnswerError("bad_response", "a chunk longer than its size said")
+                self.left = -1
+                self.received += left + 2
+                return data[:-2]
         if self.ended:
             return b""
-        left = self.left
         if left is None:
             data = await self.reader.read(_PIECE)
             self.ended = not data
             self.received += len(data)
             return data
-        if self.chunked and left <= 0:
-            if left == 0 and await self.reader.readexactly(2) != b"\r\n":
-                raise _BadAnswerError("bad_response", "a chunk longer than its size said")
-            left = await self._size()
-            if left == 0:
-                while await self._line() != b"\r\n":  # trailers
-                    pass
         if left == 0:
             self.ended = True
             return b""
@@ -417,21 +440,12 @@ class _Body:
         self.received += len(data)
         return data
 
-    async def _size(self) -> int:
-        line = await self._line()
-        size = line[:-2].split(b";", 1)[0].strip()
-        if not _HEX.fullmatch(size):
-            raise _BadAnswerError(
-                "bad_response", f"a chunk size that is not a number: {_shown(line)}"
-            )
-        return int(size, 16)
-
     async def _line(self) -> bytes:
         try:
             line = await self.reader.readuntil(b"\r\n")
         except asyncio.LimitOverrunError as err:
             raise _BadAnswerError(
-                "bad_response", f"a chunk-size or trailer line longer than {_PIECE} bytes"
+                "bad_response", f"a trailer line longer than {_PIECE} bytes"
             ) from err
         self.received += len(line)
         return line
@@ -579,6 +593,14 @@ def _error_message(body: bytes) -> str:
     return body.decode("utf-8", "replace").strip()
 
 
+def _too_large(event: bytearray) -> _BadAnswerError:
+    return _BadAnswerError(
+        "too_large",
+        f"an event longer than {MAX_EVENT} bytes (MAX_EVENT), which began "
+        f"{_shown(bytes(event[:_SHOWN]))}",
+    )
+
+
 async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) -> None:
     """Read a stream of events into ``record``, to the body's end.
 
@@ -586,8 +608,8 @@ async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) 
         _BadAnswerError: An event longer than ``MAX_EVENT`` bytes, or more chunks of text
             than ``max_text``.
     """
-    buffer = bytearray()
-    scanned = 0
+    # An event not ended by the pieces read so far (most pieces hold whole events).
+    pending = bytearray()
     last: float | None = None
     done = False
     texts = 0
@@ -597,13 +619,21 @@ async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) 
             record.error, record.detail = kind, detail
 
     while data := await body.read():
-        buffer += data
-        # Search only what came since the last search (a trickled event is not searched
-        # again and again from its start).
-        while (end := buffer.find(b"\n\n", scanned)) >= 0:
-            event = bytes(buffer[:end])
-            del buffer[: end + 2]
-            scanned = 0
+        if pending:
+            # Search only what came since the last search (a trickled event is not
+            # searched again and again from its start).
+            searched = len(pending) - 1
+            pending += data
+            if pending.find(b"\n\n", searched) < 0:
+                if len(pending) > MAX_EVENT:
+                    raise _too_large(pending)
+                continue
+            data = bytes(pending)
+            pending.clear()
+        start = 0
+        while (end := data.find(b"\n\n", start)) >= 0:
+            event = data[start:end]
+            start = end + 2
             if not event.startswith(b"data: "):
                 continue
             payload = event[6:]
@@ -622,10 +652,8 @@ async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) 
                 )
                 continue
             if chunk.error is not None:
-                failed(
-                    "stream_error",
-                    f"an error event: {_shown(str(chunk.error.get('message', chunk.error)))}",
-                )
+                message = str(chunk.error.get("message", chunk.error))
+                failed("stream_error", f"an error event: {_shown(message)}")
             if chunk.usage is not None:
                 record.output_tokens = chunk.usage.completion_tokens
             for choice in chunk.choices:
@@ -644,13 +672,10 @@ async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) 
                     else:
                         record.itl.append(now - last)
                     last = now
-        scanned = max(len(buffer) - 1, 0)
-        if len(buffer) > MAX_EVENT:
-            raise _BadAnswerError(
-                "too_large",
-                f"an event longer than {MAX_EVENT} bytes (MAX_EVENT), which began "
-                f"{_shown(bytes(buffer[:_SHOWN]))}",
-            )
+        if start < len(data):
+            pending += memoryview(data)[start:]
+            if len(pending) > MAX_EVENT:
+                raise _too_large(pending)
     if record.error is None:
         if done:
             record.ok = True

@@ -385,7 +385,7 @@ class TestAServerThatMisbehaves:
                 "a content-length of 'ten'",
             ),
             (sse_response(b"zz\r\nhello\r\n"), "a chunk size that is not a number: 'zz\\r\\n'"),
-            (sse_response(b"5" * 70_000), "a chunk-size or trailer line longer than 65536"),
+            (sse_response(b"5" * 70_000), "a chunk-size line longer than 65536"),
             (sse_response(b"3\r\nabcde\r\n"), "a chunk longer than its size said"),
             (b"HTTP/1.1 200 OK\r\nx-pad: " + b"x" * 70_000, "whose head is longer than 65536"),
         ],
@@ -411,6 +411,16 @@ class TestAServerThatMisbehaves:
             r.detail for r in result.records
         ]
         assert result.connects == 2  # the connection of a broken answer is not reused
+
+    async def test_chunks_larger_than_a_read_and_small_ones_stream_alike(self) -> None:
+        """A chunk over 64 KiB is read in pieces, the small ones after it whole."""
+        comment = b": " + b"p" * 100_000 + b"\n\n"  # an SSE comment, skipped
+        events = OK_EVENTS.split(b"\n\n")
+        body = chunked(comment + events[0] + b"\n\n", *(e + b"\n\n" for e in events[1:-1]))
+        async with scripted(lambda i: sse_response(body), lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=3))
+        assert [(r.ok, r.output_tokens, len(r.itl)) for r in result.records] == [(True, 2, 1)] * 3
+        assert result.connects == 1
 
     async def test_a_worker_header_that_is_not_a_number_is_left_out(self) -> None:
         """Before, a ValueError traceback: the header is only informational."""
