@@ -359,6 +359,10 @@ class _Head:
             if not length.isdigit():
                 raise _BadAnswerError("bad_response", f"a content-length of {_shown(length)}")
             self.length = int(length)
+        if self.status < 200 or self.status in (204, 304):
+            # No body, whatever the head says (RFC 9112, 6.3): read to the connection's
+            # end, a kept-alive one would hold its request until the timeout.
+            self.chunked, self.length = False, 0
         connection = fields.get(b"connection", b"").lower()
         # HTTP/1.0 keeps a connection only when it says so.
         self.close = b"close" in connection or (

@@ -445,6 +445,27 @@ class TestAServerThatMisbehaves:
         assert all(r.e2e < 2 for r in result.records)
         assert result.connects == 1
 
+    @pytest.mark.parametrize(
+        "answer",
+        [
+            raw_response(b"204 No Content"),
+            raw_response(b"304 Not Modified", b"transfer-encoding: chunked"),
+            raw_response(b"100 Continue") + raw_response(b"204 No Content"),
+        ],
+        ids=["204", "304-chunked", "100-then-204"],
+    )
+    async def test_an_answer_without_a_body_by_its_status_ends_at_its_head(
+        self, answer: bytes
+    ) -> None:
+        """A 204 or 304 has no body whatever its head says: before, the client read one
+        until the kept-alive connection closed, and each request failed as a timeout."""
+        async with scripted(lambda i: answer, lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2, timeout=3))
+        status = answer.rsplit(b"HTTP/1.1 ", 1)[1][:3].decode()
+        assert [r.error for r in result.records] == [f"http_{status}"] * 2
+        assert all(r.e2e < 2 for r in result.records)
+        assert result.connects == 1
+
     async def test_an_error_answer_that_ends_with_its_connection_is_read_to_that_end(
         self,
     ) -> None:
