@@ -605,6 +605,19 @@ def _too_large(event: bytearray) -> _BadAnswerError:
     )
 
 
+def _event_data(event: bytes) -> bytes | None:
+    """The data of a server-sent event, its lines ended with LF: the values of its
+    ``data`` fields joined by LF (``None``: it has none, a comment or an ``id`` alone)."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        return event[6:]  # what OpenAI-compatible servers send: one field, one line
+    values = []
+    for line in event.split(b"\n"):
+        name, _, value = line.partition(b":")
+        if name == b"data":  # "data:" with or without its one space, or "data" alone
+            values.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(values) if values else None
+
+
 async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) -> None:
     """Read a stream of events into ``record``, to the body's end.
 
@@ -617,12 +630,21 @@ async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) 
     last: float | None = None
     done = False
     texts = 0
+    # The last piece ended with a CR: a LF first in the next ends the same line.
+    cr = False
 
     def failed(kind: str, detail: str) -> None:
         if record.error is None:
             record.error, record.detail = kind, detail
 
     while data := await body.read():
+        if cr and data.startswith(b"\n"):
+            data = data[1:]
+        cr = False
+        if b"\r" in data:
+            # Lines may end with CRLF or CR too (sse-starlette writes CRLF): LF from here.
+            cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if pending:
             # Search only what came since the last search (a trickled event is not
             # searched again and again from its start).
@@ -636,11 +658,10 @@ async def _stream(body: _Body, t0: float, record: RequestRecord, max_text: int) 
             pending.clear()
         start = 0
         while (end := data.find(b"\n\n", start)) >= 0:
-            event = data[start:end]
+            payload = _event_data(data[start:end])
             start = end + 2
-            if not event.startswith(b"data: "):
+            if payload is None:
                 continue
-            payload = event[6:]
             if done:
                 failed("bad_event", f"an event after [DONE]: {_shown(payload)}")
                 continue

@@ -422,6 +422,29 @@ class TestAServerThatMisbehaves:
         assert [(r.ok, r.output_tokens, len(r.itl)) for r in result.records] == [(True, 2, 1)] * 3
         assert result.connects == 1
 
+    @pytest.mark.parametrize(
+        "body",
+        [
+            chunked(OK_EVENTS.replace(b"\n", b"\r\n")),
+            # Each CR the last byte of a chunk, its LF the first of the next.
+            chunked(*(p + b"\r" for p in OK_EVENTS.replace(b"\n", b"\r\n").split(b"\r")[:-1])),
+            chunked(OK_EVENTS.replace(b"\n", b"\r")),
+            chunked(OK_EVENTS.replace(b"data: ", b"data:")),
+            chunked(OK_EVENTS.replace(b"data: ", b": ping\nevent: completion\nid: 7\ndata: ")),
+            chunked(OK_EVENTS.replace(b'"index":0,', b'"index":0,\ndata: ')),
+        ],
+        ids=["crlf", "crlf-split", "cr", "data-without-space", "more-fields", "data-lines"],
+    )
+    async def test_every_framing_sse_allows_streams_alike(self, body: bytes) -> None:
+        """Lines ended with CRLF (sse-starlette's default) or CR, ``data:`` without its
+        space, an event with other fields or its data on several lines: before, none of
+        its events was read, and each request failed as incomplete."""
+        async with scripted(lambda i: sse_response(body), lambda i: False) as url:
+            result = await run_load(LoadSpec(url=url, concurrency=1, requests=2))
+        assert [(r.ok, r.error, r.output_tokens, len(r.itl)) for r in result.records] == [
+            (True, None, 2, 1)
+        ] * 2
+
     async def test_a_worker_header_that_is_not_a_number_is_left_out(self) -> None:
         """Before, a ValueError traceback: the header is only informational."""
         answer = sse_response(chunked(OK_EVENTS), b"x-tokenyard-worker: abc")
