@@ -1003,8 +1003,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _until_signalled(spec: LoadSpec) -> tuple[LoadResult, int | None]:
     """The load, and the stop signal that ended it early (``None``: it ran its course).
 
-    A signal this process was started ignoring (``nohup``, ``&`` in a script) stays
-    ignored; after the first, the handlers are Python's again. Only the main thread can
+    A signal this process was started ignoring (SIGINT under ``&`` in a script) stays
+    ignored; after the first, and at the end, the handlers it replaced are back (for the
+    command, Python's; for a program calling `main`, its own). Only the main thread can
     watch for signals: elsewhere (``main`` called from a thread) none is watched.
     """
     loop = asyncio.get_running_loop()
@@ -1016,20 +1017,26 @@ async def _until_signalled(spec: LoadSpec) -> tuple[LoadResult, int | None]:
         if threading.current_thread() is threading.main_thread()
         and signal.getsignal(s) is not signal.SIG_IGN
     ]
+    before = {s: signal.getsignal(s) for s in watched}
+
+    def restore() -> None:
+        # asyncio's removal leaves SIG_DFL (SIGINT: Python's), not what was there.
+        for s in watched:
+            handler = before[s]
+            if loop.remove_signal_handler(s) and handler is not None:
+                signal.signal(s, handler)
 
     def on_signal(signum: int) -> None:
         received.append(signum)
         abandon.set()
-        for s in watched:
-            loop.remove_signal_handler(s)
+        restore()
 
     for s in watched:
         loop.add_signal_handler(s, on_signal, s)
     try:
         result = await run_load(spec, abandon=abandon)
     finally:
-        for s in watched:
-            loop.remove_signal_handler(s)
+        restore()
     return result, received[0] if received else None
 
 

@@ -665,6 +665,26 @@ class TestTheCommandAgainstAServerThatMisbehaves:
             f"python -m actors load: {signum.name}: stopped, 1 request in flight left out"
         ]
 
+    def test_main_called_from_a_program_leaves_its_signal_handlers_as_they_were(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Before, a program's own SIGTERM handler was SIG_DFL once ``main`` returned (so
+        the next SIGTERM killed it without a word), and its SIGINT one Python's."""
+
+        def mine(signum: int, frame: object) -> None:
+            """The program's own."""
+
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for s in saved:
+                signal.signal(s, mine)
+            assert main(["--url", refused_url(), "--requests", "1"]) == 1
+            assert [signal.getsignal(s) for s in saved] == [mine, mine]
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+        capsys.readouterr()
+
     def test_a_closed_stdout_is_one_line_and_status_1(self) -> None:
         """Before, a BrokenPipeError traceback (and AttributeError for a stdout closed at
         start)."""
