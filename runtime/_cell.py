@@ -410,7 +410,10 @@ class Cell:
             else:
                 await self._reply(header, gathered)
         elif kind is Kind.LOOKUP and isinstance(item.message, LookupQuery):
-            found = await actor.system.lookup(item.message.name, missing_ok=True)
+            query = item.message
+            found = await actor.system.lookup(
+                query.name, timeout=query.search_time(), missing_ok=True
+            )
             await self._reply(header, LookupReply(ref=found))
         return None
 

@@ -353,9 +353,24 @@ class WatchBody(msgspec.Struct, array_like=True, frozen=True):
 
 
 class LookupQuery(Message):
-    """Which live incarnation answers to ``name`` under this actor's system (control)."""
+    """Which live incarnation answers to ``name`` under this actor's system (control).
+
+    Attributes:
+        name: The name.
+        timeout: Seconds the system asked has to search the processes under it: the
+            asker's time to wait, its `NESTED_GATHER_SHARE`, so that the answer comes back
+            before the asker gives up. Not a number within bounds (0: a sender from before
+            it): `DEFAULT_LOOKUP_TIMEOUT`.
+    """
 
     name: str
+    timeout: float = 0.0
+
+    def search_time(self) -> float:
+        """``timeout`` if it is within bounds, else `DEFAULT_LOOKUP_TIMEOUT`."""
+        if 0 < self.timeout <= MOST_LOOKUP_TIMEOUT:
+            return self.timeout
+        return DEFAULT_LOOKUP_TIMEOUT
 
 
 class MetricsQuery(Message):
@@ -370,8 +385,12 @@ class MetricsQuery(Message):
 #: Seconds each process under a mailbox has to answer its gathering, unless asked otherwise.
 DEFAULT_GATHER_TIMEOUT = 5.0
 #: The share of its own time to answer that a process gives the processes under it (what
-#: is left carries their answers back).
+#: is left carries their answers back): of a gathering's, and of a lookup's.
 NESTED_GATHER_SHARE = 0.75
+#: Seconds a lookup asked by a peer searches when the peer said none (`ActorSystem.lookup`'s
+#: own default), and the longest it may ask for.
+DEFAULT_LOOKUP_TIMEOUT = 5.0
+MOST_LOOKUP_TIMEOUT = 3600.0
 
 
 class LookupReply(Message):

@@ -816,14 +816,14 @@ class ActorSystem:
         if child.station_address:
             return await self._lookup_at(child.station_address, name, timeout)
         # On another node: its process's inbox is not known here, its mailbox is.
-        query = LookupQuery(name=name)
+        query = LookupQuery(name=name, timeout=timeout * NESTED_GATHER_SHARE)
         reply = await self.station.ask_control(child.ref, Kind.LOOKUP, timeout, query)
         return reply.ref if isinstance(reply, LookupReply) else None
 
     async def _lookup_at(self, inbox: str, name: str, timeout: float) -> ActorRef[Any] | None:
         """Ask the system whose reply inbox is ``inbox`` for the live actor named ``name``
         under it."""
-        body = body_encoder.encode(LookupQuery(name=name))
+        body = body_encoder.encode(LookupQuery(name=name, timeout=timeout * NESTED_GATHER_SHARE))
         answer = await self.station.request(inbox, Kind.LOOKUP, body, timeout)
         return lookup_reply_decoder.decode(answer).ref
 
@@ -837,16 +837,16 @@ class ActorSystem:
             self.station.answer_error(header, TokenyardError("too many lookups at once"))
             return
         try:
-            name = lookup_decoder.decode(body).name
+            query = lookup_decoder.decode(body)
         except msgspec.DecodeError as err:
             self.station.answer_error(header, err)
             return
         self._lookups += 1
-        self._tg.start_soon(self._lookup_for, header, name)
+        self._tg.start_soon(self._lookup_for, header, query.name, query.search_time())
 
-    async def _lookup_for(self, header: Header, name: str) -> None:
+    async def _lookup_for(self, header: Header, name: str, timeout: float) -> None:
         try:
-            found = await self.lookup(name, missing_ok=True)
+            found = await self.lookup(name, timeout=timeout, missing_ok=True)
         finally:
             self._lookups -= 1
         self.station.answer(header, body_encoder.encode(LookupReply(ref=found)))

@@ -438,6 +438,27 @@ class TestAnAttachedClient:
             "it is attached to",
         }
 
+    async def test_its_lookup_finds_a_live_actor_in_its_time_while_a_member_does_not_answer(
+        self,
+    ) -> None:
+        """The system asked searches for the share of the asker's time, not for its own
+        default. Before, with a member stopped, the root searched for 5 s, the client gave
+        up at 3 and said the live actor was not there."""
+        async with ActorSystem(name="served") as system:
+            stopped = await system.spawn(Echo, name="stopped")  # started first: asked first
+            pid = system.pid_of(stopped)
+            assert pid is not None
+            await system.spawn(Supervisor, children=[ChildSpec(Echo, name="deep")], name="sup")
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                async with ActorSystem(attach=system.credentials(), name="client") as client:
+                    with anyio.fail_after(10):
+                        deep = await client.lookup("deep", timeout=3)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert deep.name == "deep"
+            assert await deep.ask(Ping(n=3)) == Pong(n=3)
+
 
 class TestAnotherThreadsLoop:
     async def test_a_ref_used_from_another_threads_loop_says_where_its_system_runs(
