@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import os
 import select
+import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -57,6 +58,15 @@ def short_tmp_path() -> Iterator[Path]:
     bytes at most): pytest's ``tmp_path`` can be too long for them."""
     with tempfile.TemporaryDirectory(prefix="ty-") as short:
         yield Path(short)
+
+
+def stop_signals_by_default() -> None:
+    """SIGINT, SIGTERM and SIGHUP as a terminal's program has them, for a child process
+    that a test signals (``preexec_fn``): a suite run from a shell's background job
+    ignores SIGINT, and so would the processes it starts, which keep a signal they were
+    started ignoring ignored."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def free_port() -> int:

@@ -28,6 +28,7 @@ from actors.http.load import (
     run_load,
     summarize,
 )
+from tests.conftest import stop_signals_by_default
 
 from ._server import ROOT, running_serve, serve_pipeline
 
@@ -589,7 +590,9 @@ def load_process(*arguments: str, **popen: Any) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "actors", "load", *arguments]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("TOKENYARD_API_KEY", None)
-    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, **popen)
+    return subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, preexec_fn=stop_signals_by_default, **popen
+    )
 
 
 class TestTheCommandAgainstAServerThatMisbehaves:

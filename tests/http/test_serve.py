@@ -40,7 +40,7 @@ from actors.http._serve import _access_config, _config, _engine_options, _parser
 from actors.http._serve import main as serve_main
 from actors.http.load import LoadResult, LoadSpec, run_load
 from actors.messages import GetWorkerStatistics
-from tests.conftest import free_port, is_fork_server
+from tests.conftest import free_port, is_fork_server, stop_signals_by_default
 from tests.http._server import Running, running_serve, sse_events
 from tests.http.test_bounded import ask_large_answer, connect, open_until, read_answer
 from tests.http.test_dispatch import HEALTH, until, worker_pid
@@ -969,7 +969,7 @@ class TestTheCommand:
         # Before, under nohup (SIGHUP ignored), the hangup of the terminal it was started
         # from drained and stopped it once it served.
         def ignore_sighup() -> None:
-            _stop_signals_by_default()
+            stop_signals_by_default()
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
         with running_serve(stderr=True, preexec_fn=ignore_sighup) as run:
@@ -1042,6 +1042,7 @@ class TestTheCommand:
         with subprocess.Popen(
             ["/bin/sh", "-c", exempt, "sh", *command],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            preexec_fn=stop_signals_by_default,
         ) as proc:  # fmt: skip
             held = -1
             try:
@@ -1121,7 +1122,7 @@ def signalled_while_importing(
     with subprocess.Popen(
         [sys.executable, "-m", "actors", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-        preexec_fn=_stop_signals_by_default,
+        preexec_fn=stop_signals_by_default,
     ) as proc:  # fmt: skip
         held = -1
         try:
@@ -1150,13 +1151,6 @@ def signalled_while_importing(
     assert not left, f"python -m actors {args} left processes behind: {left}"
     assert not list(Path(tempfile.gettempdir()).glob(f"tokenyard-{proc.pid}-*"))
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def _stop_signals_by_default() -> None:
-    """SIGINT, SIGTERM and SIGHUP as a terminal's program has them (a suite run from a
-    shell's background job ignores SIGINT, and so would the processes it starts)."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
 
 
 @contextlib.asynccontextmanager
