@@ -69,6 +69,14 @@ def stop_signals_by_default() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+def process_title(pid: int) -> str:
+    """A process's title (setproctitle rewrites its command line); '' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
+
+
 def free_port() -> int:
     """A port nobody listens on now (bound to 0, then released for a server to take)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -26,6 +26,7 @@ import pytest
 from actors.http import ServeConfig, open_server
 from actors.http._dispatch import MAX_UNTAKEN
 from actors.http._refuse import LINGER
+from tests.conftest import process_title
 from tests.http._server import running_serve
 from tests.http.test_bounded import HEAD, connect, read_answer, refusal
 
@@ -372,7 +373,7 @@ class TestTheOpenFileLimit:
         with running_serve(*options, workers=1, stderr=True, preexec_fn=_low_limit) as run:
             owner = run.proc.pid
             pids = _tree(owner)
-            (worker,) = [p for p in pids if "tokenizer_worker" in _title(p)]
+            (worker,) = [p for p in pids if "tokenizer_worker" in process_title(p)]
 
             def full() -> bool:
                 # It answers 503 (new), or it has no descriptor left (before).
@@ -405,7 +406,7 @@ class TestTheOpenFileLimit:
                 assert run.proc.poll() is None, run.proc.communicate()[1][-2000:]
                 assert portal.call(_health_status, run.port) == 200
             assert set(answers) <= {"200", "503", "refused"}, answers
-            (new,) = [p for p in _tree(owner) if "tokenizer_worker" in _title(p)]
+            (new,) = [p for p in _tree(owner) if "tokenizer_worker" in process_title(p)]
             assert _tree(owner) - {new} == pids - {worker}
             run.proc.send_signal(signal.SIGTERM)
             _, err = run.proc.communicate(timeout=30)
@@ -433,13 +434,6 @@ def _tree(pid: int) -> set[int]:
                 with contextlib.suppress(OSError):
                     todo += [int(c) for c in (task / "children").read_text().split()]
     return found
-
-
-def _title(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    except OSError:
-        return ""
 
 
 async def _held_health(port: int, answers: Counter[str], streams: list[SocketStream]) -> None:

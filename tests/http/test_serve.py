@@ -40,7 +40,7 @@ from actors.http._serve import _access_config, _config, _engine_options, _parser
 from actors.http._serve import main as serve_main
 from actors.http.load import LoadResult, LoadSpec, run_load
 from actors.messages import GetWorkerStatistics
-from tests.conftest import free_port, is_fork_server, stop_signals_by_default
+from tests.conftest import free_port, is_fork_server, process_title, stop_signals_by_default
 from tests.http._server import Running, running_serve, sse_events
 from tests.http.test_bounded import ask_large_answer, connect, open_until, read_answer
 from tests.http.test_dispatch import HEALTH, until, worker_pid
@@ -761,7 +761,7 @@ class TestTheCommand:
                         await conn.send(b"\x00 not http\r\n\r\n")
                         assert b"400 Bad Request" in await conn.receive()
                     await err.until("Invalid HTTP request received.")
-                    (worker,) = [p for p in _children(proc.pid) if _title(p).startswith(
+                    (worker,) = [p for p in _children(proc.pid) if process_title(p).startswith(
                         "tokenyard::tokenizer_worker:0:"
                     )]  # fmt: skip
                     os.kill(worker, signal.SIGKILL)
@@ -982,7 +982,9 @@ class TestTheCommand:
 
     def test_past_max_restarts_within_the_period_it_gives_up_and_exits_1(self) -> None:
         with running_serve("--max-restarts", "0", "--restart-period", "60", stderr=True) as run:
-            (worker,) = [p for p in _children(run.proc.pid) if "tokenizer_worker:0" in _title(p)]
+            (worker,) = [
+                p for p in _children(run.proc.pid) if "tokenizer_worker:0" in process_title(p)
+            ]
             os.kill(worker, signal.SIGKILL)  # one restart more than --max-restarts 0 allows
             _, err = run.proc.communicate(timeout=60)
             assert run.proc.returncode == 1, err
@@ -1381,11 +1383,3 @@ def _zombie(pid: int) -> bool:
         return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return True
-
-
-def _title(pid: int) -> str:
-    """A process's title (setproctitle rewrites its command line)."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-    except OSError:
-        return ""
