@@ -23,7 +23,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator, Sequence
     from types import FrameType
 
 __all__ = ("STOP_SIGNALS", "hold", "open_stop_signals", "release")
@@ -93,10 +93,11 @@ def open_stop_signals() -> Iterator[AsyncIterator[int]]:
         yield signals
 
 
-def watched() -> tuple[signal.Signals, ...]:
-    """The stop signals this process does not ignore: one it was started ignoring (SIGHUP
-    under ``nohup``, SIGINT in a shell's background job) stays ignored, as `hold` leaves it."""
-    return tuple(s for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN)
+def watched(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> tuple[signal.Signals, ...]:
+    """Those of ``signals`` this process does not ignore: one it was started ignoring
+    (SIGHUP under ``nohup``, SIGINT in a shell's background job) stays ignored, as `hold`
+    leaves it."""
+    return tuple(s for s in signals if signal.getsignal(s) != signal.SIG_IGN)
 
 
 def _raise_held() -> None:

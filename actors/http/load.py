@@ -59,6 +59,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from actors._stop_signals import watched as watched_signals
+
 from ._auth import API_KEY_ENV, key_given, usable_key
 
 if TYPE_CHECKING:
@@ -1011,12 +1013,8 @@ async def _until_signalled(spec: LoadSpec) -> tuple[LoadResult, int | None]:
     loop = asyncio.get_running_loop()
     abandon = asyncio.Event()
     received: list[int] = []
-    watched = [
-        s
-        for s in _STOP_SIGNALS
-        if threading.current_thread() is threading.main_thread()
-        and signal.getsignal(s) is not signal.SIG_IGN
-    ]
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    watched = watched_signals(_STOP_SIGNALS) if in_main_thread else ()
     before = {s: signal.getsignal(s) for s in watched}
 
     def restore() -> None:
