@@ -23,7 +23,7 @@ from ._refuse import LINGERING
 if TYPE_CHECKING:
     from ._config import ServeConfig
 
-__all__ = ("ConnectionBounds", "connection_bounds")
+__all__ = ("ConnectionBounds", "connection_bounds", "server_processes")
 
 #: Descriptors a worker's own sockets take, besides one per detokenizer (each sends to
 #: it). Measured: 22 idle; 25 with 1 detokenizer and 26 with 2 while streaming (their
@@ -94,6 +94,12 @@ class ConnectionBounds(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+def server_processes(workers: int, detokenizers: int) -> int:
+    """The processes of a server of ``workers`` workers and ``detokenizers`` detokenizers:
+    the members, the router, the scheduler and the fork server."""
+    return workers + detokenizers + 3
+
+
 def connection_bounds(
     config: ServeConfig, workers: int, detokenizers: int, *, limit: int | None = None
 ) -> ConnectionBounds:
@@ -107,8 +113,7 @@ def connection_bounds(
     if limit is None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         limit = None if soft == resource.RLIM_INFINITY else soft
-    # The members, the router, the scheduler and the fork server.
-    processes = workers + detokenizers + 3
+    processes = server_processes(workers, detokenizers)
     worker_reserve = WORKER_FDS + WORKER_FDS_PER_DETOKENIZER * detokenizers
     owner_reserve = OWNER_FDS + OWNER_FDS_PER_PROCESS * processes
     if limit is None:

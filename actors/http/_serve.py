@@ -35,7 +35,7 @@ from runtime import ActorRef, SpawnError, TokenyardError, configure_logging, rai
 
 from ._auth import API_KEY_ENV, ApiKey, key_given
 from ._config import ServeConfig
-from ._descriptors import connection_bounds
+from ._descriptors import connection_bounds, server_processes
 from ._dispatch import Dispatcher, DispatchStatistics
 from ._pipeline_engine import DEFAULT_CONTEXT_LENGTH
 from ._worker import CUT_GRACE
@@ -731,9 +731,7 @@ def check_fd_limit(
         fewer: The knobs that ask for fewer descriptors, as the line ends.
     """
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # The members, the router, the scheduler and the fork server.
-    processes = workers + detokenizers + 3
-    needed = FDS_AT_REST + FDS_PER_PROCESS * processes + clients
+    needed = FDS_AT_REST + FDS_PER_PROCESS * server_processes(workers, detokenizers) + clients
     if hard == resource.RLIM_INFINITY or hard >= needed:
         return None
     members = (_count(workers, "worker"), _count(detokenizers, "detokenizer"))
