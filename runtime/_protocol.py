@@ -387,8 +387,8 @@ DEFAULT_GATHER_TIMEOUT = 5.0
 #: The share of its own time to answer that a process gives the processes under it (what
 #: is left carries their answers back): of a gathering's, and of a lookup's.
 NESTED_GATHER_SHARE = 0.75
-#: Seconds a lookup asked by a peer searches when the peer said none (`ActorSystem.lookup`'s
-#: own default), and the longest it may ask for.
+#: Seconds a lookup searches unless told otherwise (`ActorSystem.lookup`'s default, and a
+#: peer's lookup that says none), and the longest a peer may ask for.
 DEFAULT_LOOKUP_TIMEOUT = 5.0
 MOST_LOOKUP_TIMEOUT = 3600.0
 

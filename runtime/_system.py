@@ -36,6 +36,7 @@ from ._metrics import REGISTRY
 from ._nodes import NodeTable, list_nodes
 from ._protocol import (
     DEFAULT_GATHER_TIMEOUT,
+    DEFAULT_LOOKUP_TIMEOUT,
     NESTED_GATHER_SHARE,
     Down,
     ErrorBody,
@@ -756,7 +757,7 @@ class ActorSystem:
     ) -> ActorRef[Any] | None: ...
 
     async def lookup(
-        self, name: str, *, timeout: float = 5.0, missing_ok: bool = False
+        self, name: str, *, timeout: float = DEFAULT_LOOKUP_TIMEOUT, missing_ok: bool = False
     ) -> ActorRef[Any] | None:
         """The ref of the live incarnation named ``name``, anywhere under this system.
 
