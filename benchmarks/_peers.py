@@ -46,7 +46,13 @@ def drive_tokenyard_tell(opts: argparse.Namespace) -> Measurement:
 
     return asyncio.run(
         measure_tell(
-            opts.payload, opts.count, opts.rounds, opts.warmup, opts.transport, opts.traced
+            opts.payload,
+            opts.count,
+            opts.rounds,
+            opts.warmup,
+            opts.transport,
+            opts.traced or opts.new_contexts,
+            opts.new_contexts,
         )
     )
 
@@ -104,6 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         "--traced",
         action="store_true",
         help="tokenyard tell: each tell carries trace context in its frame header",
+    )
+    parser.add_argument(
+        "--new-contexts",
+        action="store_true",
+        help="tokenyard tell: traced, each tell's contexts other than the tell before's",
     )
     opts = parser.parse_args(argv)
     if opts.metrics != os.environ.get("TOKENYARD_METRICS"):

@@ -35,6 +35,7 @@ async def measure_tell(
     warmup: int,
     transport: str = "ipc",
     traced: bool = False,
+    new_contexts: bool = False,
 ) -> Measurement:
     """Throughput of ``tell`` from this process into a counting actor process.
 
@@ -42,7 +43,10 @@ async def measure_tell(
     the round ends with an ``ask(CountQuery())`` that queues behind the tells on the same
     pipe, and its reply carries the count, which must match what was sent. ``traced``: each
     tell carries trace context in its frame header, as the pipeline's do when a request is
-    traced (one ``traceparent`` for a small message, one per request for a batch).
+    traced (one ``traceparent`` for a small message, one per request for a batch), the
+    same contexts every tell, or, with ``new_contexts``, contexts other than the tell
+    before's (two sets in turn): what a receiver pays when the contexts it decoded last do
+    not repeat.
     """
     msg = make_message(payload)
     async with _system(transport) as system:
@@ -50,13 +54,21 @@ async def measure_tell(
         tell = ref.tell
         # Called as a user calls it: a ``functools.partial`` holding the keyword cost the
         # traced variant about 0.2 us a tell of the benchmark's own (a dict per call).
-        contexts = (TRACEPARENT,) * (1 if payload == "small" else BATCH_SIZE) if traced else ()
+        size = 1 if payload == "small" else BATCH_SIZE
+        contexts = (TRACEPARENT,) * size if traced else ()
+        other = (TRACEPARENT.replace("-01", "-00"),) * size
         sent = 0
 
         async def burst(n: int) -> float:
             nonlocal sent
             t0 = time.perf_counter_ns()
-            if contexts:
+            if contexts and new_contexts:
+                for _ in range(n // 2):
+                    await tell(msg, trace=contexts)
+                    await tell(msg, trace=other)
+                if n % 2:
+                    await tell(msg, trace=contexts)
+            elif contexts:
                 for _ in range(n):
                     await tell(msg, trace=contexts)
             else:

@@ -25,6 +25,9 @@ Variants, each in fresh processes (a driver and its peer, see ``benchmarks._peer
   as the pipeline's tells do for a traced request (one ``traceparent`` for a small message,
   one per request for a batch): what carrying a trace costs. An untraced tell is one
   frame, the same bytes as before the header could carry one.
+* **tokenyard tell, traced, new contexts**: the same, each tell's contexts other than the
+  tell before's, so that the receiver decodes every tell's (it decodes contexts once while
+  they repeat, as the traced variant's do).
 * **tokenyard ask** against raw round trips with **pyzmq sync** and **zmq.asyncio** sockets
   (PUSH/PULL both ways like tokenyard, the same request and ``Ack`` bytes).
 
@@ -32,8 +35,8 @@ Each variant runs ``rounds`` timed rounds after a warm-up (a tenth of a round fo
 throughput, a whole round for round trips); the reported value is the best
 round (the highest throughput, the round with the lowest p50), because on a shared machine
 noise only ever makes a round slower. Every round is kept in the JSON. The variants that are
-compared to a few percent (`TWINS`: tell with its metrics off and traced, ask with its two
-raw round trips) run in turn, a fresh driver each round.
+compared to a few percent (`TWINS`: tell with its metrics off and its two traced variants,
+ask with its two raw round trips) run in turn, a fresh driver each round.
 """
 
 from __future__ import annotations
@@ -61,10 +64,11 @@ THROUGHPUT = "throughput"
 LATENCY = "latency"
 METRICS_OFF = "tell_nometrics"
 TRACED = "tell_traced"
+TRACED_NEW = "tell_traced_new"
 #: The variants measured in alternate rounds with a subject, by name (its twins): a fresh
 #: driver each round, the group's variants in turn, so that a difference of a few percent
 #: between them is not the machine's drift between two runs.
-TWINS = {"tell": (METRICS_OFF, TRACED), "ask": ("ask_sync", "ask_asyncio")}
+TWINS = {"tell": (METRICS_OFF, TRACED, TRACED_NEW), "ask": ("ask_sync", "ask_asyncio")}
 
 OPTIONS = (
     Option("--messages", "small messages told per round (quick 50000, full 500000)"),
@@ -144,6 +148,15 @@ def variants() -> list[Variant]:
                     INFO,
                     ("--traced",),
                 ),
+                Variant(
+                    TRACED_NEW,
+                    f"{TELL} (traced, new contexts)",
+                    "tokenyard-tell",
+                    payload,
+                    THROUGHPUT,
+                    INFO,
+                    ("--new-contexts",),
+                ),
             ]
     for payload in ("small", "batch"):
         out += [
@@ -206,6 +219,8 @@ RATIOS = (
     ("tell.batch.throughput", "tell_nometrics.batch.throughput", "metrics off"),
     ("tell_traced.small.throughput", "tell.small.throughput", "untraced"),
     ("tell_traced.batch.throughput", "tell.batch.throughput", "untraced"),
+    ("tell_traced_new.small.throughput", "tell.small.throughput", "untraced"),
+    ("tell_traced_new.batch.throughput", "tell.batch.throughput", "untraced"),
 )
 
 #: The goals of the issue: (name, figure, baseline or "", op, threshold).
@@ -446,10 +461,12 @@ def run(args: argparse.Namespace, progress: Progress) -> SuiteResult:
         notes=[
             "Values are the best of the timed rounds (all rounds are in the JSON).",
             "tell with metrics on and off, and traced; ask and the two raw round trips: one"
-            " fresh driver per round, the three in turn, so that the machine's drift between"
-            " runs is not read as the metrics', the trace context's or the runtime's cost.",
+            " fresh driver per round, the variants in turn, so that the machine's drift"
+            " between runs is not read as the metrics', the trace context's or the"
+            " runtime's cost.",
             "tell (traced): each tell carries trace context in a frame header, one"
-            " traceparent for a small message, one per request (32) for a batch.",
+            " traceparent for a small message, one per request (32) for a batch, the same"
+            " every tell; with new contexts, each tell's differ from the tell before's.",
             "pyzmq floor: sync PUSH/PULL, sender encodes each message, receiver decodes each;"
             " pyzmq no decode: one pre-encoded frame, receiver only counts.",
             "send_pyobj asyncio: pickle of an equal dataclass, sync send_pyobj, received"

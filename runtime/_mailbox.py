@@ -25,12 +25,11 @@ from ._protocol import (
     ErrorBody,
     Header,
     Kind,
+    TellsDecoder,
     Traced,
     cookie_ok,
-    decode_header,
     lookup_decoder,
     metrics_decoder,
-    tells_decoder,
 )
 from ._throttle import Throttle
 from ._transport import (
@@ -157,6 +156,7 @@ class Mailbox:
         self._cookie = cookie
         self._allows = allows
         self._budget = budget
+        self._tells = TellsDecoder()
         self._received = 0
         self._rejected = 0
         self._opened = 0
@@ -176,6 +176,7 @@ class Mailbox:
         self._decode = decoder.decode
         #: Bytes the framed message read last came as (`_framed`).
         self._arrived = 0
+        self._held = 0  # of which the tells' messages, when it held tells
 
     def statistics(self) -> MailboxStatistics:
         """A snapshot of the counters."""
@@ -222,9 +223,9 @@ class Mailbox:
                         # read.
                         self._answering = True
                         break
-                elif framed is not None:  # tells (a `Traced`'s len is its message's)
+                elif framed is not None:  # tells
                     items += framed
-                    headers += arrived - sum(map(len, framed))
+                    headers += arrived - self._held
                 else:
                     headers += arrived
                 continue
@@ -253,7 +254,7 @@ class Mailbox:
 
     def _framed(self, first: bytes) -> Envelope | list[bytes | Traced] | None:
         """What a framed message holds (``None``: refused); `_arrived` says the bytes it
-        came as."""
+        came as, and `_held` those of its tells' messages when it held tells."""
         rest = recv_rest(self.sock, MAX_FRAMES)
         if rest is not None and len(rest) == 1:  # a header and its body, as nearly always
             size = len(first) + len(rest[0])
@@ -261,7 +262,7 @@ class Mailbox:
             size = len(first) + (0 if rest is None else sum(map(len, rest)))
         self._arrived = size
         try:
-            header = decode_header(first)
+            header = self._tells.header(first)
             if not rest or len(rest) != header.frames:
                 parts = f"more than {MAX_FRAMES}" if rest is None else len(rest)
                 raise ProtocolError(
@@ -280,6 +281,7 @@ class Mailbox:
         if header.kind is Kind.TELLS:
             return self._unbundle(body)
         if header.kind is Kind.TELL:  # taken like a bundle's traced tell
+            self._held = len(body)
             return [Traced(body, header.trace)]
         if header.kind is Kind.LOOKUP or (header.kind is Kind.METRICS and body):
             decoder = lookup_decoder if header.kind is Kind.LOOKUP else metrics_decoder
@@ -298,7 +300,7 @@ class Mailbox:
     def _unbundle(self, body: bytes) -> list[bytes | Traced] | None:
         """The tells of a bundle, in order: each a tell's frame, or a traced tell."""
         try:
-            bundled = tells_decoder.decode(body)
+            bundled, self._held = self._tells.bundle(body)
             if not bundled:  # never sent: a bundle carries one tell at least
                 raise ProtocolError("an empty bundle")
         except Exception as err:  # noqa: BLE001 - any failure on peer bytes is a rejection

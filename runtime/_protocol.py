@@ -227,9 +227,8 @@ bundle_decoder: msgspec.msgpack.Decoder[list[bytes | tuple[bytes, tuple[str, ...
 
 
 class Traced(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """A traced tell of a bundle as a mailbox takes it: the ``[message, [context, ...]]``
-    pair of a `Bundle`, decoded straight into this (no Python object built per tell
-    after the decode), the message left undecoded until just before its handler.
+    """A traced tell as a mailbox takes it, the message left undecoded until just before
+    its handler.
 
     Attributes:
         body: The encoded message.
@@ -244,10 +243,92 @@ class Traced(msgspec.Struct, array_like=True, frozen=True, gc=False):
         return len(self.body)
 
 
-tells_decoder: msgspec.msgpack.Decoder[list[bytes | Traced]] = msgspec.msgpack.Decoder(
-    Annotated[list[bytes | Traced], msgspec.Meta(max_length=MAX_BUNDLE)]
+class _Bundled(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A traced tell of a bundle as it decodes: the ``[message, [context, ...]]`` pair of a
+    `Bundle`, its contexts left as their bytes (`TellsDecoder` decodes them). It has no
+    length, unlike a tell's frame: how a decoder finds that a bundle holds one."""
+
+    body: bytes
+    trace: msgspec.Raw
+
+
+_bundled_decoder: msgspec.msgpack.Decoder[list[bytes | _Bundled]] = msgspec.msgpack.Decoder(
+    Annotated[list[bytes | _Bundled], msgspec.Meta(max_length=MAX_BUNDLE)]
 )
-"""A `Bundle`'s body as a mailbox takes it: each tell's frame, or a `Traced`."""
+_trace_decoder: msgspec.msgpack.Decoder[tuple[str, ...]] = msgspec.msgpack.Decoder(_Trace)
+
+
+#: The longest encoding a `TellsDecoder` remembers, a header's or contexts' (a batch of 32
+#: ``traceparent`` contexts is 1.8 kB): what repeats is small, and no peer pins more.
+REMEMBERED_BYTES = 16_384
+
+
+class TellsDecoder:
+    """Decodes the headers and bundles of the tells a mailbox receives, once what repeats.
+
+    Tells repeat their headers byte for byte: a ``TELLS`` header is the same for every
+    bundle from one sender, and a traced tell's ``TELL`` header differs only by its trace
+    context. And the traced tells of a stream mostly carry the contexts of the tell before
+    them: a batch's requests, step after step, or one request's every tell. So a decoder
+    remembers the last such header it decoded, and the last contexts of a bundle's traced
+    tell, by their bytes (up to `REMEMBERED_BYTES`), and gives what it decoded again when
+    the same bytes come: the same `Header`, the same tuple of contexts, both immutable.
+    Whatever differs is decoded and checked against its bounds as before; contexts that
+    do not decode refuse their whole bundle.
+    """
+
+    __slots__ = ("_frame", "_header", "_raw", "_trace")
+
+    def __init__(self) -> None:
+        self._frame = b""  # a tell's header frame, and its decoding
+        self._header = Header(Kind.TELL)
+        self._raw = msgspec.Raw()  # the bytes of `_trace`'s encoding (none yet)
+        self._trace: tuple[str, ...] = ()
+
+    def header(self, frame: bytes) -> Header:
+        """Decode a header frame (the caller has checked the mark byte) as
+        `decode_header` does.
+
+        Raises:
+            msgspec.DecodeError: It does not decode.
+        """
+        if frame == self._frame:
+            return self._header
+        header = decode_header(frame)
+        if header.kind in _REPEATED and len(frame) <= REMEMBERED_BYTES:
+            self._frame, self._header = frame, header
+        return header
+
+    def bundle(self, body: bytes) -> tuple[list[bytes | Traced], int]:
+        """The tells of a `Bundle`'s body, in order (each tell's frame, or a `Traced`), and
+        the bytes of their messages.
+
+        Raises:
+            msgspec.DecodeError: The body, or a context in it, does not decode.
+        """
+        items: list[Any] = _bundled_decoder.decode(body)
+        try:  # the sum a mailbox needs, at C speed, and no traced tell: nothing more to do
+            return items, sum(map(len, items))
+        except TypeError:  # a traced tell (a `_Bundled` has no length): each looked at
+            pass
+        raw, trace = self._raw, self._trace
+        held = 0
+        for i, item in enumerate(items):
+            if type(item) is _Bundled:
+                if item.trace != raw:
+                    trace = _trace_decoder.decode(item.trace)
+                    # Its own bytes, not a view that would keep the whole bundle's.
+                    raw = item.trace.copy() if len(item.trace) <= REMEMBERED_BYTES else _NONE
+                item = items[i] = Traced(item.body, trace)
+            held += len(item)
+        self._raw, self._trace = raw, trace
+        return items, held
+
+
+#: The kinds of header a `TellsDecoder` remembers: they carry no correlation id, so a
+#: sender's repeat byte for byte.
+_REPEATED = frozenset((Kind.TELL, Kind.TELLS))
+_NONE = msgspec.Raw()
 
 
 class TellHeaders:

@@ -178,7 +178,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
         ]
         + [
             f"{variant}.{payload}.throughput"
-            for variant in ("tell_nometrics", "tell_traced")
+            for variant in ("tell_nometrics", "tell_traced", "tell_traced_new")
             for payload in ("small", "batch")
         ]
         + [

@@ -12,7 +12,7 @@ def test_variants_compared_closely_are_measured_round_by_round_with_their_subjec
     measured = groups(todo)
     named = {(group[0].name, group[0].payload): [v.name for v in group[1:]] for group in measured}
     for payload in ("small", "batch"):
-        assert named["tell", payload] == ["tell_nometrics", "tell_traced"]
+        assert named["tell", payload] == ["tell_nometrics", "tell_traced", "tell_traced_new"]
         assert named["ask", payload] == ["ask_sync", "ask_asyncio"]
     assert named["tell", "logprobs"] == []  # its twins are not measured
     twins = {t for ts in TWINS.values() for t in ts}

@@ -33,17 +33,18 @@ from runtime import (
 from runtime._codec import MailboxDecoder
 from runtime._mailbox import Envelope, Item, Mailbox
 from runtime._protocol import (
+    MAX_TRACE,
     MAX_TRACE_CHARS,
     Header,
     HeaderTemplate,
     Kind,
     TellHeaders,
+    TellsDecoder,
     Traced,
     bundle_decoder,
     checked_trace,
     decode_header,
     encode_header,
-    tells_decoder,
     trace_chars,
 )
 from runtime._transport import POLLIN, Outbox, ReadinessWaiter, TransportOptions
@@ -52,7 +53,7 @@ from tests.conftest import unread_mailbox
 from ._messages import Counter, Ping, Point, Pong
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterator
+    from collections.abc import AsyncIterator, Iterator, Sequence
 
 
 class TestOptions:
@@ -460,6 +461,11 @@ def _told(n: int) -> tuple[int, tuple[str, ...]]:
     return (n, (f"ctx-{n}",) if n % 3 == 0 else ())
 
 
+def _traces(items: Sequence[object]) -> list[tuple[str, ...]]:
+    """The contexts of the traced tells among ``items``, as the mailbox keeps them."""
+    return [item.trace for item in items if isinstance(item, Traced)]
+
+
 class TestBundles:
     async def test_tells_of_one_turn_arrive_in_order_each_with_its_context_counted_each(
         self,
@@ -473,6 +479,22 @@ class TestBundles:
             stats = await system.statistics(ref)
             assert (stats.rejected, stats.queued, stats.queued_bytes) == (0, 0, 0)
             assert stats.received == stats.handled == 1_001  # every tell, and the ask
+
+    async def test_tells_that_repeat_the_contexts_before_them_each_arrive_with_their_own(
+        self,
+    ) -> None:
+        def told(n: int) -> tuple[int, tuple[str, ...]]:
+            # Runs of the same contexts, broken by untraced tells and by other contexts.
+            return (n, (f"ctx-{n // 7}", "") if n % 5 else ())
+
+        async with ActorSystem() as system:
+            ref = await system.spawn(Recorder, process=True)
+            for n in range(1_000):  # one turn: bundles, each of several runs
+                await ref.tell(Seq(n=n), trace=told(n)[1])
+            got = await ref.ask(GetSeen())
+            assert got.seen == [told(n) for n in range(1_000)]
+            stats = await system.statistics(ref)
+            assert (stats.rejected, stats.queued, stats.handled) == (0, 0, 1_001)
 
     async def test_on_the_wire_the_tells_after_a_turns_first_are_one_bundle(self) -> None:
         async with ActorSystem(shutdown_timeout=0.3) as system:
@@ -568,10 +590,58 @@ class TestBundles:
         plain, traced = msgspec.msgpack.encode(Seq(n=1)), msgspec.msgpack.encode(Seq(n=2))
         body = msgspec.msgpack.encode([plain, (traced, ("ctx", ""))])
         assert bundle_decoder.decode(body) == [plain, (traced, ("ctx", ""))]
-        items = tells_decoder.decode(body)
+        items, held = TellsDecoder().bundle(body)
         assert items == [plain, Traced(traced, ("ctx", ""))]
         # What each counts for in the mailbox's byte budget: its message's bytes.
         assert list(map(len, items)) == [len(plain), len(traced)]
+        assert held == len(plain) + len(traced)
+
+    def test_traced_tells_with_the_contexts_of_the_one_before_share_them_decoded_once(
+        self,
+    ) -> None:
+        a, b = ("00-aa-01", "", "00-bb-01"), ("00-cc-01",)
+        msgs = [msgspec.msgpack.encode(Seq(n=n)) for n in range(6)]
+        tells = TellsDecoder()
+        body = msgspec.msgpack.encode(
+            [(msgs[0], a), (msgs[1], a), msgs[2], (msgs[3], b), (msgs[4], a)]
+        )
+        items, held = tells.bundle(body)
+        assert held == sum(map(len, msgs[:5]))
+        assert items == [
+            Traced(msgs[0], a),
+            Traced(msgs[1], a),
+            msgs[2],
+            Traced(msgs[3], b),
+            Traced(msgs[4], a),
+        ]
+        first, second, other, again = _traces(items)
+        assert second is first  # the same bytes: not decoded again
+        assert other is not first
+        assert again is not first  # a decoder remembers the last contexts only
+        # From one bundle to the next as well: a stream's tells share them; and the
+        # bundles' header, the same for each from one sender, is decoded once.
+        head = TellHeaders("me", b"k" * 16).bundle
+        assert tells.header(head) is tells.header(head) == decode_header(head)
+        assert _traces(tells.bundle(msgspec.msgpack.encode([(msgs[5], a)]))[0]) == [again]
+        assert _traces(tells.bundle(msgspec.msgpack.encode([(msgs[5], a)]))[0])[0] is again
+
+    @pytest.mark.parametrize(
+        "bad",
+        [[1], "00-aa-01", [["00-aa-01"]], ["x" * (MAX_TRACE_CHARS + 1)], [""] * (MAX_TRACE + 1)],
+    )
+    def test_a_bad_context_after_good_ones_refuses_the_bundle_and_is_not_remembered(
+        self, bad: object
+    ) -> None:
+        good = ("00-aa-01",)
+        msg = msgspec.msgpack.encode(Seq(n=1))
+        tells = TellsDecoder()
+        (kept,) = _traces(tells.bundle(msgspec.msgpack.encode([(msg, good)]))[0])
+        with pytest.raises(msgspec.DecodeError):
+            tells.bundle(msgspec.msgpack.encode([(msg, good), (msg, bad)]))
+        with pytest.raises(msgspec.DecodeError):  # the bad contexts again: refused again
+            tells.bundle(msgspec.msgpack.encode([(msg, bad)]))
+        (after,) = _traces(tells.bundle(msgspec.msgpack.encode([(msg, good)]))[0])
+        assert after is kept
 
     async def test_a_traced_handler_that_raises_leaves_no_context_to_the_tells_after_it(
         self,
@@ -674,6 +744,39 @@ def inproc_mailbox(name: str) -> Iterator[tuple[Mailbox, zmq.Socket[bytes], byte
         mailbox.close()
         push.close(0)
         ctx.term()
+
+
+class TestHeadersThatRepeat:
+    async def test_a_tells_header_that_repeats_is_decoded_once_and_checked_every_time(
+        self,
+    ) -> None:
+        with inproc_mailbox("repeats") as (mailbox, push, cookie):
+            body = msgspec.msgpack.encode(Ping(n=1))
+            good = TellHeaders("peer", cookie).traced(("00-aa-01", ""))
+            forged = TellHeaders("peer", b"x" * 16).traced(("00-aa-01", ""))
+            for head in (good, good, forged, forged, good):
+                push.send_multipart([head, body])
+            push.send_multipart([good, body, body])  # the same header, a frame too many
+            push.send(body)  # after them all
+            items: list[Item] = []
+            with anyio.fail_after(5):
+                while body not in items:
+                    items += await mailbox.receive()
+            assert items == [Traced(body, ("00-aa-01", ""))] * 3 + [body]
+            first, second, _ = _traces(items)
+            assert second is first  # decoded once
+            assert mailbox.statistics().rejected == 3  # the forged ones, and the extra frame
+            # Bundles from one sender: the same header, and here the same contexts.
+            bundle = TellHeaders("peer", cookie).bundle
+            for n in (2, 3):
+                push.send_multipart([bundle, msgspec.msgpack.encode([(body, ("00-bb-01",))] * n)])
+            items = []
+            with anyio.fail_after(5):
+                while len(items) < 5:
+                    items += await mailbox.receive()
+            assert items == [Traced(body, ("00-bb-01",))] * 5
+            assert len({id(trace) for trace in _traces(items)}) == 1
+            assert mailbox.statistics().rejected == 3
 
 
 class TestReceiveAfterAnAsk:
