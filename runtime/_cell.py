@@ -22,7 +22,7 @@ import anyio
 from ._actor import handler_table, reply_classes
 from ._codec import MailboxDecoder
 from ._context import TraceSlot, handling_address, open_trace_slot
-from ._errors import ProtocolError, TokenyardError, sole_error
+from ._errors import AskTimeoutError, ProtocolError, TokenyardError, sole_error
 from ._mailbox import Envelope
 from ._message import type_path
 from ._metrics import ENABLED, POW2_SLOTS, pow2_snapshot
@@ -411,10 +411,14 @@ class Cell:
                 await self._reply(header, gathered)
         elif kind is Kind.LOOKUP and isinstance(item.message, LookupQuery):
             query = item.message
-            found = await actor.system.lookup(
-                query.name, timeout=query.search_time(), missing_ok=True
-            )
-            await self._reply(header, LookupReply(ref=found))
+            try:
+                found = await actor.system.lookup(
+                    query.name, timeout=query.search_time(), missing_ok=True
+                )
+            except AskTimeoutError as err:  # the asker's search is incomplete too
+                await self._reply_error(header, ErrorBody.of(err))
+            else:
+                await self._reply(header, LookupReply(ref=found))
         return None
 
     async def _handle_traced(self, envelope: Envelope) -> None:

@@ -24,6 +24,7 @@ from ._credentials import Credentials, file_identity
 from ._errors import (
     ActorDeadError,
     ActorNotFoundError,
+    AskTimeoutError,
     ProtocolError,
     TokenyardError,
     sole_error,
@@ -767,7 +768,12 @@ class ActorSystem:
         credentials it joined with, which looks under itself the same way.
 
         Raises:
-            ActorNotFoundError: Nobody live has that name (unless ``missing_ok``).
+            ActorNotFoundError: Nobody live has that name (unless ``missing_ok``): every
+                process asked answered.
+            AskTimeoutError: Nobody that answered has that name, and some process under
+                this system (or the system it is attached to) did not answer in time, was
+                too busy, or failed to search: the actor may be there. Raised whatever
+                ``missing_ok`` says, which is about a name that is missing.
         """
         deadline = anyio.current_time() + timeout
         children = list(self.spawner.children.live.values())
@@ -777,6 +783,9 @@ class ActorSystem:
         asked = [c for c in children if c.process is not None or c.remote is not None]
         answers: list[ActorRef[Any] | None] = [None] * len(asked)
         answered = [False] * len(asked)
+        #: Why a process asked did not search: its failure, in the order asked.
+        unsearched: list[str] = []
+        live = self._still_live
 
         def settled() -> bool:
             """Whether the answer is known: every child before the first that named a ref
@@ -789,8 +798,13 @@ class ActorSystem:
             return True
 
         async def ask(i: int, child: Child, scope: anyio.CancelScope) -> None:
-            with contextlib.suppress(TokenyardError):  # dead or dying: no live answer there
+            try:
                 answers[i] = await self._lookup_in(child, name, timeout)
+            except ActorDeadError:  # dead or dying: no live answer there
+                pass
+            except TokenyardError as err:  # no answer in time, too busy, or failed
+                if live(child):  # one that died meanwhile had no live actor to give
+                    unsearched.append(f"{child.ref.name}: {err}")
             answered[i] = True
             if settled():
                 scope.cancel()
@@ -802,15 +816,37 @@ class ActorSystem:
                 for i, child in enumerate(asked):
                     tg.start_soon(ask, i, child, scope)
         found = next((ref for ref in answers if ref is not None), None)
+        if found is None:
+            unsearched += [
+                f"{child.ref.name}: no answer in {timeout:g} s"
+                for child, done in zip(asked, answered, strict=True)
+                if not done and live(child)
+            ]
         issuer = self.role.issuer
         if found is None and issuer:
             left = deadline - anyio.current_time()
-            with contextlib.suppress(TokenyardError):  # gone, or too busy: no answer there
-                found = None if left <= 0 else await self._lookup_at(issuer, name, left)
-        if found is not None or missing_ok:
+            try:
+                if left <= 0:
+                    raise AskTimeoutError(f"no time left of {timeout:g} s")
+                found = await self._lookup_at(issuer, name, left)
+            except TokenyardError as err:  # gone, too busy or too slow: not searched
+                unsearched.append(f"the system it is attached to: {err}")
+        if found is not None:
             return found
         where = f"system {self.name!r}" + (" nor in the system it is attached to" if issuer else "")
+        if unsearched:
+            raise AskTimeoutError(
+                f"no actor named {name!r} among those that answered under {where}, and "
+                f"{len(unsearched)} did not search ({'; '.join(unsearched[:3])}"
+                f"{'; ...' if len(unsearched) > 3 else ''}): it may be there"
+            )
+        if missing_ok:
+            return None
         raise ActorNotFoundError(f"no live actor named {name!r} under {where}")
+
+    def _still_live(self, child: Child) -> bool:
+        """Whether ``child`` is still this incarnation of a live child of this system."""
+        return self.spawner.children.live.get(child.ref.address) is child
 
     async def _lookup_in(self, child: Child, name: str, timeout: float) -> ActorRef[Any] | None:
         """Ask a child process (its system) for the live actor named ``name`` under it."""
@@ -848,6 +884,9 @@ class ActorSystem:
     async def _lookup_for(self, header: Header, name: str, timeout: float) -> None:
         try:
             found = await self.lookup(name, timeout=timeout, missing_ok=True)
+        except AskTimeoutError as err:  # the asker's search is incomplete too
+            self.station.answer_error(header, err)
+            return
         finally:
             self._lookups -= 1
         self.station.answer(header, body_encoder.encode(LookupReply(ref=found)))

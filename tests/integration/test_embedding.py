@@ -23,8 +23,10 @@ import zmq
 
 from runtime import (
     Actor,
+    ActorNotFoundError,
     ActorRef,
     ActorSystem,
+    AskTimeoutError,
     Cause,
     ChildSpec,
     MailboxClosedError,
@@ -458,6 +460,61 @@ class TestAnAttachedClient:
                 os.kill(pid, signal.SIGCONT)
             assert deep.name == "deep"
             assert await deep.ask(Ping(n=3)) == Pong(n=3)
+
+
+class TestALookupSomeProcessDidNotAnswer:
+    async def test_it_raises_that_the_actor_may_be_there_rather_than_say_it_is_missing(
+        self,
+    ) -> None:
+        """Before, a lookup whose search a stopped process did not answer said "no live
+        actor named ..." (or gave None with ``missing_ok``), whether or not the actor was
+        under that process."""
+        async with ActorSystem(name="served") as system:
+            stopped = await system.spawn(Echo, name="stopped")
+            pid = system.pid_of(stopped)
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(20):
+                    for missing_ok in (False, True):
+                        with pytest.raises(AskTimeoutError, match="it may be there") as raised:
+                            await system.lookup("nowhere", timeout=1, missing_ok=missing_ok)
+                        assert "1 did not search (stopped: " in str(raised.value)
+                    # Asked through the system it joined, which did not hear back either.
+                    async with ActorSystem(attach=system.credentials(), name="client") as client:
+                        with pytest.raises(AskTimeoutError, match="the system it is attached"):
+                            await client.lookup("nowhere", timeout=2)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            with anyio.fail_after(20):  # everyone answers again: missing is missing
+                with pytest.raises(ActorNotFoundError):
+                    await system.lookup("nowhere")
+                assert await system.lookup("nowhere", missing_ok=True) is None
+
+    async def test_a_process_that_died_while_it_was_asked_had_nothing_to_give(self) -> None:
+        async with ActorSystem(name="served") as system:
+            dying = await system.spawn(Echo, name="dying")
+            pid = system.pid_of(dying)
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)  # asked, it cannot answer before it dies
+            asked = anyio.Event()
+            outcome: list[BaseException] = []
+
+            async def look() -> None:
+                asked.set()  # the lookup takes the children to ask before it first waits
+                try:
+                    await system.lookup("nowhere", timeout=3)
+                except TokenyardError as err:
+                    outcome.append(err)
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(look)
+                    await asked.wait()
+                    down = system.watch(dying)
+                    os.kill(pid, signal.SIGKILL)
+                    await down
+            assert [type(err) for err in outcome] == [ActorNotFoundError]
 
 
 class TestAnotherThreadsLoop:
