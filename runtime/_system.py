@@ -783,7 +783,7 @@ class ActorSystem:
         asked = [c for c in children if c.process is not None or c.remote is not None]
         answers: list[ActorRef[Any] | None] = [None] * len(asked)
         answered = [False] * len(asked)
-        #: Why a process asked did not search: its failure, in the order asked.
+        #: The processes asked that did not search, each with why.
         unsearched: list[str] = []
         live = self._still_live
 
@@ -833,13 +833,13 @@ class ActorSystem:
                 unsearched.append(f"the system it is attached to: {err}")
         if found is not None:
             return found
-        where = f"system {self.name!r}" + (" nor in the system it is attached to" if issuer else "")
         if unsearched:
             raise AskTimeoutError(
-                f"no actor named {name!r} among those that answered under {where}, and "
+                f"no actor named {name!r} where system {self.name!r} could look, and "
                 f"{len(unsearched)} did not search ({'; '.join(unsearched[:3])}"
                 f"{'; ...' if len(unsearched) > 3 else ''}): it may be there"
             )
+        where = f"system {self.name!r}" + (" nor in the system it is attached to" if issuer else "")
         if missing_ok:
             return None
         raise ActorNotFoundError(f"no live actor named {name!r} under {where}")
