@@ -321,7 +321,9 @@ class TellsDecoder:
                     raw = item.trace.copy() if len(item.trace) <= REMEMBERED_BYTES else _NONE
                 item = items[i] = Traced(item.body, trace)
             held += len(item)
-        self._raw, self._trace = raw, trace
+        # Contexts too long to remember are not kept either: their tells hold them while
+        # they wait, and no longer.
+        self._raw, self._trace = raw, (() if raw is _NONE else trace)
         return items, held
 
 

@@ -9,6 +9,7 @@ import math
 import os
 import select
 import time
+import tracemalloc
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -35,6 +36,7 @@ from runtime._mailbox import Envelope, Item, Mailbox
 from runtime._protocol import (
     MAX_TRACE,
     MAX_TRACE_CHARS,
+    REMEMBERED_BYTES,
     Header,
     HeaderTemplate,
     Kind,
@@ -642,6 +644,28 @@ class TestBundles:
             tells.bundle(msgspec.msgpack.encode([(msg, bad)]))
         (after,) = _traces(tells.bundle(msgspec.msgpack.encode([(msg, good)]))[0])
         assert after is kept
+
+    def test_contexts_too_long_to_remember_are_not_kept_once_their_tells_are_gone(
+        self,
+    ) -> None:
+        """Before, the decoder kept the last contexts it decoded whatever their length (here
+        1 MB, up to a message's 16 MiB), after the tells that carried them were handled."""
+        msg = msgspec.msgpack.encode(Seq(n=1))
+        tells = TellsDecoder()
+        long = tuple(f"{n:0500}" for n in range(2_000))  # 1 MB, over REMEMBERED_BYTES
+        assert len(msgspec.msgpack.encode(long)) > REMEMBERED_BYTES
+        body = msgspec.msgpack.encode([(msg, long)])
+        tracemalloc.start()
+        try:
+            items, _ = tells.bundle(body)
+            assert _traces(items) == [long]
+            held = tracemalloc.get_traced_memory()[0]
+            del items
+            kept = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert held > 1_000_000
+        assert kept < REMEMBERED_BYTES, f"{kept} bytes kept of contexts never given again"
 
     async def test_a_traced_handler_that_raises_leaves_no_context_to_the_tells_after_it(
         self,
