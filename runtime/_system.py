@@ -26,6 +26,7 @@ from ._errors import (
     ActorNotFoundError,
     AskTimeoutError,
     ProtocolError,
+    RemoteActorError,
     TokenyardError,
     sole_error,
     to_its_end,
@@ -804,7 +805,7 @@ class ActorSystem:
                 pass
             except TokenyardError as err:  # no answer in time, too busy, or failed
                 if live(child):  # one that died meanwhile had no live actor to give
-                    unsearched.append(f"{child.ref.name}: {err}")
+                    unsearched.append(f"{child.ref.name}: {_why(err)}")
             answered[i] = True
             if settled():
                 scope.cancel()
@@ -818,7 +819,7 @@ class ActorSystem:
         found = next((ref for ref in answers if ref is not None), None)
         if found is None:
             unsearched += [
-                f"{child.ref.name}: no answer in {timeout:g} s"
+                f"{child.ref.name}: no answer in {timeout:.3g} s"
                 for child, done in zip(asked, answered, strict=True)
                 if not done and live(child)
             ]
@@ -827,10 +828,10 @@ class ActorSystem:
             left = deadline - anyio.current_time()
             try:
                 if left <= 0:
-                    raise AskTimeoutError(f"no time left of {timeout:g} s")
+                    raise AskTimeoutError(f"no time left of {timeout:.3g} s")
                 found = await self._lookup_at(issuer, name, left)
             except TokenyardError as err:  # gone, too busy or too slow: not searched
-                unsearched.append(f"the system it is attached to: {err}")
+                unsearched.append(f"the system it is attached to: {_why(err)}")
         if found is not None:
             return found
         if unsearched:
@@ -871,7 +872,8 @@ class ActorSystem:
         """A LOOKUP on this process's reply inbox: the live actor named in it, under this
         system, answered from a task of its own (never behind an actor's handler)."""
         if self._tg is None or self._lookups >= self._LOOKUPS_AT_ONCE:
-            self.station.answer_error(header, TokenyardError("too many lookups at once"))
+            busy = f"too many lookups at once (it searches for {self._LOOKUPS_AT_ONCE} at a time)"
+            self.station.answer_error(header, TokenyardError(busy))
             return
         try:
             query = lookup_decoder.decode(body)
@@ -1089,3 +1091,9 @@ def _start_guardian(path: str, *, directory: bool = True, identity: str = "") ->
         os.close(read)
     shell.wait()
     return write
+
+
+def _why(err: TokenyardError) -> str:
+    """Why a process did not search, on one line: a remote failure's own message (a nested
+    search's), without the traceback its text carries."""
+    return err.remote_message if isinstance(err, RemoteActorError) else str(err)

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -44,6 +45,7 @@ from tests.conftest import unread_mailbox
 from ._actors import (
     Echo,
     GetCount,
+    GetPid,
     Journal,
     Ping,
     Pong,
@@ -52,6 +54,7 @@ from ._actors import (
     Started,
     StartsThenWaits,
     Tick,
+    Worker,
 )
 from ._scripts import run_script_to_end
 
@@ -490,6 +493,25 @@ class TestALookupSomeProcessDidNotAnswer:
                 with pytest.raises(ActorNotFoundError):
                     await system.lookup("nowhere")
                 assert await system.lookup("nowhere", missing_ok=True) is None
+
+    async def test_a_search_a_nested_process_did_not_answer_says_so_on_one_line(self) -> None:
+        """Before, what the supervisor's process answered came with its remote traceback
+        inside the message, over several lines, one more at each level."""
+        async with ActorSystem(name="served") as system:
+            await system.spawn(Supervisor, children=[ChildSpec(Worker, name="leaf")], name="sup")
+            leaf = await system.lookup("leaf")
+            pid = (await leaf.ask(GetPid())).pid
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(20), pytest.raises(AskTimeoutError) as raised:
+                    await system.lookup("nowhere", timeout=2, missing_ok=True)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            text = str(raised.value)
+            assert "\n" not in text
+            assert "traceback" not in text
+            nested = r"\(sup: no actor named 'nowhere' .*\(leaf: no answer in [\d.]+ s\)"
+            assert re.search(nested, text), text
 
     async def test_a_process_that_died_while_it_was_asked_had_nothing_to_give(self) -> None:
         async with ActorSystem(name="served") as system:
