@@ -259,8 +259,11 @@ _trace_decoder: msgspec.msgpack.Decoder[tuple[str, ...]] = msgspec.msgpack.Decod
 
 
 #: The longest encoding a `TellsDecoder` remembers, a header's or contexts' (a batch of 32
-#: ``traceparent`` contexts is 1.8 kB): what repeats is small, and no peer pins more.
+#: ``traceparent`` contexts is 1.8 kB), and the most contexts it remembers (a string
+#: object each, about 50 bytes beside its characters): what repeats is small, and no peer
+#: makes a mailbox keep more than some 32 kB in each of its two memories.
 REMEMBERED_BYTES = 16_384
+REMEMBERED_CONTEXTS = 256
 
 
 class TellsDecoder:
@@ -295,7 +298,7 @@ class TellsDecoder:
         if frame == self._frame:
             return self._header
         header = decode_header(frame)
-        if header.kind in _REPEATED and len(frame) <= REMEMBERED_BYTES:
+        if header.kind in _REPEATED and _small(len(frame), header.trace):
             self._frame, self._header = frame, header
         return header
 
@@ -318,10 +321,10 @@ class TellsDecoder:
                 if item.trace != raw:
                     trace = _trace_decoder.decode(item.trace)
                     # Its own bytes, not a view that would keep the whole bundle's.
-                    raw = item.trace.copy() if len(item.trace) <= REMEMBERED_BYTES else _NONE
+                    raw = item.trace.copy() if _small(len(item.trace), trace) else _NONE
                 item = items[i] = Traced(item.body, trace)
             held += len(item)
-        # Contexts too long to remember are not kept either: their tells hold them while
+        # Contexts too large to remember are not kept either: their tells hold them while
         # they wait, and no longer.
         self._raw, self._trace = raw, (() if raw is _NONE else trace)
         return items, held
@@ -331,6 +334,11 @@ class TellsDecoder:
 #: sender's repeat byte for byte.
 _REPEATED = frozenset((Kind.TELL, Kind.TELLS))
 _NONE = msgspec.Raw()
+
+
+def _small(size: int, trace: tuple[str, ...]) -> bool:
+    """Whether a `TellsDecoder` remembers what ``size`` bytes decoded into, with ``trace``."""
+    return size <= REMEMBERED_BYTES and len(trace) <= REMEMBERED_CONTEXTS
 
 
 class TellHeaders:

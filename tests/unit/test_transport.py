@@ -37,6 +37,7 @@ from runtime._protocol import (
     MAX_TRACE,
     MAX_TRACE_CHARS,
     REMEMBERED_BYTES,
+    REMEMBERED_CONTEXTS,
     Header,
     HeaderTemplate,
     Kind,
@@ -666,6 +667,20 @@ class TestBundles:
             tracemalloc.stop()
         assert held > 1_000_000
         assert kept < REMEMBERED_BYTES, f"{kept} bytes kept of contexts never given again"
+
+    def test_many_short_contexts_are_not_remembered_however_few_their_bytes(self) -> None:
+        # 300 contexts of two characters: 900 bytes on the wire, some 17 kB as strings.
+        many = tuple(f"{n % 100:02}" for n in range(REMEMBERED_CONTEXTS + 44))
+        few = many[:REMEMBERED_CONTEXTS]
+        msg = msgspec.msgpack.encode(Seq(n=1))
+        tells = TellsDecoder()
+        for trace, remembered in ((few, True), (many, False)):
+            body = msgspec.msgpack.encode([(msg, trace)])
+            first, again = (_traces(tells.bundle(body)[0])[0] for _ in range(2))
+            assert first == again == trace
+            assert (again is first) is remembered
+            head = TellHeaders("me", b"k" * 16).traced(trace)
+            assert (tells.header(head) is tells.header(head)) is remembered
 
     async def test_a_traced_handler_that_raises_leaves_no_context_to_the_tells_after_it(
         self,
