@@ -225,8 +225,10 @@ class ActorSystem:
         #: The task that opened it: the one that may close it (`_check_closer`).
         self._opener: asyncio.Task[Any] | None = None
         self._cells: dict[str, Cell] = {}
-        #: Lookups this process answers for its parent right now (`_answer_lookup`).
+        #: Lookups this process answers for those that ask it, searching or waiting to
+        #: (`_answer_lookup`), and what lets `_LOOKUPS_AT_ONCE` search (made as it opens).
         self._lookups = 0
+        self._lookup_slots: anyio.Semaphore | None = None
         #: The write end of the guardian's pipe (-1: none).
         self._guardian = -1
         #: Files `save_credentials` wrote, each with its guardian's pipe and its identity.
@@ -381,6 +383,7 @@ class ActorSystem:
         try:
             self._station.open()
             self._station.on_lookup = self._answer_lookup
+            self._lookup_slots = anyio.Semaphore(self._LOOKUPS_AT_ONCE)  # this loop's
             self._spawner = Spawner(self, self.launcher, self.defaults)
             if self._keys is not None and role.keeps_nodes:
                 self.node_table = NodeTable(self._station)
@@ -865,14 +868,20 @@ class ActorSystem:
         answer = await self.station.request(inbox, Kind.LOOKUP, body, timeout)
         return lookup_reply_decoder.decode(answer).ref
 
-    #: Lookups this process answers at once for its parent; past it, the next is refused.
+    #: Lookups this process runs at once for the systems that ask it (its parent, attached
+    #: clients), and how many more wait for one of them to end, each within its own time;
+    #: past both, the next is refused.
     _LOOKUPS_AT_ONCE = 64
+    _LOOKUPS_WAITING = 1_024
 
     def _answer_lookup(self, header: Header, body: bytes) -> None:
         """A LOOKUP on this process's reply inbox: the live actor named in it, under this
         system, answered from a task of its own (never behind an actor's handler)."""
-        if self._tg is None or self._lookups >= self._LOOKUPS_AT_ONCE:
-            busy = f"too many lookups at once (it searches for {self._LOOKUPS_AT_ONCE} at a time)"
+        if self._tg is None or self._lookups >= self._LOOKUPS_AT_ONCE + self._LOOKUPS_WAITING:
+            busy = (
+                f"too many lookups at once ({self._LOOKUPS_AT_ONCE} searching and "
+                f"{self._LOOKUPS_WAITING} waiting)"
+            )
             self.station.answer_error(header, TokenyardError(busy))
             return
         try:
@@ -880,12 +889,30 @@ class ActorSystem:
         except msgspec.DecodeError as err:
             self.station.answer_error(header, err)
             return
+        assert self._lookup_slots is not None, "made with the task group"
         self._lookups += 1
-        self._tg.start_soon(self._lookup_for, header, query.name, query.search_time())
+        self._tg.start_soon(
+            self._lookup_for, header, query.name, query.search_time(), self._lookup_slots
+        )
 
-    async def _lookup_for(self, header: Header, name: str, timeout: float) -> None:
+    async def _lookup_for(
+        self, header: Header, name: str, timeout: float, slots: anyio.Semaphore
+    ) -> None:
+        deadline = anyio.current_time() + timeout
         try:
-            found = await self.lookup(name, timeout=timeout, missing_ok=True)
+            began = False
+            with anyio.move_on_after(timeout):
+                await slots.acquire()
+                began = True
+            if not began:
+                raise AskTimeoutError(
+                    f"no search began in {timeout:.3g} s: {self._LOOKUPS_AT_ONCE} others ran"
+                )
+            try:
+                left = max(deadline - anyio.current_time(), 0.0)
+                found = await self.lookup(name, timeout=left, missing_ok=True)
+            finally:
+                slots.release()
         except AskTimeoutError as err:  # the asker's search is incomplete too
             self.station.answer_error(header, err)
             return

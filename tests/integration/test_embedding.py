@@ -539,6 +539,43 @@ class TestALookupSomeProcessDidNotAnswer:
             assert [type(err) for err in outcome] == [ActorNotFoundError]
 
 
+class TestManyLookupsAtOnce:
+    async def test_a_burst_past_what_a_system_searches_at_once_waits_its_turn(self) -> None:
+        """Before, a system asked for more than 64 lookups at once refused the rest, and
+        the asker said no actor had the name (or, later, that some process did not
+        search)."""
+        async with ActorSystem(name="served") as system:
+            slow = await system.spawn(Echo, name="slow")  # asked first, so waited for
+            pid = system.pid_of(slow)
+            assert pid is not None
+            await system.spawn(Supervisor, children=[ChildSpec(Echo, name="deep")], name="sup")
+            burst = 100
+            found: list[ActorRef[Any] | BaseException] = []
+            async with ActorSystem(attach=system.credentials(), name="client") as client:
+
+                async def look() -> None:
+                    try:
+                        found.append(await client.lookup("deep", timeout=20))
+                    except TokenyardError as err:
+                        found.append(err)
+
+                os.kill(pid, signal.SIGSTOP)  # every search waits on it: they pile up
+                try:
+                    with anyio.fail_after(20):
+                        async with anyio.create_task_group() as tg:
+                            for _ in range(burst):
+                                tg.start_soon(look)
+                            # All of them under way at the root (or some answered early).
+                            while system._lookups < burst and not found:  # sync-ok
+                                await anyio.lowlevel.checkpoint()
+                            os.kill(pid, signal.SIGCONT)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+            assert [ref.name if isinstance(ref, ActorRef) else ref for ref in found] == [
+                "deep"
+            ] * burst
+
+
 class TestAnotherThreadsLoop:
     async def test_a_ref_used_from_another_threads_loop_says_where_its_system_runs(
         self,
