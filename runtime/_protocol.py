@@ -317,13 +317,16 @@ class TellsDecoder:
         raw, trace = self._raw, self._trace
         held = 0
         for i, item in enumerate(items):
-            if type(item) is _Bundled:
-                if item.trace != raw:
-                    trace = _trace_decoder.decode(item.trace)
-                    # Its own bytes, not a view that would keep the whole bundle's.
-                    raw = item.trace.copy() if _small(len(item.trace), trace) else _NONE
-                item = items[i] = Traced(item.body, trace)
-            held += len(item)
+            if type(item) is not _Bundled:
+                held += len(item)
+                continue
+            if item.trace != raw:
+                trace = _trace_decoder.decode(item.trace)
+                # Its own bytes, not a view that would keep the whole bundle's.
+                raw = item.trace.copy() if _small(len(item.trace), trace) else _NONE
+            body = item.body
+            items[i] = Traced(body, trace)
+            held += len(body)
         # Contexts too large to remember are not kept either: their tells hold them while
         # they wait, and no longer.
         self._raw, self._trace = raw, (() if raw is _NONE else trace)
