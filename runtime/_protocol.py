@@ -274,10 +274,11 @@ class TellsDecoder:
     context. And the traced tells of a stream mostly carry the contexts of the tell before
     them: a batch's requests, step after step, or one request's every tell. So a decoder
     remembers the last such header it decoded, and the last contexts of a bundle's traced
-    tell, by their bytes (up to `REMEMBERED_BYTES`), and gives what it decoded again when
-    the same bytes come: the same `Header`, the same tuple of contexts, both immutable.
-    Whatever differs is decoded and checked against its bounds as before; contexts that
-    do not decode refuse their whole bundle.
+    tell, by their bytes (up to `REMEMBERED_BYTES` of them and `REMEMBERED_CONTEXTS`
+    contexts), and gives what it decoded again when the same bytes come: the same
+    `Header`, the same tuple of contexts, both immutable. Whatever differs is decoded and
+    checked against its bounds as before; contexts that do not decode refuse their whole
+    bundle.
     """
 
     __slots__ = ("_frame", "_header", "_raw", "_trace")
