@@ -843,9 +843,9 @@ class ActorSystem:
                 f"{len(unsearched)} did not search ({'; '.join(unsearched[:3])}"
                 f"{'; ...' if len(unsearched) > 3 else ''}): it may be there"
             )
-        where = f"system {self.name!r}" + (" nor in the system it is attached to" if issuer else "")
         if missing_ok:
             return None
+        where = f"system {self.name!r}" + (" nor in the system it is attached to" if issuer else "")
         raise ActorNotFoundError(f"no live actor named {name!r} under {where}")
 
     def _still_live(self, child: Child) -> bool:
@@ -877,7 +877,12 @@ class ActorSystem:
     def _answer_lookup(self, header: Header, body: bytes) -> None:
         """A LOOKUP on this process's reply inbox: the live actor named in it, under this
         system, answered from a task of its own (never behind an actor's handler)."""
-        if self._tg is None or self._lookups >= self._LOOKUPS_AT_ONCE + self._LOOKUPS_WAITING:
+        slots = self._lookup_slots  # made with the task group, as the system opens
+        if (
+            self._tg is None
+            or slots is None
+            or self._lookups >= self._LOOKUPS_AT_ONCE + self._LOOKUPS_WAITING
+        ):
             busy = (
                 f"too many lookups at once ({self._LOOKUPS_AT_ONCE} searching and "
                 f"{self._LOOKUPS_WAITING} waiting)"
@@ -889,33 +894,29 @@ class ActorSystem:
         except msgspec.DecodeError as err:
             self.station.answer_error(header, err)
             return
-        assert self._lookup_slots is not None, "made with the task group"
         self._lookups += 1
-        self._tg.start_soon(
-            self._lookup_for, header, query.name, query.search_time(), self._lookup_slots
-        )
+        self._tg.start_soon(self._lookup_for, header, query.name, query.search_time(), slots)
 
     async def _lookup_for(
         self, header: Header, name: str, timeout: float, slots: anyio.Semaphore
     ) -> None:
         deadline = anyio.current_time() + timeout
-        try:
-            began = False
-            with anyio.move_on_after(timeout):
-                await slots.acquire()
-                began = True
-            if not began:
-                raise AskTimeoutError(
-                    f"no search began in {timeout:.3g} s: {self._LOOKUPS_AT_ONCE} others ran"
-                )
+        try:  # counted until it ends, however it ends (the system's close included)
+            try:
+                with anyio.fail_after(timeout):
+                    await slots.acquire()
+            except TimeoutError:
+                busy = f"no search began in {timeout:.3g} s: {self._LOOKUPS_AT_ONCE} others ran"
+                self.station.answer_error(header, AskTimeoutError(busy))
+                return
             try:
                 left = max(deadline - anyio.current_time(), 0.0)
                 found = await self.lookup(name, timeout=left, missing_ok=True)
+            except AskTimeoutError as err:  # the asker's search is incomplete too
+                self.station.answer_error(header, err)
+                return
             finally:
                 slots.release()
-        except AskTimeoutError as err:  # the asker's search is incomplete too
-            self.station.answer_error(header, err)
-            return
         finally:
             self._lookups -= 1
         self.station.answer(header, body_encoder.encode(LookupReply(ref=found)))
